@@ -1,0 +1,117 @@
+"""Sessions for the stoker monorepo.  `nox -l` lists them.
+
+Every venv pins torch (``STOKER_TORCH``, default ``torch==2.13.0``) *before*
+anything else is installed, so a fresh machine takes the CPU build from disk
+instead of resolving an unpinned ``torch`` to a multi-GB CUDA build.
+
+On a machine that already has torch and triton and no network (the GPU
+machine), use ``nox -s here`` or ``tools/run_here.sh``: they run the same
+tests with the current interpreter and create no venv.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+TORCH = os.environ.get("STOKER_TORCH", "torch==2.13.0")
+TRITON = os.environ.get("STOKER_TRITON", "triton>=3.6")
+
+nox.options.sessions = ["lint", "types", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+# package key -> (directory, sibling packages it depends on, needs triton)
+PACKAGES: dict[str, tuple[str, tuple[str, ...], bool]] = {
+    "shapes": ("stoker-shapes", (), False),
+    "capture": ("stoker-capture", ("shapes",), False),
+    "autograd": ("stoker-autograd", ("shapes", "capture"), False),
+    "triton": ("stoker-triton", ("shapes",), True),
+    "stoker": ("stoker", ("shapes", "capture", "autograd", "triton"), True),
+}
+TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "numpy"]
+INTERPRET_ENV = {"TRITON_INTERPRET": "1"}
+
+
+def _install(session: nox.Session, keys: list[str], extra: list[str] = ()) -> None:  # type: ignore[assignment]
+    """Pin torch first, then install the given packages (editable) and extras."""
+    session.install(TORCH)
+    needs_triton = any(PACKAGES[k][2] for k in keys)
+    if needs_triton:
+        session.install(TRITON)
+    args: list[str] = []
+    for k in keys:
+        args += ["-e", str(ROOT / "packages" / PACKAGES[k][0])]
+    session.install(*args, *extra, TORCH)
+
+
+def _closure(key: str) -> list[str]:
+    return [*PACKAGES[key][1], key]
+
+
+@nox.session
+@nox.parametrize("package", [*PACKAGES, "integration"])
+def tests(session: nox.Session, package: str) -> None:
+    """One package in its own venv with only its declared dependencies (+ pytest)."""
+    keys = list(PACKAGES) if package == "integration" else _closure(package)
+    _install(session, keys, TEST_DEPS)
+    if not any(PACKAGES[k][2] for k in keys):
+        # The capture-only install must not drag in triton.
+        session.run(
+            "python", "-c",
+            "import importlib.util as u, sys; "
+            "sys.exit('triton is installed in a capture-only venv') if u.find_spec('triton') else None",
+        )
+    where = "tests-integration" if package == "integration" else f"packages/{PACKAGES[package][0]}/tests"
+    session.run("pytest", where, *session.posargs, env=INTERPRET_ENV)
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """The full install plus tests-integration/."""
+    _install(session, list(PACKAGES), TEST_DEPS)
+    session.run("pytest", "tests-integration", *session.posargs, env=INTERPRET_ENV)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def types(session: nox.Session) -> None:
+    """mypy --strict on packages/*/src."""
+    _install(session, list(PACKAGES), ["mypy>=1.11"])
+    session.run("mypy")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks: guard-check cost, capture/partition, compiled autograd, kernels."""
+    _install(session, list(PACKAGES), ["numpy"])
+    session.run("python", "tools/bench.py", *session.posargs, env=INTERPRET_ENV)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: `stoker demo` (trains a small GPT eager vs compiled)."""
+    _install(session, list(PACKAGES), ["numpy"])
+    session.run("stoker", "demo", *session.posargs)
+
+
+@nox.session
+def opinfo(session: nox.Session) -> None:
+    """Full OpInfo sweep through aot_function (aten executor; `-- --triton` adds Triton)."""
+    _install(session, list(PACKAGES), [*TEST_DEPS, "expecttest"])
+    session.run("python", "tools/opinfo_sweep.py", *session.posargs, env=INTERPRET_ENV)
+
+
+@nox.session(python=False)
+def here(session: nox.Session) -> None:
+    """All tests with the current interpreter, no venv (GPU machine, no network)."""
+    session.run("bash", "tools/run_here.sh", *session.posargs, external=True)

@@ -1,0 +1,435 @@
+"""`ShapeContext`: one fake mode and one shape env per compilation.
+
+Every stage of a compilation fakeifies and traces through the same context,
+so every guard any stage adds (capture, partitioning, the code generator's
+specialisations) lands in one `ShapeEnv`.  Guards are read out only at the end,
+with `ShapeContext.produce_guards` (seed 002: the unified cache).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import (
+    DimDynamic,
+    GuardOnDataDependentSymNode,
+    ShapeEnv,
+    StatelessSymbolicContext,
+)
+from torch.utils import _pytree as pytree
+
+from .dims import Dim, Policy
+from .errors import DataDependentError, ShapeInputError, SpecializationError
+from .provenance import Origin, current_origin, origin_from_traceback
+from .source import Source
+
+# A per-dim dynamic spec: a `Dim`, True (anonymous dynamic), or None/False (static).
+DimSpec = Dim | bool | None
+DynamicSpec = bool | None | Mapping[int, DimSpec] | Sequence[DimSpec]
+
+_CONSTANT_TYPES = (bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                   torch.memory_format)
+
+
+@dataclass(slots=True)
+class TensorInput:
+    """A fakeified tensor input: where it came from and what it looked like."""
+
+    source: Source
+    fake: FakeTensor
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+    sizes: tuple[sympy.Expr | int, ...]  # int when static, expr over symbols when dynamic
+    strides: tuple[sympy.Expr | int, ...]
+    storage_offset: sympy.Expr | int
+    is_view: bool
+    storage_key: int  # identifies the real storage, for aliasing between inputs
+    is_param: bool = False
+
+
+@dataclass(slots=True)
+class ScalarInput:
+    """A Python int/float input: a constant (static) or a symbol (dynamic)."""
+
+    source: Source
+    value: int | float
+    expr: sympy.Expr | None  # None when specialized
+
+
+@dataclass(slots=True)
+class ConstantInput:
+    """A non-tensor value the trace specialized on (bool, None, str, dtype, ...)."""
+
+    source: Source
+    value: Any
+
+
+@dataclass(slots=True)
+class ContainerInput:
+    """A list/tuple/dict along the way to the leaves: its type and length are guarded."""
+
+    source: Source
+    kind: type
+    keys: tuple[Any, ...]
+
+
+@dataclass(slots=True)
+class _DimDecl:
+    dim: Dim | None  # None for an anonymous dynamic dim
+    source: Source  # the size source it was declared on
+    symbol: sympy.Symbol
+
+
+class _RecordingList(list[Any]):
+    """The shape env's guard list, recording each guard's origin as it is added."""
+
+    def __init__(self, items: list[Any], origins: dict[int, Origin]) -> None:
+        super().__init__(items)
+        self._origins = origins
+
+    def append(self, item: Any) -> None:
+        self._origins[len(self)] = current_origin(skip=2)
+        super().append(item)
+
+
+class _RecordingDict(dict[Any, Any]):
+    """A shape env dict (replacements, ranges) recording the origin of new or changed keys."""
+
+    def __init__(self, items: dict[Any, Any], origins: dict[Any, Origin], only_updates: bool) -> None:
+        super().__init__(items)
+        self._origins = origins
+        self._only_updates = only_updates
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if key in self:
+            if self[key] != value:
+                self._origins[key] = current_origin(skip=2)
+        elif not self._only_updates:
+            self._origins[key] = current_origin(skip=2)
+        super().__setitem__(key, value)
+
+
+class ShapeContext:
+    """Owns (or adopts) a `FakeTensorMode` and its `ShapeEnv` for one compilation.
+
+    >>> ctx = ShapeContext(policy="dynamic")
+    >>> x = ctx.fakeify(torch.randn(8, 4), Source.arg(0), dynamic={0: Dim("batch")})
+    >>> with ctx.fake_mode: y = x.sum(0)
+    >>> print(ctx.produce_guards())
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: Policy | str = Policy.STATIC,
+        fake_mode: FakeTensorMode | None = None,
+        auto_dynamic: frozenset[tuple[Source, int]] = frozenset(),
+    ) -> None:
+        self.policy = Policy(policy)
+        self.adopted = fake_mode is not None
+        if fake_mode is None:
+            shape_env = ShapeEnv(duck_shape=False, allow_scalar_outputs=True)
+            fake_mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=False)
+        if fake_mode.shape_env is None:
+            raise ShapeInputError("the adopted FakeTensorMode has no ShapeEnv; create it with one")
+        self.fake_mode: FakeTensorMode = fake_mode
+        self.shape_env: ShapeEnv = fake_mode.shape_env
+        self.auto_dynamic = auto_dynamic  # (tensor source, dim) pairs seen to change
+        self.inputs: list[TensorInput | ScalarInput | ConstantInput | ContainerInput] = []
+        self.dims: list[_DimDecl] = []
+        self.notes: dict[Any, Origin] = {}  # extra origins, e.g. shared Dims
+        self.guard_origins: dict[int, Origin] = {}
+        self.replacement_origins: dict[Any, Origin] = {}
+        self.range_origins: dict[Any, Origin] = {}
+        self._first_guard = len(self.shape_env.guards)
+        self._by_dim: dict[Dim, _DimDecl] = {}
+        self._install_recorders()
+
+    @classmethod
+    def adopt(cls, fake_mode: FakeTensorMode) -> ShapeContext:
+        """Use the frontend's fake mode and shape env (Dynamo installs the guards)."""
+        return cls(fake_mode=fake_mode)
+
+    def _install_recorders(self) -> None:
+        env = self.shape_env
+        if not isinstance(env.guards, _RecordingList):
+            env.guards = _RecordingList(env.guards, self.guard_origins)
+        else:
+            self.guard_origins = env.guards._origins
+        if not isinstance(env.replacements, _RecordingDict):
+            env.replacements = _RecordingDict(env.replacements, self.replacement_origins, False)
+        else:
+            self.replacement_origins = env.replacements._origins
+        if not isinstance(env.var_to_range, _RecordingDict):
+            env.var_to_range = _RecordingDict(env.var_to_range, self.range_origins, True)
+        else:
+            self.range_origins = env.var_to_range._origins
+
+    # ------------------------------------------------------------------ inputs
+    def fakeify(self, value: Any, source: Source, dynamic: DynamicSpec = None,
+                *, is_param: bool = False) -> Any:
+        """Fake tensors (and SymInts/SymFloats when dynamic) for a pytree of inputs.
+
+        ``dynamic``: None follows the policy; True/False for every dim; or a
+        per-dim spec (``{0: Dim("batch")}`` or ``[Dim("batch"), None]``).  For a
+        pytree, ``dynamic`` may be a matching pytree of such specs.
+        Parameters and buffers (``is_param=True``) are static unless a spec says otherwise.
+        """
+        if isinstance(value, torch.Tensor):
+            return self._fakeify_tensor(value, source, dynamic, is_param)
+        if isinstance(value, bool) or isinstance(value, _CONSTANT_TYPES):
+            self.inputs.append(ConstantInput(source, value))
+            return value
+        if isinstance(value, int | float):
+            return self._fakeify_scalar(value, source, dynamic)
+        if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
+            self.inputs.append(ContainerInput(source, type(value), (len(value),)))
+            specs = self._child_specs(dynamic, len(value), source)
+            out = [self.fakeify(v, source.item(i), s, is_param=is_param)
+                   for i, (v, s) in enumerate(zip(value, specs))]
+            return type(value)(out)
+        if isinstance(value, dict):
+            self.inputs.append(ContainerInput(source, type(value), tuple(value.keys())))
+            out_d = {}
+            for k, v in value.items():
+                spec = dynamic.get(k) if isinstance(dynamic, Mapping) else dynamic
+                out_d[k] = self.fakeify(v, source.item(k), spec, is_param=is_param)
+            return out_d
+        raise ShapeInputError(
+            f"{source.name}: inputs of type {type(value).__qualname__} are not supported; "
+            "pass tensors, Python numbers, None/bool/str/dtype/device constants, "
+            "or lists/tuples/dicts of them"
+        )
+
+    @staticmethod
+    def _child_specs(dynamic: DynamicSpec, n: int, source: Source) -> list[Any]:
+        if isinstance(dynamic, Sequence) and not isinstance(dynamic, str):
+            if len(dynamic) != n:
+                raise ShapeInputError(
+                    f"{source.name}: dynamic spec has {len(dynamic)} entries for {n} values")
+            return list(dynamic)
+        return [dynamic] * n
+
+    def _dim_specs(self, t: torch.Tensor, source: Source, dynamic: DynamicSpec,
+                   is_param: bool) -> list[DimSpec]:
+        n = t.dim()
+        if dynamic is None:
+            if is_param or self.policy == Policy.STATIC:
+                specs: list[DimSpec] = [None] * n
+            elif self.policy == Policy.DYNAMIC:
+                specs = [True] * n
+            else:  # AUTO: dynamic only where a previous call saw the dim change
+                specs = [True if (source, i) in self.auto_dynamic else None for i in range(n)]
+            return specs
+        if isinstance(dynamic, bool):
+            return [dynamic] * n
+        if isinstance(dynamic, Mapping):
+            bad = [d for d in dynamic if not isinstance(d, int) or not -n <= d < n]
+            if bad:
+                raise ShapeInputError(
+                    f"{source.name}: dynamic spec names dims {bad} but the tensor has rank {n}")
+            specs = [None] * n
+            for d, s in dynamic.items():
+                specs[d % n] = s
+            return specs
+        if isinstance(dynamic, Sequence):
+            if len(dynamic) != n:
+                raise ShapeInputError(
+                    f"{source.name}: dynamic spec has {len(dynamic)} entries for a rank-{n} tensor")
+            return list(dynamic)
+        raise ShapeInputError(f"{source.name}: unsupported dynamic spec {dynamic!r}")
+
+    def _fakeify_tensor(self, t: torch.Tensor, source: Source, dynamic: DynamicSpec,
+                        is_param: bool) -> Any:
+        if isinstance(t, FakeTensor):
+            if t.fake_mode is not self.fake_mode:
+                raise ShapeInputError(f"{source.name}: a fake tensor from another fake mode")
+            return t
+        if type(t) not in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer) and \
+                not isinstance(t, torch.nn.Parameter):
+            raise ShapeInputError(
+                f"{source.name}: tensor subclass {type(t).__qualname__} is not supported; "
+                "pass a plain torch.Tensor (e.g. t.as_subclass(torch.Tensor))")
+        if t.is_sparse or t.layout != torch.strided:
+            raise ShapeInputError(f"{source.name}: layout {t.layout} is not supported (strided only)")
+        specs = self._dim_specs(t, source, dynamic, is_param)
+        dyn = [DimDynamic.DYNAMIC if s not in (None, False) else DimDynamic.STATIC for s in specs]
+        for i, s in enumerate(specs):
+            if isinstance(s, Dim) and s.max is not None and t.shape[i] > s.max \
+                    or isinstance(s, Dim) and t.shape[i] < s.lower:
+                raise ShapeInputError(
+                    f"{source.size(i).name} = {t.shape[i]} is outside {s!r} "
+                    f"(sizes 0 and 1 are always specialized, so the minimum is {s.lower})")
+        ctx = StatelessSymbolicContext(dynamic_sizes=dyn)
+        torch_source = source.to_torch()
+        fake = self.fake_mode.from_tensor(t, source=torch_source, symbolic_context=ctx)
+        sizes = tuple(_expr(s) for s in fake.shape)
+        for i, s in enumerate(specs):
+            if s in (None, False):
+                continue
+            sym = sizes[i]
+            if not isinstance(sym, sympy.Symbol):
+                raise ShapeInputError(f"{source.size(i).name}: could not make this dim dynamic")
+            self._declare_dim(s if isinstance(s, Dim) else None, source.size(i), sym)
+        self.inputs.append(TensorInput(
+            source=source, fake=fake, dtype=t.dtype, device=t.device,
+            requires_grad=t.requires_grad, sizes=sizes,
+            strides=tuple(_expr(s) for s in fake.stride()),
+            storage_offset=_expr(fake.storage_offset()),
+            is_view=t._base is not None,
+            storage_key=fake.untyped_storage()._cdata,  # fake storages alias as the real ones do
+            is_param=is_param,
+        ))
+        return fake
+
+    def _declare_dim(self, dim: Dim | None, size_source: Source, sym: sympy.Symbol) -> None:
+        decl = _DimDecl(dim, size_source, sym)
+        self.dims.append(decl)
+        if dim is None:
+            return
+        lo, hi = dim.lower, dim.max
+        self.shape_env.constrain_symbol_range(sym, compiler_min=lo, compiler_max=hi or int(2**62))
+        self.range_origins[sym] = Origin(note=f"{dim!r}")
+        first = self._by_dim.get(dim)
+        if first is None:
+            self._by_dim[dim] = decl
+            return
+        # The same Dim on two inputs: one symbol.  The equality guard this adds is
+        # exactly the run-time check we need; its origin says why it is there.
+        note = f"{dim!r} shared by {first.source.name} and {size_source.name}"
+        n_before = len(self.shape_env.guards)
+        self.shape_env.evaluate_expr(sympy.Eq(sym, first.symbol))
+        for i in range(n_before, len(self.shape_env.guards)):
+            self.guard_origins[i] = Origin(note=note)
+        self.notes[sym] = Origin(note=note)
+
+    def _fakeify_scalar(self, v: int | float, source: Source, dynamic: DynamicSpec) -> Any:
+        want = dynamic not in (None, False) or (
+            dynamic is None and self.policy == Policy.DYNAMIC)
+        if dynamic is None and self.policy == Policy.AUTO:
+            want = (source, -1) in self.auto_dynamic
+        if not want:
+            self.inputs.append(ScalarInput(source, v, None))
+            return v
+        env, tsrc = self.shape_env, source.to_torch()
+        if isinstance(v, int):
+            out: Any = env.create_unspecified_symint_and_symbol(v, tsrc, DimDynamic.DYNAMIC)
+        else:
+            sym = env.create_unspecified_symbol(v, source=tsrc, dynamic_dim=DimDynamic.DYNAMIC)
+            out = env.create_symfloatnode(sym, hint=v, source=tsrc)
+        expr = _expr(out)
+        if isinstance(expr, sympy.Symbol):
+            self._declare_dim(dynamic if isinstance(dynamic, Dim) else None, source, expr)
+        self.inputs.append(ScalarInput(source, v, expr if isinstance(expr, sympy.Expr) else None))
+        return out
+
+    # ------------------------------------------------------------- tracing aids
+    @contextlib.contextmanager
+    def tracing(self) -> Iterator[None]:
+        """Enter the fake mode and translate shape errors into user-level ones."""
+        with self.translate_errors(), self.fake_mode:
+            yield
+
+    @contextlib.contextmanager
+    def translate_errors(self) -> Iterator[None]:
+        """Turn `GuardOnDataDependentSymNode` into a `DataDependentError` naming the line."""
+        try:
+            yield
+        except GuardOnDataDependentSymNode as e:
+            raise data_dependent_error(e) from e
+
+    # ---------------------------------------------------------------- read out
+    def symbol_sources(self) -> dict[sympy.Symbol, Source]:
+        """Each input symbol and the first source it was created for."""
+        out: dict[sympy.Symbol, Source] = {}
+        for d in self.dims:
+            out.setdefault(d.symbol, d.source)
+        return out
+
+    def check_dims(self, *, strict: bool = True) -> None:
+        """Raise `SpecializationError` if the traced code specialized a declared `Dim`.
+
+        With ``strict`` (export), a `Dim` whose range was narrowed or that was made
+        equal to a different `Dim` is an error too.
+        """
+        env = self.shape_env
+        for d in self.dims:
+            if d.dim is None:
+                continue
+            value = env.replace(d.symbol)
+            if value.is_number:
+                origin = self.replacement_origins.get(d.symbol) or Origin()
+                raise SpecializationError(
+                    f"{d.dim!r} on {d.source.name} was specialized to the constant {value}: "
+                    f"{origin.describe()}.  Remove the Dim for this input, or change the code "
+                    "so it does not assume a fixed size (e.g. use x.size(0) or -1 in view/reshape)."
+                )
+            if not strict:
+                continue
+            if isinstance(value, sympy.Symbol) and value != d.symbol:
+                other = next((o for o in self.dims if o.symbol == value), None)
+                if other is not None and other.dim is not None and other.dim != d.dim:
+                    origin = self.replacement_origins.get(d.symbol) or Origin()
+                    raise SpecializationError(
+                        f"{d.dim!r} on {d.source.name} was found equal to {other.dim!r} on "
+                        f"{other.source.name}: {origin.describe()}.  Use the same Dim for both.")
+            vr = env.var_to_range.get(d.symbol)
+            if vr is not None:
+                lo, hi = int(vr.lower), vr.upper
+                want_hi = d.dim.max
+                if lo > d.dim.lower or (want_hi is not None and hi.is_finite and int(hi) < want_hi) \
+                        or (want_hi is None and hi.is_finite and int(hi) < 2**62):
+                    origin = self.range_origins.get(d.symbol) or Origin()
+                    raise SpecializationError(
+                        f"{d.dim!r} on {d.source.name}: the traced code only supports sizes in "
+                        f"[{lo}, {hi}]: {origin.describe()}.  Narrow the Dim's min/max to match, "
+                        "or change the code.")
+
+    def produce_guards(self) -> Any:
+        """Read every guard out of the shape env (call after the last stage)."""
+        from .guards import build_guard_set
+
+        return build_guard_set(self)
+
+
+def _expr(v: Any) -> Any:
+    if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return v.node.expr
+    return v
+
+
+def data_dependent_error(e: BaseException) -> DataDependentError:
+    origin = origin_from_traceback(e.__traceback__)
+    where = origin.describe() if origin.filename else "in the traced code"
+    return DataDependentError(
+        f"data-dependent control flow {where}: the branch depends on a tensor's value, which "
+        "is unknown while tracing.  Compute the condition outside the compiled function, use "
+        "torch.where / torch.cond instead of a Python `if`, or state the fact with "
+        f"torch._check(...).  (torch said: {str(e).splitlines()[0]})"
+    )
+
+
+def tree_sources(tree: Any, root: Source) -> list[tuple[Source, Any]]:
+    """Pair each leaf of a pytree with its `Source` under ``root``."""
+    leaves, _ = pytree.tree_flatten_with_path(tree)
+    out = []
+    for path, leaf in leaves:
+        src = root
+        for k in path:
+            key = getattr(k, "idx", None)
+            if key is None:
+                key = getattr(k, "key", None)
+            if key is None:
+                key = getattr(k, "name", None)
+            src = src.item(key)  # type: ignore[arg-type]
+        out.append((src, leaf))
+    return out
+
+
