@@ -61,14 +61,18 @@ class GuardedCache(Generic[A]):
         self._auto_dynamic: set[tuple[Source, int]] = set()
         self._warned = False
 
-    def lookup(self, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None) -> A | None:
-        """The artifact for these inputs, compiling on a miss (None: fell back)."""
+    def lookup(self, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
+               self_: Any = None) -> A | None:
+        """The artifact for these inputs, compiling on a miss (None: fell back).
+
+        ``self_`` is the module whose parameters guards name as ``self.…`` (if any).
+        """
         kwargs = kwargs if kwargs is not None else {}
         for entry in self.entries:
-            if entry.guards.check(args, kwargs):
+            if entry.guards.check(args, kwargs, self_):
                 self._stats.hits += 1
                 return entry.artifact
-        return self._miss(args, kwargs)
+        return self._miss(args, kwargs, self_)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         artifact = self.lookup(args, kwargs)
@@ -77,11 +81,11 @@ class GuardedCache(Generic[A]):
             return self.fallback(*args, **kwargs)
         return artifact(*args, **kwargs)  # type: ignore[operator]
 
-    def _miss(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> A | None:
+    def _miss(self, args: Sequence[Any], kwargs: Mapping[str, Any], self_: Any) -> A | None:
         self._stats.misses += 1
         if self.entries:
             last = self.entries[0].guards  # the newest compilation
-            reason = last.explain(args, kwargs) or "guards failed (no single guard explains it)"
+            reason = last.explain(args, kwargs, self_) or "guards failed (no single guard explains it)"
             self._stats.reasons.append(reason)
             if self.policy == Policy.AUTO:
                 self._auto_dynamic.update(last.failing_sizes(args, kwargs))
