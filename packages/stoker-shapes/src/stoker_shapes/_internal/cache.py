@@ -32,8 +32,13 @@ class CacheStats:
     fallbacks: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"hits": self.hits, "misses": self.misses, "reasons": list(self.reasons),
-                "entries": self.entries, "fallbacks": self.fallbacks}
+        return {
+            "hits": self.hits,
+            "misses": self.misses,
+            "reasons": list(self.reasons),
+            "entries": self.entries,
+            "fallbacks": self.fallbacks,
+        }
 
 
 class GuardedCache(Generic[A]):
@@ -47,10 +52,15 @@ class GuardedCache(Generic[A]):
     listing every reason, or, with ``fallback``, warn once and call it.
     """
 
-    def __init__(self, compile_fn: CompileFn[A], *, limit: int = 8,
-                 policy: Policy | str = Policy.AUTO,
-                 fallback: Callable[..., Any] | None = None,
-                 name: str = "function") -> None:
+    def __init__(
+        self,
+        compile_fn: CompileFn[A],
+        *,
+        limit: int = 8,
+        policy: Policy | str = Policy.AUTO,
+        fallback: Callable[..., Any] | None = None,
+        name: str = "function",
+    ) -> None:
         self.compile_fn = compile_fn
         self.limit = limit
         self.policy = Policy(policy)
@@ -61,8 +71,9 @@ class GuardedCache(Generic[A]):
         self._auto_dynamic: set[tuple[Source, int]] = set()
         self._warned = False
 
-    def lookup(self, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
-               self_: Any = None) -> A | None:
+    def lookup(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None, self_: Any = None
+    ) -> A | None:
         """The artifact for these inputs, compiling on a miss (None: fell back).
 
         ``self_`` is the module whose parameters guards name as ``self.…`` (if any).
@@ -85,15 +96,19 @@ class GuardedCache(Generic[A]):
         self._stats.misses += 1
         if self.entries:
             last = self.entries[0].guards  # the newest compilation
-            reason = last.explain(args, kwargs, self_) or "guards failed (no single guard explains it)"
+            reason = (
+                last.explain(args, kwargs, self_) or "guards failed (no single guard explains it)"
+            )
             self._stats.reasons.append(reason)
             if self.policy == Policy.AUTO:
                 self._auto_dynamic.update(last.failing_sizes(args, kwargs))
         if len(self.entries) >= self.limit:
-            msg = (f"{self.name}: recompiled {len(self.entries)} times, hitting the limit "
-                   f"of {self.limit}.  Recompile reasons:\n"
-                   + "\n".join(f"  {i + 1}. {r}" for i, r in enumerate(self._stats.reasons))
-                   + "\nMark the changing dims dynamic (Dim / policy='dynamic'), or raise `limit`.")
+            msg = (
+                f"{self.name}: recompiled {len(self.entries)} times, hitting the limit "
+                f"of {self.limit}.  Recompile reasons:\n"
+                + "\n".join(f"  {i + 1}. {r}" for i, r in enumerate(self._stats.reasons))
+                + "\nMark the changing dims dynamic (Dim / policy='dynamic'), or raise `limit`."
+            )
             if self.fallback is None:
                 raise RecompileLimitError(msg, list(self._stats.reasons))
             if not self._warned:

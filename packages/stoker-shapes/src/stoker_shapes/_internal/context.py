@@ -33,8 +33,15 @@ from .source import Source
 DimSpec = Dim | bool | None
 DynamicSpec = bool | None | Mapping[int, DimSpec] | Sequence[DimSpec]
 
-_CONSTANT_TYPES = (bool, str, type(None), torch.dtype, torch.device, torch.layout,
-                   torch.memory_format)
+_CONSTANT_TYPES = (
+    bool,
+    str,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+)
 
 
 @dataclass(slots=True)
@@ -51,7 +58,8 @@ class TensorInput:
     storage_offset: sympy.Expr | int
     is_view: bool
     storage_key: int  # identifies the real storage, for aliasing between inputs
-    is_param: bool = False
+    is_param: bool = False  # a parameter or buffer (static by default, no alias guards)
+    is_param_type: bool = False  # the value is a torch.nn.Parameter (its exact type is guarded)
 
 
 @dataclass(slots=True)
@@ -102,7 +110,9 @@ class _RecordingList(list[Any]):
 class _RecordingDict(dict[Any, Any]):
     """A shape env dict (replacements, ranges) recording the origin of new or changed keys."""
 
-    def __init__(self, items: dict[Any, Any], origins: dict[Any, Origin], only_updates: bool) -> None:
+    def __init__(
+        self, items: dict[Any, Any], origins: dict[Any, Origin], only_updates: bool
+    ) -> None:
         super().__init__(items)
         self._origins = origins
         self._only_updates = only_updates
@@ -173,8 +183,9 @@ class ShapeContext:
             self.range_origins = env.var_to_range._origins
 
     # ------------------------------------------------------------------ inputs
-    def fakeify(self, value: Any, source: Source, dynamic: DynamicSpec = None,
-                *, is_param: bool = False) -> Any:
+    def fakeify(
+        self, value: Any, source: Source, dynamic: DynamicSpec = None, *, is_param: bool = False
+    ) -> Any:
         """Fake tensors (and SymInts/SymFloats when dynamic) for a pytree of inputs.
 
         ``dynamic``: None follows the policy; True/False for every dim; or a
@@ -192,14 +203,16 @@ class ShapeContext:
         if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
             self.inputs.append(ContainerInput(source, type(value), (len(value),)))
             specs = self._child_specs(dynamic, len(value), source)
-            out = [self.fakeify(v, source.item(i), s, is_param=is_param)
-                   for i, (v, s) in enumerate(zip(value, specs))]
+            out = [
+                self.fakeify(v, source.item(i), s, is_param=is_param)
+                for i, (v, s) in enumerate(zip(value, specs))
+            ]
             return type(value)(out)
         if isinstance(value, dict):
             self.inputs.append(ContainerInput(source, type(value), tuple(value.keys())))
             out_d = {}
             for k, v in value.items():
-                spec = dynamic.get(k) if isinstance(dynamic, Mapping) else dynamic
+                spec: Any = dynamic.get(k) if isinstance(dynamic, Mapping) else dynamic
                 out_d[k] = self.fakeify(v, source.item(k), spec, is_param=is_param)
             return out_d
         raise ShapeInputError(
@@ -213,12 +226,14 @@ class ShapeContext:
         if isinstance(dynamic, Sequence) and not isinstance(dynamic, str):
             if len(dynamic) != n:
                 raise ShapeInputError(
-                    f"{source.name}: dynamic spec has {len(dynamic)} entries for {n} values")
+                    f"{source.name}: dynamic spec has {len(dynamic)} entries for {n} values"
+                )
             return list(dynamic)
         return [dynamic] * n
 
-    def _dim_specs(self, t: torch.Tensor, source: Source, dynamic: DynamicSpec,
-                   is_param: bool) -> list[DimSpec]:
+    def _dim_specs(
+        self, t: torch.Tensor, source: Source, dynamic: DynamicSpec, is_param: bool
+    ) -> list[DimSpec]:
         n = t.dim()
         if dynamic is None:
             if is_param or self.policy == Policy.STATIC:
@@ -234,7 +249,8 @@ class ShapeContext:
             bad = [d for d in dynamic if not isinstance(d, int) or not -n <= d < n]
             if bad:
                 raise ShapeInputError(
-                    f"{source.name}: dynamic spec names dims {bad} but the tensor has rank {n}")
+                    f"{source.name}: dynamic spec names dims {bad} but the tensor has rank {n}"
+                )
             specs = [None] * n
             for d, s in dynamic.items():
                 specs[d % n] = s
@@ -242,32 +258,40 @@ class ShapeContext:
         if isinstance(dynamic, Sequence):
             if len(dynamic) != n:
                 raise ShapeInputError(
-                    f"{source.name}: dynamic spec has {len(dynamic)} entries for a rank-{n} tensor")
+                    f"{source.name}: dynamic spec has {len(dynamic)} entries for a rank-{n} tensor"
+                )
             return list(dynamic)
         raise ShapeInputError(f"{source.name}: unsupported dynamic spec {dynamic!r}")
 
-    def _fakeify_tensor(self, t: torch.Tensor, source: Source, dynamic: DynamicSpec,
-                        is_param: bool) -> Any:
+    def _fakeify_tensor(
+        self, t: torch.Tensor, source: Source, dynamic: DynamicSpec, is_param: bool
+    ) -> Any:
         if isinstance(t, FakeTensor):
             if t.fake_mode is not self.fake_mode:
                 raise ShapeInputError(f"{source.name}: a fake tensor from another fake mode")
             return t
-        if type(t) not in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer) and \
-                not isinstance(t, torch.nn.Parameter):
+        if type(t) not in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer) and not isinstance(
+            t, torch.nn.Parameter
+        ):
             raise ShapeInputError(
-                f"{source.name}: tensor subclass {type(t).__qualname__} is not supported; "
-                "pass a plain torch.Tensor (e.g. t.as_subclass(torch.Tensor))")
+                f"{source.name}: tensor subclass {type(t).__name__} is not supported; "
+                "pass a plain torch.Tensor (e.g. t.as_subclass(torch.Tensor))"
+            )
         if t.is_sparse or t.layout != torch.strided:
-            raise ShapeInputError(f"{source.name}: layout {t.layout} is not supported (strided only)")
+            raise ShapeInputError(
+                f"{source.name}: layout {t.layout} is not supported (strided only)"
+            )
         specs = self._dim_specs(t, source, dynamic, is_param)
         dyn = [DimDynamic.DYNAMIC if s not in (None, False) else DimDynamic.STATIC for s in specs]
         for i, s in enumerate(specs):
-            if isinstance(s, Dim) and s.max is not None and t.shape[i] > s.max \
-                    or isinstance(s, Dim) and t.shape[i] < s.lower:
+            if (isinstance(s, Dim) and s.max is not None and t.shape[i] > s.max) or (
+                isinstance(s, Dim) and t.shape[i] < s.lower
+            ):
                 raise ShapeInputError(
                     f"{source.size(i).name} = {t.shape[i]} is outside {s!r} "
-                    f"(sizes 0 and 1 are always specialized, so the minimum is {s.lower})")
-        ctx = StatelessSymbolicContext(dynamic_sizes=dyn)
+                    f"(sizes 0 and 1 are always specialized, so the minimum is {s.lower})"
+                )
+        ctx: Any = StatelessSymbolicContext(dynamic_sizes=dyn)
         torch_source = source.to_torch()
         fake = self.fake_mode.from_tensor(t, source=torch_source, symbolic_context=ctx)
         sizes = tuple(_expr(s) for s in fake.shape)
@@ -278,15 +302,22 @@ class ShapeContext:
             if not isinstance(sym, sympy.Symbol):
                 raise ShapeInputError(f"{source.size(i).name}: could not make this dim dynamic")
             self._declare_dim(s if isinstance(s, Dim) else None, source.size(i), sym)
-        self.inputs.append(TensorInput(
-            source=source, fake=fake, dtype=t.dtype, device=t.device,
-            requires_grad=t.requires_grad, sizes=sizes,
-            strides=tuple(_expr(s) for s in fake.stride()),
-            storage_offset=_expr(fake.storage_offset()),
-            is_view=t._base is not None,
-            storage_key=fake.untyped_storage()._cdata,  # fake storages alias as the real ones do
-            is_param=is_param,
-        ))
+        self.inputs.append(
+            TensorInput(
+                source=source,
+                fake=fake,
+                dtype=t.dtype,
+                device=t.device,
+                requires_grad=t.requires_grad,
+                sizes=sizes,
+                strides=tuple(_expr(s) for s in fake.stride()),
+                storage_offset=_expr(fake.storage_offset()),
+                is_view=t._base is not None,
+                storage_key=fake.untyped_storage()._cdata,  # fake storages alias as the real ones do
+                is_param=is_param,
+                is_param_type=type(t) is torch.nn.Parameter,
+            )
+        )
         return fake
 
     def _declare_dim(self, dim: Dim | None, size_source: Source, sym: sympy.Symbol) -> None:
@@ -295,7 +326,7 @@ class ShapeContext:
         if dim is None:
             return
         lo, hi = dim.lower, dim.max
-        self.shape_env.constrain_symbol_range(sym, compiler_min=lo, compiler_max=hi or int(2**62))
+        self.shape_env.constrain_symbol_range(sym, compiler_min=lo, compiler_max=hi or (2**62))
         self.range_origins[sym] = Origin(note=f"{dim!r}")
         first = self._by_dim.get(dim)
         if first is None:
@@ -311,8 +342,7 @@ class ShapeContext:
         self.notes[sym] = Origin(note=note)
 
     def _fakeify_scalar(self, v: int | float, source: Source, dynamic: DynamicSpec) -> Any:
-        want = dynamic not in (None, False) or (
-            dynamic is None and self.policy == Policy.DYNAMIC)
+        want = dynamic not in (None, False) or (dynamic is None and self.policy == Policy.DYNAMIC)
         if dynamic is None and self.policy == Policy.AUTO:
             want = (source, -1) in self.auto_dynamic
         if not want:
@@ -379,18 +409,23 @@ class ShapeContext:
                     origin = self.replacement_origins.get(d.symbol) or Origin()
                     raise SpecializationError(
                         f"{d.dim!r} on {d.source.name} was found equal to {other.dim!r} on "
-                        f"{other.source.name}: {origin.describe()}.  Use the same Dim for both.")
+                        f"{other.source.name}: {origin.describe()}.  Use the same Dim for both."
+                    )
             vr = env.var_to_range.get(d.symbol)
             if vr is not None:
                 lo, hi = int(vr.lower), vr.upper
                 want_hi = d.dim.max
-                if lo > d.dim.lower or (want_hi is not None and hi.is_finite and int(hi) < want_hi) \
-                        or (want_hi is None and hi.is_finite and int(hi) < 2**62):
+                if (
+                    lo > d.dim.lower
+                    or (want_hi is not None and hi.is_finite and int(hi) < want_hi)
+                    or (want_hi is None and hi.is_finite and int(hi) < 2**62)
+                ):
                     origin = self.range_origins.get(d.symbol) or Origin()
                     raise SpecializationError(
                         f"{d.dim!r} on {d.source.name}: the traced code only supports sizes in "
                         f"[{lo}, {hi}]: {origin.describe()}.  Narrow the Dim's min/max to match, "
-                        "or change the code.")
+                        "or change the code."
+                    )
 
     def produce_guards(self) -> Any:
         """Read every guard out of the shape env (call after the last stage)."""
@@ -431,5 +466,3 @@ def tree_sources(tree: Any, root: Source) -> list[tuple[Source, Any]]:
             src = src.item(key)  # type: ignore[arg-type]
         out.append((src, leaf))
     return out
-
-

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from .errors import ShapeInputError
 
 
-class Policy(str, Enum):
+class Policy(StrEnum):
     """How input dimensions become symbolic.
 
     ``static``: every size is specialized.  ``dynamic``: dims named by a `Dim`
@@ -41,8 +41,7 @@ class Dim:
             raise ShapeInputError(f"Dim {self.name!r}: min={self.min} is negative")
         if self.min is not None and self.max is not None and self.min > self.max:
             raise ShapeInputError(
-                f"Dim {self.name!r}: min={self.min} > max={self.max}; "
-                "swap them or widen the range"
+                f"Dim {self.name!r}: min={self.min} > max={self.max}; swap them or widen the range"
             )
 
     @property

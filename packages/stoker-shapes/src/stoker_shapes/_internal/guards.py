@@ -40,8 +40,9 @@ def _print(expr: Any, names: Mapping[sympy.Symbol, str] | None = None) -> str:
     if not isinstance(expr, sympy.Basic):
         return repr(expr)
     if names:
-        expr = expr.xreplace({s: sympy.Symbol(names[s], integer=True)
-                              for s in expr.free_symbols if s in names})
+        expr = expr.xreplace(
+            {s: sympy.Symbol(names[s], integer=True) for s in expr.free_symbols if s in names}
+        )
     return str(_PRINTER.doprint(expr))
 
 
@@ -66,12 +67,16 @@ class TensorSpec:
     sizes: tuple[int | None, ...]
     strides: tuple[int | None, ...]
     size_origins: tuple[Origin | None, ...]  # why each static size is static
+    pytype: str = "Tensor"  # "Tensor" or "Parameter": the exact Python type is guarded
 
-    def mismatch(self, t: Any) -> str | None:
-        """The first way ``t`` differs from this spec, in user terms; None if it matches."""
+    def mismatch(self, value: object) -> str | None:
+        """The first way ``value`` differs from this spec, in user terms; None if it matches."""
         name = self.source.name
-        if not isinstance(t, torch.Tensor):
-            return f"isinstance({name}, torch.Tensor) failed: got {type(t).__qualname__}"
+        if type(value) is not _PYTYPES[self.pytype]:
+            expected = _PYTYPES[self.pytype].__qualname__
+            return f"type({name}) is {expected} failed: got {type(value).__qualname__}"
+        assert isinstance(value, torch.Tensor)
+        t = value
         if t.dtype != self.dtype:
             return f"{name}.dtype == {self.dtype} failed: got {t.dtype}"
         if t.device != self.device:
@@ -87,12 +92,15 @@ class TensorSpec:
                 return f"{name}.size()[{i}] == {want} failed: got {got}{why}"
         for i, (want, got) in enumerate(zip(self.strides, t.stride())):
             if want is not None and want != got:
-                return f"{name}.stride()[{i}] == {want} failed: got {got} (strides are guarded; pass a tensor with the same layout, e.g. .contiguous())"
+                return (
+                    f"{name}.stride()[{i}] == {want} failed: got {got} (strides are "
+                    "guarded; pass a tensor with the same layout, e.g. .contiguous())"
+                )
         return None
 
     def python_check(self, var: str) -> str:
         """A Python expression over local ``var`` equivalent to the C++ check."""
-        parts = [f"isinstance({var}, Tensor)", f"{var}.dtype is {self.dtype}"]
+        parts = [f"type({var}) is {self.pytype}", f"{var}.dtype is {self.dtype}"]
         if self.device.type == "cpu":
             parts.append(f"{var}.is_cpu")
         else:
@@ -114,6 +122,7 @@ class TensorSpec:
             "sizes": list(self.sizes),
             "strides": list(self.strides),
             "size_origins": [o.to_json() if o else None for o in self.size_origins],
+            "pytype": self.pytype,
         }
 
     @staticmethod
@@ -122,18 +131,24 @@ class TensorSpec:
         if not isinstance(dtype, torch.dtype):
             raise StokerShapesError(f"unknown dtype {d['dtype']!r} in guard JSON")
         return TensorSpec(
-            source=Source.from_json(d["source"]), dtype=dtype, device=torch.device(d["device"]),
-            requires_grad=bool(d["requires_grad"]), sizes=tuple(d["sizes"]),
+            source=Source.from_json(d["source"]),
+            dtype=dtype,
+            device=torch.device(d["device"]),
+            requires_grad=bool(d["requires_grad"]),
+            sizes=tuple(d["sizes"]),
             strides=tuple(d["strides"]),
             size_origins=tuple(Origin.from_json(o) for o in d["size_origins"]),
+            pytype=d["pytype"] if d["pytype"] in _PYTYPES else "Tensor",
         )
 
     def __str__(self) -> str:
         sz = ", ".join("?" if s is None else str(s) for s in self.sizes)
         st = ", ".join("?" if s is None else str(s) for s in self.strides)
         rg = ", requires_grad" if self.requires_grad else ""
-        return (f"{self.source.name}: Tensor({str(self.dtype).removeprefix('torch.')}, "
-                f"{self.device}, size=({sz}), stride=({st}){rg})")
+        return (
+            f"{self.source.name}: Tensor({str(self.dtype).removeprefix('torch.')}, "
+            f"{self.device}, size=({sz}), stride=({st}){rg})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,22 +166,34 @@ class Guard:
     reads: tuple[str, ...] = ()  # source texts whose values `explain` reports
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "text": self.text, "code": self.code,
-                "origin": self.origin.to_json() if self.origin else None,
-                "reads": list(self.reads)}
+        return {
+            "kind": self.kind,
+            "text": self.text,
+            "code": self.code,
+            "origin": self.origin.to_json() if self.origin else None,
+            "reads": list(self.reads),
+        }
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> Guard:
-        return Guard(d["kind"], d["text"], d["code"], Origin.from_json(d["origin"]),
-                     tuple(d["reads"]))
+        return Guard(
+            d["kind"], d["text"], d["code"], Origin.from_json(d["origin"]), tuple(d["reads"])
+        )
 
     def __str__(self) -> str:
         why = f"    # {self.origin.describe()}" if self.origin else ""
         return f"{self.text}{why}"
 
 
-_NAMESPACE_BASE: dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor, "math": math,
-                                   "int": int, "float": float}
+_PYTYPES: dict[str, type] = {"Tensor": torch.Tensor, "Parameter": torch.nn.Parameter}
+_NAMESPACE_BASE: dict[str, Any] = {
+    "torch": torch,
+    "Tensor": torch.Tensor,
+    "math": math,
+    "Parameter": torch.nn.Parameter,
+    "int": int,
+    "float": float,
+}
 
 
 def _tensor_guards(specs: Sequence[TensorSpec]) -> Any:
@@ -179,13 +206,15 @@ def _tensor_guards(specs: Sequence[TensorSpec]) -> Any:
     try:
         for s in specs:
             t = torch.empty(0, dtype=s.dtype, device=s.device)
-            if s.requires_grad:
+            if s.pytype == "Parameter":
+                t = torch.nn.Parameter(t, requires_grad=s.requires_grad)
+            elif s.requires_grad:
                 t.requires_grad_(True)
             dummies.append(t)
         return TensorGuards(
             *dummies,
-            dynamic_dims_sizes=[list(s.sizes) for s in specs],
-            dynamic_dims_strides=[list(s.strides) for s in specs],
+            dynamic_dims_sizes=[list(s.sizes) for s in specs],  # type: ignore[misc]
+            dynamic_dims_strides=[list(s.strides) for s in specs],  # type: ignore[misc]
         )
     except (RuntimeError, TypeError, AssertionError):
         return None  # e.g. a CUDA spec loaded on a machine without CUDA
@@ -196,8 +225,12 @@ class GuardSet:
 
     __slots__ = ("_check", "_tg", "bindings", "guards", "source", "tensors")
 
-    def __init__(self, tensors: Sequence[TensorSpec], guards: Sequence[Guard],
-                 bindings: Sequence[tuple[str, str]]) -> None:
+    def __init__(
+        self,
+        tensors: Sequence[TensorSpec],
+        guards: Sequence[Guard],
+        bindings: Sequence[tuple[str, str]],
+    ) -> None:
         self.tensors: tuple[TensorSpec, ...] = tuple(tensors)
         self.guards: tuple[Guard, ...] = tuple(guards)
         # (local name, Python over roots/tensor locals) in binding order
@@ -239,13 +272,15 @@ class GuardSet:
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ check
-    def check(self, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
-              self_: Any = None) -> bool:
+    def check(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None, self_: Any = None
+    ) -> bool:
         """True iff every guard holds for this call (fast: one generated function)."""
         return self._check(args, kwargs if kwargs is not None else {}, self_)
 
-    def explain(self, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
-                self_: Any = None) -> str | None:
+    def explain(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None, self_: Any = None
+    ) -> str | None:
         """The first failing guard in user terms, or None when all hold."""
         roots = dict(_NAMESPACE_BASE, args=args, kwargs=kwargs or {}, self=self_)
 
@@ -299,8 +334,9 @@ class GuardSet:
             msg += f"; this guard was {g.origin.describe()}"
         return msg
 
-    def failing_sizes(self, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None
-                      ) -> list[tuple[Source, int]]:
+    def failing_sizes(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None
+    ) -> list[tuple[Source, int]]:
         """(tensor source, dim) of static sizes that differ in this call (automatic dynamic)."""
         roots = {"args": args, "kwargs": kwargs or {}, "self": None}
         out = []
@@ -311,8 +347,11 @@ class GuardSet:
                 continue
             if not isinstance(t, torch.Tensor) or t.dim() != len(spec.sizes):
                 continue
-            out += [(spec.source, i) for i, (w, g) in enumerate(zip(spec.sizes, t.shape))
-                    if w is not None and w != g]
+            out += [
+                (spec.source, i)
+                for i, (w, g) in enumerate(zip(spec.sizes, t.shape))
+                if w is not None and w != g
+            ]
         for g in self.guards:  # int scalars specialized as constants
             if g.kind == "constant" and g.reads and g.text.startswith("type("):
                 src = _source_of_text(g.reads[0])
@@ -337,12 +376,16 @@ class GuardSet:
     __repr__ = __str__
 
     def to_json(self) -> str:
-        return json.dumps({
-            "format": "stoker-guards", "version": FORMAT_VERSION,
-            "tensors": [t.to_json() for t in self.tensors],
-            "guards": [g.to_json() for g in self.guards],
-            "bindings": [list(b) for b in self.bindings],
-        }, indent=1)
+        return json.dumps(
+            {
+                "format": "stoker-guards",
+                "version": FORMAT_VERSION,
+                "tensors": [t.to_json() for t in self.tensors],
+                "guards": [g.to_json() for g in self.guards],
+                "bindings": [list(b) for b in self.bindings],
+            },
+            indent=1,
+        )
 
     @staticmethod
     def from_json(text: str) -> GuardSet:
@@ -353,7 +396,8 @@ class GuardSet:
         if data.get("format") != "stoker-guards" or data.get("version") != FORMAT_VERSION:
             raise StokerShapesError(
                 f"guard JSON has format {data.get('format')!r} version {data.get('version')!r}; "
-                f"this stoker-shapes reads stoker-guards version {FORMAT_VERSION}")
+                f"this stoker-shapes reads stoker-guards version {FORMAT_VERSION}"
+            )
         return GuardSet(
             [TensorSpec.from_json(t) for t in data["tensors"]],
             [Guard.from_json(g) for g in data["guards"]],
@@ -393,8 +437,10 @@ def build_guard_set(ctx: Any) -> GuardSet:
             return ctx.replacement_origins.get(sym) or Origin(note="specialized while tracing")
         if ti.is_param:
             return Origin(note="parameters and buffers are static")
-        return Origin(note=f"static dim (policy {ctx.policy.value!r}; "
-                           "declare it dynamic with a Dim or use policy 'auto')")
+        return Origin(
+            note=f"static dim (policy {ctx.policy.value!r}; "
+            "declare it dynamic with a Dim or use policy 'auto')"
+        )
 
     # 1. containers, constants, scalars
     for inp in ctx.inputs:
@@ -419,9 +465,15 @@ def build_guard_set(ctx: Any) -> GuardSet:
             if inp.expr is None:
                 text = f"type({name}) is {tname} and {name} == {_const_repr(inp.value)}"
                 _SOURCE_CACHE[name] = inp.source
-                guards.append(Guard("constant", text, text,
-                                    Origin(note=f"Python {tname} inputs are static unless dynamic"),
-                                    (name,)))
+                guards.append(
+                    Guard(
+                        "constant",
+                        text,
+                        text,
+                        Origin(note=f"Python {tname} inputs are static unless dynamic"),
+                        (name,),
+                    )
+                )
             else:
                 text = f"type({name}) is {tname}"
                 guards.append(Guard("type", text, text, None, (f"type({name})",)))
@@ -443,8 +495,14 @@ def build_guard_set(ctx: Any) -> GuardSet:
                 bound[r] = src
                 bindings.append((str(r.name), f"{var}.size()[{i}]"))
             else:
-                pending.append((src, f"{var}.size()[{i}]", r,
-                                ctx.notes.get(e) or ctx.replacement_origins.get(e)))
+                pending.append(
+                    (
+                        src,
+                        f"{var}.size()[{i}]",
+                        r,
+                        ctx.notes.get(e) or ctx.replacement_origins.get(e),
+                    )
+                )
         strides: list[int | None] = []
         for i, e in enumerate(ti.strides):
             r = replaced(e)
@@ -458,10 +516,30 @@ def build_guard_set(ctx: Any) -> GuardSet:
             pending.append((ti.source.storage_offset().name, f"{var}.storage_offset()", off, None))
         elif int(off) != 0:
             t = f"{ti.source.name}.storage_offset() == {int(off)}"
-            guards.append(Guard("size", t, f"{var}.storage_offset() == {int(off)}", None,
-                                (f"{ti.source.name}.storage_offset()",)))
-        specs.append(TensorSpec(ti.source, ti.dtype, ti.device, ti.requires_grad,
-                                tuple(sizes), tuple(strides), tuple(origins)))
+            guards.append(
+                Guard(
+                    "size",
+                    t,
+                    f"{var}.storage_offset() == {int(off)}",
+                    None,
+                    (f"{ti.source.name}.storage_offset()",),
+                )
+            )
+        pytype = (
+            "Parameter" if isinstance(ti.fake, torch.nn.Parameter) or ti.is_param_type else "Tensor"
+        )
+        specs.append(
+            TensorSpec(
+                ti.source,
+                ti.dtype,
+                ti.device,
+                ti.requires_grad,
+                tuple(sizes),
+                tuple(strides),
+                tuple(origins),
+                pytype,
+            )
+        )
     for inp in ctx.inputs:
         if isinstance(inp, ScalarInput) and inp.expr is not None:
             r = replaced(inp.expr)
@@ -479,39 +557,74 @@ def build_guard_set(ctx: Any) -> GuardSet:
         fv = tensor_var[first.source]
         for other in members[1:]:
             ov = tensor_var[other.source]
-            text = (f"{other.source.name}.untyped_storage()._cdata == "
-                    f"{first.source.name}.untyped_storage()._cdata")
-            guards.append(Guard("alias", text,
-                                f"{ov}.untyped_storage()._cdata == {fv}.untyped_storage()._cdata",
-                                Origin(note="inputs aliased one storage when compiled")))
+            text = (
+                f"{other.source.name}.untyped_storage()._cdata == "
+                f"{first.source.name}.untyped_storage()._cdata"
+            )
+            guards.append(
+                Guard(
+                    "alias",
+                    text,
+                    f"{ov}.untyped_storage()._cdata == {fv}.untyped_storage()._cdata",
+                    Origin(note="inputs aliased one storage when compiled"),
+                )
+            )
         if len(members) == 1 and not first.is_view and not first.is_param:
             text = f"{first.source.name}._base is None"
-            guards.append(Guard("alias", text, f"{fv}._base is None",
-                                Origin(note="input was not a view when compiled")))
-        elif len(members) == 1 and len(tensors) > 1:
+            guards.append(
+                Guard(
+                    "alias",
+                    text,
+                    f"{fv}._base is None",
+                    Origin(note="input was not a view when compiled"),
+                )
+            )
+        elif len(members) == 1 and len(tensors) > 1 and not first.is_param:
             others = [t for t in tensors if t is not first]
-            text = " and ".join(f"{first.source.name}.untyped_storage()._cdata != "
-                                f"{o.source.name}.untyped_storage()._cdata" for o in others)
-            code = " and ".join(f"{fv}.untyped_storage()._cdata != "
-                                f"{tensor_var[o.source]}.untyped_storage()._cdata" for o in others)
-            guards.append(Guard("alias", text, code,
-                                Origin(note="a view input shared no storage with other inputs")))
+            text = " and ".join(
+                f"{first.source.name}.untyped_storage()._cdata != "
+                f"{o.source.name}.untyped_storage()._cdata"
+                for o in others
+            )
+            code = " and ".join(
+                f"{fv}.untyped_storage()._cdata != {tensor_var[o.source]}.untyped_storage()._cdata"
+                for o in others
+            )
+            guards.append(
+                Guard(
+                    "alias",
+                    text,
+                    code,
+                    Origin(note="a view input shared no storage with other inputs"),
+                )
+            )
     # 4. equalities for sizes/strides that are expressions of bound symbols
     for text_lhs, code_lhs, r, origin in pending:
         missing = r.free_symbols - bound.keys()
         if missing:
             raise StokerShapesError(
-                f"{text_lhs} = {r} uses symbols {sorted(map(str, missing))} that no input binds")
+                f"{text_lhs} = {r} uses symbols {sorted(map(str, missing))} that no input binds"
+            )
         text = f"{text_lhs} == {_print(r, bound)}"
         code = f"{code_lhs} == {_print(r)}"
         sym = next(iter(r.free_symbols), None)
         o = origin or (ctx.notes.get(sym) if sym is not None else None)
-        guards.append(Guard("size", text, code, o, (text_lhs, *(bound[s] for s in sorted(r.free_symbols, key=str)))))
+        guards.append(
+            Guard(
+                "size",
+                text,
+                code,
+                o,
+                (text_lhs, *(bound[s] for s in sorted(r.free_symbols, key=str))),
+            )
+        )
     # 5. every guard the stages added to the shape env
     seen: set[str] = set()
-    for idx, sg in enumerate(list(env.guards)[ctx._first_guard:], start=ctx._first_guard):
+    for idx, sg in enumerate(list(env.guards)[ctx._first_guard :], start=ctx._first_guard):
         e = env.simplify(sg.expr)
-        if e == sympy.true or (isinstance(e, sympy.Basic) and e.is_Boolean and bool(e == sympy.true)):
+        if e == sympy.true or (
+            isinstance(e, sympy.Basic) and e.is_Boolean and bool(e == sympy.true)
+        ):
             continue
         if not e.free_symbols <= bound.keys():
             continue  # about symbols that are not ours (e.g. an adopted env's others)
@@ -534,15 +647,19 @@ def build_guard_set(ctx: Any) -> GuardSet:
                 origin = Origin(note=f"{decl.dim!r}")
             else:
                 origin = Origin(note="dynamic dims exclude sizes 0 and 1")
-        lo, hi = vr.lower, vr.upper
-        is_int = isinstance(next((i for i in ctx.inputs if getattr(i, "source", None) is not None
-                                  and i.source.name == src and isinstance(i, ScalarInput)), None),
-                            ScalarInput)
-        if lo.is_finite and not (is_int and lo == -sympy.oo):
-            guards.append(Guard("range", f"{src} >= {int(lo)}", f"{sym.name} >= {int(lo)}",
-                                origin, (src,)))
-        if hi.is_finite and int(hi) < 2**62:
-            guards.append(Guard("range", f"{src} <= {int(hi)}", f"{sym.name} <= {int(hi)}",
-                                origin, (src,)))
+        lo, hi = _finite_int(vr.lower), _finite_int(vr.upper)
+        if lo is not None:
+            guards.append(Guard("range", f"{src} >= {lo}", f"{sym.name} >= {lo}", origin, (src,)))
+        if hi is not None and hi < 2**62:
+            guards.append(Guard("range", f"{src} <= {hi}", f"{sym.name} <= {hi}", origin, (src,)))
     return GuardSet(specs, guards, bindings)
 
+
+def _finite_int(v: Any) -> int | None:
+    """``v`` as an int when it is a finite integer bound (not +-oo / int_oo)."""
+    try:
+        if not bool(v.is_finite) or not bool(v.is_number):
+            return None
+        return int(v)
+    except (TypeError, AttributeError, OverflowError, ValueError):
+        return None

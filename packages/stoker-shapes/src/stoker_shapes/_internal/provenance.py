@@ -27,7 +27,9 @@ _STOKER_MARKERS = tuple(
     os.sep + name + os.sep
     for name in ("stoker_shapes", "stoker_capture", "stoker_autograd", "stoker_triton", "stoker")
 )
-_FRAME_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>.*)')
+_FRAME_RE = re.compile(
+    r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>.*)'
+)
 
 
 def is_internal_file(filename: str) -> bool:

@@ -9,7 +9,10 @@ which is how the guard code generator reads values.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from torch._guards import Source as TorchSource
 
 SourceKind = Literal["root", "item", "attr", "size", "stride", "storage_offset"]
 
@@ -116,7 +119,7 @@ class Source:
         assert src is not None
         return src
 
-    def to_torch(self) -> object:
+    def to_torch(self) -> TorchSource:
         """The equivalent ``torch._guards.Source`` (for fake tensor symbol creation)."""
         from torch._dynamo.source import AttrSource, GetItemSource, LocalSource
 

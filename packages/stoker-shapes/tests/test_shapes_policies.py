@@ -1,0 +1,154 @@
+"""Policies (static / dynamic / auto), shared Dims, aliasing, sources."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from stoker_shapes import Dim, GuardedCache, ShapeContext, Source
+
+Tracer = Callable[..., Any]
+
+
+def add_mul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (x + y) * 2
+
+
+def test_static_policy_specializes_every_size(trace: Tracer) -> None:
+    ctx = ShapeContext(policy="static")
+    trace(ctx, add_mul, torch.randn(4, 3), torch.randn(4, 3))
+    gs = ctx.produce_guards()
+    assert gs.check((torch.randn(4, 3), torch.randn(4, 3)))
+    assert not gs.check((torch.randn(5, 3), torch.randn(5, 3)))
+    why = gs.explain((torch.randn(5, 3), torch.randn(5, 3)))
+    assert why is not None and "args[0].size()[0] == 4 failed: got 5" in why
+    assert "policy 'static'" in why
+
+
+def test_dynamic_dim_accepts_other_sizes_within_range(trace: Tracer) -> None:
+    ctx = ShapeContext()
+    b = Dim("batch", max=32)
+    trace(ctx, add_mul, torch.randn(4, 3), torch.randn(4, 3), dynamic=[{0: b}, {0: b}])
+    gs = ctx.produce_guards()
+    for n in (2, 7, 32):
+        assert gs.check((torch.randn(n, 3), torch.randn(n, 3))), n
+    assert not gs.check((torch.randn(33, 3), torch.randn(33, 3)))
+    assert "<= 32" in (gs.explain((torch.randn(33, 3), torch.randn(33, 3))) or "")
+    # sizes 0 and 1 stay specialized
+    assert not gs.check((torch.randn(1, 3), torch.randn(1, 3)))
+    # the static dim is still guarded
+    assert not gs.check((torch.randn(4, 5), torch.randn(4, 5)))
+
+
+def test_dynamic_policy_makes_user_dims_symbolic_and_params_static() -> None:
+    ctx = ShapeContext(policy="dynamic")
+    x = ctx.fakeify(torch.randn(4, 3), Source.arg(0))
+    w = ctx.fakeify(
+        torch.nn.Parameter(torch.randn(3, 5)), Source.module_path("lin.weight"), is_param=True
+    )
+    assert isinstance(x.shape[0], torch.SymInt) and isinstance(x.shape[1], torch.SymInt)
+    assert w.shape == (3, 5) and not isinstance(w.shape[0], torch.SymInt)
+    with ctx.tracing():
+        x @ w
+    gs = ctx.produce_guards()
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(5, 3, bias=False)
+            self.lin.weight = torch.nn.Parameter(torch.randn(3, 5))
+
+    m = M()
+    assert gs.check((torch.randn(9, 3),), {}, m)
+    m.lin.weight = torch.nn.Parameter(torch.randn(5, 3).T)  # same size, not contiguous
+    assert not gs.check((torch.randn(9, 3),), {}, m)
+    why = gs.explain((torch.randn(9, 3),), {}, m)
+    assert why is not None and why.startswith("self.lin.weight")
+
+
+def test_shared_dim_is_one_symbol_and_guards_equality() -> None:
+    ctx = ShapeContext()
+    b = Dim("batch")
+    x = ctx.fakeify(torch.randn(4, 3), Source.arg(0), {0: b})
+    y = ctx.fakeify(torch.randn(4, 2), Source.kwarg("mask"), {0: b})
+    assert ctx.shape_env.replace(y.shape[0].node.expr) == x.shape[0].node.expr
+    gs = ctx.produce_guards()
+    assert gs.check((torch.randn(6, 3),), {"mask": torch.randn(6, 2)})
+    bad = ((torch.randn(6, 3),), {"mask": torch.randn(5, 2)})
+    assert not gs.check(*bad)
+    why = gs.explain(*bad)
+    assert why is not None
+    assert "kwargs['mask'].size()[0] == args[0].size()[0] failed" in why
+    assert "shared by" in why
+
+
+def test_aliasing_inputs_stay_aliased_and_are_guarded() -> None:
+    base = torch.randn(8, 4)
+    a, b = base[:4], base[4:]
+    ctx = ShapeContext()
+    fa = ctx.fakeify(a, Source.arg(0))
+    fb = ctx.fakeify(b, Source.arg(1))
+    assert fa.untyped_storage()._cdata == fb.untyped_storage()._cdata
+    assert fb.storage_offset() == 16
+    gs = ctx.produce_guards()
+    other = torch.randn(8, 4)
+    assert gs.check((other[:4], other[4:]))
+    # same metadata but separate storages: the alias guard must reject it
+    c, d = torch.randn(8, 4), torch.randn(8, 4)
+    assert not gs.check((c[:4], d[4:]))
+    assert "aliased" in (gs.explain((c[:4], d[4:])) or "")
+
+
+def test_non_view_input_guard_rejects_a_view() -> None:
+    ctx = ShapeContext()
+    ctx.fakeify(torch.randn(4), Source.arg(0))
+    gs = ctx.produce_guards()
+    assert gs.check((torch.randn(4),))
+    assert not gs.check((torch.randn(8)[:4],))
+
+
+def test_auto_policy_recompiles_once_then_stays_symbolic() -> None:
+    compiled_sizes: list[object] = []
+
+    def compile_fn(ctx: ShapeContext, args: tuple[torch.Tensor, ...], kwargs: dict[str, object]):  # type: ignore[no-untyped-def]
+        x = ctx.fakeify(args[0], Source.arg(0))
+        compiled_sizes.append(x.shape[0])
+        with ctx.tracing():
+            x.sum()
+        return lambda t: t.sum()
+
+    cache: GuardedCache[object] = GuardedCache(compile_fn, policy="auto")
+    for n in (4, 4, 6, 9, 12):
+        torch.testing.assert_close(cache(torch.ones(n, 2)), torch.tensor(2.0 * n))
+    st = cache.stats()
+    assert st["misses"] == 2 and st["hits"] == 3 and st["entries"] == 2
+    assert compiled_sizes[0] == 4 and isinstance(compiled_sizes[1], torch.SymInt)
+    assert "args[0].size()[0] == 4 failed: got 6" in st["reasons"][0]
+
+
+def test_sources_read_nested_inputs() -> None:
+    src = Source.kwarg("batch").item("x").size(1)
+    assert src.name == "kwargs['batch']['x'].size()[1]"
+    assert Source.module_path("layers.0.weight").name == "self.layers[0].weight"
+    assert Source.from_json(src.to_json()) == src
+    ctx = ShapeContext()
+    out = ctx.fakeify({"x": torch.randn(2, 3), "n": 3, "flag": True}, Source.kwarg("batch"))
+    assert set(out) == {"x", "n", "flag"}
+    gs = ctx.produce_guards()
+    assert gs.check((), {"batch": {"x": torch.randn(2, 3), "n": 3, "flag": True}})
+    assert not gs.check((), {"batch": {"x": torch.randn(2, 3), "n": 4, "flag": True}})
+    assert not gs.check((), {"batch": {"x": torch.randn(2, 3), "n": 3}})
+    why = gs.explain((), {"batch": {"x": torch.randn(2, 3), "n": 4, "flag": True}})
+    assert (
+        why is not None and "kwargs['batch']['n'] == 3 failed: got kwargs['batch']['n'] = 4" in why
+    )
+
+
+def test_dynamic_int_input_becomes_symint() -> None:
+    ctx = ShapeContext()
+    n = ctx.fakeify(5, Source.arg(1), True)
+    assert isinstance(n, torch.SymInt)
+    gs = ctx.produce_guards()
+    assert gs.check((None, 7)) and not gs.check((None, 7.5))
