@@ -136,8 +136,8 @@ def test_guarded_cache_hit_miss_and_reasons() -> None:
     assert calls == [(2,), (3,)]
     assert (st_["hits"], st_["misses"], st_["entries"]) == (2, 2, 2)
     assert st_["reasons"] == [
-        "args[0].size()[0] == 2 failed: got 3; this specialization was static dim "
-        "(policy 'static'; declare it dynamic with a Dim or use policy 'auto')"
+        "args[0].size()[0] == 2 failed: got 3; static because of policy 'static' "
+        "(declare the dim dynamic with a Dim, or use policy 'auto')"
     ]
 
 

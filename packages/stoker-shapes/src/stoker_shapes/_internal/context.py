@@ -327,14 +327,14 @@ class ShapeContext:
             return
         lo, hi = dim.lower, dim.max
         self.shape_env.constrain_symbol_range(sym, compiler_min=lo, compiler_max=hi or (2**62))
-        self.range_origins[sym] = Origin(note=f"{dim!r}")
+        self.range_origins[sym] = Origin(note=f"bound of {dim!r}")
         first = self._by_dim.get(dim)
         if first is None:
             self._by_dim[dim] = decl
             return
         # The same Dim on two inputs: one symbol.  The equality guard this adds is
         # exactly the run-time check we need; its origin says why it is there.
-        note = f"{dim!r} shared by {first.source.name} and {size_source.name}"
+        note = f"{dim!r} is shared by {first.source.name} and {size_source.name}"
         n_before = len(self.shape_env.guards)
         self.shape_env.evaluate_expr(sympy.Eq(sym, first.symbol))
         for i in range(n_before, len(self.shape_env.guards)):

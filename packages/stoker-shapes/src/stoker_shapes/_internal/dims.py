@@ -49,7 +49,7 @@ class Dim:
         return max(2, self.min or 0)
 
     def __repr__(self) -> str:
-        rng = ""
-        if self.min is not None or self.max is not None:
-            rng = f", min={self.min}, max={self.max}"
+        rng = "".join(
+            f", {k}={v}" for k, v in (("min", self.min), ("max", self.max)) if v is not None
+        )
         return f"Dim({self.name!r}{rng})"

@@ -88,7 +88,7 @@ class TensorSpec:
         for i, (want, got) in enumerate(zip(self.sizes, t.shape)):
             if want is not None and want != got:
                 origin = self.size_origins[i]
-                why = f"; this specialization was {origin.describe()}" if origin else ""
+                why = f"; {origin.describe()}" if origin else ""
                 return f"{name}.size()[{i}] == {want} failed: got {got}{why}"
         for i, (want, got) in enumerate(zip(self.strides, t.stride())):
             if want is not None and want != got:
@@ -331,7 +331,7 @@ class GuardSet:
         if got:
             msg += ": got " + ", ".join(got)
         if g.origin is not None:
-            msg += f"; this guard was {g.origin.describe()}"
+            msg += f"; {g.origin.describe()}"
         return msg
 
     def failing_sizes(
@@ -436,10 +436,12 @@ def build_guard_set(ctx: Any) -> GuardSet:
             sym = next(iter(e.free_symbols))
             return ctx.replacement_origins.get(sym) or Origin(note="specialized while tracing")
         if ti.is_param:
-            return Origin(note="parameters and buffers are static")
+            return Origin(note="static because parameters and buffers are static")
+        if ctx.policy.value == "auto":
+            return Origin(note="static until it changes (policy 'auto')")
         return Origin(
-            note=f"static dim (policy {ctx.policy.value!r}; "
-            "declare it dynamic with a Dim or use policy 'auto')"
+            note=f"static because of policy {ctx.policy.value!r} "
+            "(declare the dim dynamic with a Dim, or use policy 'auto')"
         )
 
     # 1. containers, constants, scalars
@@ -459,7 +461,15 @@ def build_guard_set(ctx: Any) -> GuardSet:
                 text = f"type({name}) is str and {name} == {v!r}"
             else:  # dtype, device, layout, memory_format
                 text = f"{name} == {_const_repr(v)}"
-            guards.append(Guard("constant", text, text, Origin(note="non-tensor input"), (name,)))
+            guards.append(
+                Guard(
+                    "constant",
+                    text,
+                    text,
+                    Origin(note="non-tensor inputs are guarded by value"),
+                    (name,),
+                )
+            )
         elif isinstance(inp, ScalarInput):
             tname = type(inp.value).__name__
             if inp.expr is None:
@@ -470,7 +480,7 @@ def build_guard_set(ctx: Any) -> GuardSet:
                         "constant",
                         text,
                         text,
-                        Origin(note=f"Python {tname} inputs are static unless dynamic"),
+                        Origin(note=f"Python {tname} inputs are static unless declared dynamic"),
                         (name,),
                     )
                 )
@@ -644,9 +654,9 @@ def build_guard_set(ctx: Any) -> GuardSet:
         decl = next((d for d in ctx.dims if d.symbol == sym), None)
         if origin is None:
             if decl is not None and decl.dim is not None:
-                origin = Origin(note=f"{decl.dim!r}")
+                origin = Origin(note=f"bound of {decl.dim!r}")
             else:
-                origin = Origin(note="dynamic dims exclude sizes 0 and 1")
+                origin = Origin(note="dynamic dims exclude sizes 0 and 1 (those are specialized)")
         lo, hi = _finite_int(vr.lower), _finite_int(vr.upper)
         if lo is not None:
             guards.append(Guard("range", f"{src} >= {lo}", f"{sym.name} >= {lo}", origin, (src,)))
