@@ -1,0 +1,197 @@
+"""Stage 1: `aot_stage1_graph_capture` traces a functional core-aten graph.
+
+Inference: ``(*primals) -> (*fw_outputs)``.  Joint (the partitioner's contract):
+placeholders ``primals_1..n`` then ``tangents_1..m`` (one per forward output
+that gets a gradient); output ``(*fw_outputs, *grads)`` with one grad per
+primal (None where none).  Forward outputs: mutated inputs' new values, user
+outputs, intermediate bases (see `ForwardMeta.graph_outputs`).  Every node is
+tagged ``node.meta["stoker_phase"] = "forward" | "backward"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._decomp import core_aten_decompositions
+from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
+
+from .functional import from_fun, functionalized, to_fun
+from .lint import lint_graph
+from .node_meta import backward_meta, module_path, recording_node_meta
+from .state import AOTState, ForwardMeta
+
+
+@dataclass(slots=True)
+class CapturedGraph:
+    """A functional core-aten graph of the function, inference or joint.
+
+    Edit ``gm`` (keeping the contract above) and resume with `aot_stage2_compile`.
+    """
+
+    gm: fx.GraphModule  # the graph; placeholders primals_* (then tangents_* when joint)
+    joint: bool  # forward + backward (else forward only)
+    num_fw_outputs: int  # forward outputs at the front of the output tuple
+    num_tangents: int  # tangents_* placeholders (0 for inference)
+    tangent_mask: list[bool]  # per forward output: does it have a tangent?
+
+    def as_text(self) -> str:
+        """The graph's code, each node annotated with its phase and module path."""
+        kind = "joint" if self.joint else "inference"
+        head = (
+            f"# CapturedGraph ({kind}): {self.num_fw_outputs} forward outputs, "
+            f"{self.num_tangents} tangents"
+        )
+        lines = [head]
+        for n in self.gm.graph.nodes:
+            if n.op == "placeholder":
+                lines.append(f"{n.name}: {_val_text(n)}  # input, {n.meta.get('stoker_phase')}")
+            elif n.op == "output":
+                lines.append(f"return {n.args[0]}")
+            else:
+                args = ", ".join(map(str, n.args))
+                where = module_path(n)
+                note = f"{n.meta.get('stoker_phase', '?')}" + (f", {where}" if where else "")
+                lines.append(f"{n.name}: {_val_text(n)} = {n.target}({args})  # {note}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.as_text()
+
+
+def _val_text(n: fx.Node) -> str:
+    v = n.meta.get("val")
+    if isinstance(v, torch.Tensor):
+        return f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}"
+    return type(v).__name__ if v is not None else "?"
+
+
+def aot_stage1_graph_capture(state: AOTState) -> CapturedGraph:
+    """Trace ``state.flat_fn`` through functionalization and core-aten decompositions."""
+    decomp = state.config.decompositions
+    table = dict(core_aten_decompositions()) if decomp is None else dict(decomp)
+    meta = state.meta
+    mask = meta.tangent_mask()
+    fw_names: set[str] = set()
+
+    def inference_fn(*primals: Any) -> tuple[Any, ...]:
+        with functionalized():
+            fp = [to_fun(p) for p in primals]
+            outs = state.flat_fn(*fp)
+            return tuple(from_fun(v) for v in meta.forward_values(fp, outs))
+
+    def joint_fn(primals: list[Any], tangents: list[Any]) -> tuple[Any, ...]:
+        with functionalized():
+            fp = [to_fun(p) for p in primals]
+            ft = [to_fun(t) for t in tangents]
+            with torch.enable_grad():
+                # a mutated input that needs a gradient is cloned first, so the primal
+                # keeps its identity for autograd.grad
+                f_in = [
+                    f.clone() if inp.mutates_data and inp.requires_grad else f
+                    for f, inp in zip(fp, meta.inputs)
+                ]
+                outs = state.flat_fn(*f_in)
+            vals = meta.forward_values(f_in, outs)
+            fw_out = [from_fun(v) for v in vals]
+            mode = get_proxy_mode()
+            assert mode is not None
+            fw_names.update(n.name for n in mode.tracer.graph.nodes)
+            diff = [
+                (v, t) for v, t, m in zip(vals, ft_iter(ft, mask), mask) if m and v.requires_grad
+            ]
+            want = [
+                i
+                for i, (f, inp) in enumerate(zip(fp, meta.inputs))
+                if inp.is_tensor and inp.requires_grad
+            ]
+            grads: list[Any] = [None] * len(primals)
+            if diff and want:
+                with backward_meta():
+                    got = torch.autograd.grad(
+                        [v for v, _ in diff],
+                        [fp[i] for i in want],
+                        [t for _, t in diff],
+                        allow_unused=True,
+                    )
+                for i, g in zip(want, got):
+                    grads[i] = from_fun(g)
+            return (*fw_out, *grads)
+
+    ctx = state.ctx
+    with ctx.tracing(), recording_node_meta(state.module):
+        if state.joint:
+            tangents = [_tangent_like(spec) for spec, m in zip(meta.fw_specs, mask) if m]
+            gm = make_fx(joint_fn, decomposition_table=table, record_module_stack=True)(
+                list(state.fake_primals), tangents
+            )
+        else:
+            with torch.no_grad():
+                gm = make_fx(inference_fn, decomposition_table=table, record_module_stack=True)(
+                    *state.fake_primals
+                )
+    _flatten_signature(gm, state, len(tangents) if state.joint else 0)
+    _tag_phases(gm, fw_names if state.joint else None)
+    n_fw = len(meta.graph_outputs())
+    graph = CapturedGraph(
+        gm,
+        state.joint,
+        n_fw,
+        sum(mask) if state.joint else 0,
+        mask if state.joint else [False] * n_fw,
+    )
+    if state.config.debug_checks:
+        lint_graph(gm, "stage 1 (capture)")
+    return graph
+
+
+def ft_iter(ft: list[Any], mask: list[bool]) -> list[Any]:
+    """Tangents spread over the forward outputs (None where an output has none)."""
+    it = iter(ft)
+    return [next(it) if m else None for m in mask]
+
+
+def _tangent_like(spec: tuple[tuple[Any, ...], torch.dtype, torch.device] | None) -> torch.Tensor:
+    assert spec is not None
+    size, dtype, device = spec
+    return torch.empty(size, dtype=dtype, device=device)
+
+
+def _flatten_signature(gm: fx.GraphModule, state: AOTState, n_tangents: int) -> None:
+    """Flat placeholders primals_1..n, tangents_1..m and a flat output tuple."""
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    names = [f"primals_{i + 1}" for i in range(len(state.fake_primals))]
+    names += [f"tangents_{i + 1}" for i in range(n_tangents)]
+    assert len(phs) == len(names), (len(phs), len(names))
+    for n, want in zip(phs, names):
+        if n.name != want:
+            n.name = want
+        n.target = want
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    vals = out.args[0]
+    out.args = (tuple(vals) if isinstance(vals, list | tuple) else (vals,),)
+    gm.graph._codegen = fx.graph.CodeGen()
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+
+
+def _tag_phases(gm: fx.GraphModule, fw_names: set[str] | None) -> None:
+    for n in gm.graph.nodes:
+        if fw_names is None:
+            phase = "forward"
+        elif n.op == "placeholder":
+            phase = "forward" if n.name.startswith("primals_") else "backward"
+        elif n.op == "output":
+            phase = "backward"
+        else:
+            phase = "forward" if n.name in fw_names else "backward"
+        n.meta["stoker_phase"] = phase
+        path = module_path(n)
+        if path is not None:
+            n.meta["stoker_module_path"] = path
+
+
+def forward_meta_of(state: AOTState) -> ForwardMeta:
+    return state.meta

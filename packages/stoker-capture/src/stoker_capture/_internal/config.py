@@ -1,0 +1,59 @@
+"""`AOTConfig`: every knob of the staged pipeline, in one place."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+# compiler(gm, example_inputs) -> callable run as fn(*args), returning the graph's output tuple
+Compiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
+# partition(joint, num_fw_outputs=..., memory_budget=...) -> Partition
+PartitionFn = Callable[..., Any]
+Mode = Literal["auto", "joint", "inference"]
+
+
+def aten_executor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    """The default compiler: run the graph module as it is."""
+    return gm
+
+
+@dataclass(slots=True)
+class AOTConfig:
+    """How one compilation runs, from capture to compiled function.
+
+    >>> AOTConfig(mode="joint", dynamic="dynamic", debug_checks=True)
+    """
+
+    # "joint" (forward + backward), "inference" (forward only), or "auto": joint when
+    # grad mode is on and some input requires grad
+    mode: Mode = "auto"
+    # partitioner of the joint graph; None means `default_partition`
+    partition: PartitionFn | None = None
+    # passed to the partitioner: 0 recomputes all it may, 1 saves all (None: its default)
+    memory_budget: float | None = None
+    # compiles the forward (and inference) graph; None means the aten executor
+    fw_compiler: Compiler | None = None
+    # compiles the backward graph; None means the same compiler as the forward
+    bw_compiler: Compiler | None = None
+    # shape policy for user inputs: "static", "dynamic" or "auto" (see stoker_shapes.Policy)
+    dynamic: str = "auto"
+    # compile the backward at its first use, with the shape env frozen (default: at lowering)
+    lazy_backward: bool = False
+    # lint every graph between stages (also on with the environment variable STOKER_CHECK=1)
+    debug_checks: bool = field(default_factory=lambda: os.environ.get("STOKER_CHECK", "") == "1")
+    # decomposition table for capture; None means torch's core-aten decompositions
+    decompositions: Mapping[Any, Callable[..., Any]] | None = None
+    # guard parameters and buffers (as self.<path>); exports own theirs and do not
+    guard_params: bool = True
+
+    def fw(self) -> Compiler:
+        """The forward compiler (the aten executor when unset)."""
+        return self.fw_compiler or aten_executor
+
+    def bw(self) -> Compiler:
+        """The backward compiler (the forward's when unset)."""
+        return self.bw_compiler or self.fw()
