@@ -152,3 +152,16 @@ def test_dynamic_int_input_becomes_symint() -> None:
     assert isinstance(n, torch.SymInt)
     gs = ctx.produce_guards()
     assert gs.check((None, 7)) and not gs.check((None, 7.5))
+
+
+def test_auto_policy_makes_a_changing_int_dynamic() -> None:
+    seen: list[object] = []
+
+    def compile_fn(ctx: ShapeContext, args: Any, kwargs: Any) -> Any:
+        seen.append(ctx.fakeify(args[0], Source.arg(0)))
+        return lambda n: n + 1
+
+    cache: GuardedCache[Any] = GuardedCache(compile_fn, policy="auto")
+    assert [cache(n) for n in (3, 3, 4, 5)] == [4, 4, 5, 6]
+    assert seen[0] == 3 and isinstance(seen[1], torch.SymInt)
+    assert cache.stats()["misses"] == 2

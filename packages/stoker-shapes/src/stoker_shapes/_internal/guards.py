@@ -164,6 +164,7 @@ class Guard:
     code: str
     origin: Origin | None = None
     reads: tuple[str, ...] = ()  # source texts whose values `explain` reports
+    scalar: Source | None = None  # for a specialized Python number: its source (auto dynamic)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -172,13 +173,14 @@ class Guard:
             "code": self.code,
             "origin": self.origin.to_json() if self.origin else None,
             "reads": list(self.reads),
+            "scalar": self.scalar.to_json() if self.scalar else None,
         }
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> Guard:
-        return Guard(
-            d["kind"], d["text"], d["code"], Origin.from_json(d["origin"]), tuple(d["reads"])
-        )
+        scalar = Source.from_json(d["scalar"]) if d.get("scalar") else None
+        origin = Origin.from_json(d["origin"])
+        return Guard(d["kind"], d["text"], d["code"], origin, tuple(d["reads"]), scalar)
 
     def __str__(self) -> str:
         why = f"    # {self.origin.describe()}" if self.origin else ""
@@ -352,15 +354,14 @@ class GuardSet:
                 for i, (w, g) in enumerate(zip(spec.sizes, t.shape))
                 if w is not None and w != g
             ]
-        for g in self.guards:  # int scalars specialized as constants
-            if g.kind == "constant" and g.reads and g.text.startswith("type("):
-                src = _source_of_text(g.reads[0])
-                if src is not None:
-                    try:
-                        if not eval(g.text, dict(_NAMESPACE_BASE, **roots)):
-                            out.append((src, -1))
-                    except Exception:
-                        pass
+        for g in self.guards:  # Python numbers specialized as constants
+            if g.scalar is not None:
+                try:
+                    ok = eval(g.text, dict(_NAMESPACE_BASE, **roots))
+                except Exception:
+                    ok = False
+                if not ok:
+                    out.append((g.scalar, -1))
         return out
 
     # ----------------------------------------------------------- presentation
@@ -403,13 +404,6 @@ class GuardSet:
             [Guard.from_json(g) for g in data["guards"]],
             [(a, b) for a, b in data["bindings"]],
         )
-
-
-_SOURCE_CACHE: dict[str, Source] = {}
-
-
-def _source_of_text(text: str) -> Source | None:
-    return _SOURCE_CACHE.get(text)
 
 
 # --------------------------------------------------------------------- builder
@@ -474,7 +468,6 @@ def build_guard_set(ctx: Any) -> GuardSet:
             tname = type(inp.value).__name__
             if inp.expr is None:
                 text = f"type({name}) is {tname} and {name} == {_const_repr(inp.value)}"
-                _SOURCE_CACHE[name] = inp.source
                 guards.append(
                     Guard(
                         "constant",
@@ -482,6 +475,7 @@ def build_guard_set(ctx: Any) -> GuardSet:
                         text,
                         Origin(note=f"Python {tname} inputs are static unless declared dynamic"),
                         (name,),
+                        inp.source,
                     )
                 )
             else:
