@@ -1,0 +1,33 @@
+"""stoker-autograd: compiled autograd for stoker.
+
+Inside ``with stoker_autograd.enable():`` a ``loss.backward()`` (or
+``torch.autograd.grad``) is captured through torch's compiled-autograd engine hook
+into one FX graph the first time, retraced into core aten with real (symbolic)
+shapes, compiled, and replayed from the engine's cache afterwards.  Hooks and
+custom ``autograd.Function`` backwards stay Python calls, run in eager order.
+"""
+
+from . import passes
+from .__about__ import __version__
+from ._internal.engine import enable, is_enabled, off, on, reset_stats, stats
+from ._internal.ops import OPAQUE_TARGETS, BoundBackward, accumulate_grad, call_backward, call_hook
+from ._internal.session import Session, Stats, aten_executor
+
+__all__ = [
+    "OPAQUE_TARGETS",
+    "BoundBackward",
+    "Session",
+    "Stats",
+    "__version__",
+    "accumulate_grad",
+    "aten_executor",
+    "call_backward",
+    "call_hook",
+    "enable",
+    "is_enabled",
+    "off",
+    "on",
+    "passes",
+    "reset_stats",
+    "stats",
+]

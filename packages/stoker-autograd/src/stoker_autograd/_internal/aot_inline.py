@@ -1,0 +1,101 @@
+"""Inline stoker-capture's AOT backward into the captured graph (seed 001).
+
+stoker-capture's autograd.Function classes carry ``_stoker_aot`` (an
+``AOTBackwardInfo``: ``bw_module`` taking ``(*saved_symints, *saved_tensors, *tangents)``
+and returning one grad per primal, plus ``num_saved_symints``, ``num_saved_tensors``,
+``num_tangents``, ``aot_id``).  Instead of one opaque call we
+
+1. proxy the prologue (`aot_backward_prologue`: puts symints, saved tensors and
+   grads in the order ``bw_module`` takes them);
+2. copy ``bw_module``'s nodes one by one into the capture, named ``aot{id}_{name}``
+   so they can be traced back to the AOT graph;
+3. trace the epilogue: one grad per input of the Function, None where the engine
+   does not want one.
+
+The engine's cache key for these Functions is ``(function id, *saved symints)``
+(``_compiled_autograd_key`` on the class): the copied graph depends on the class
+(its ``bw_module``) and on the symints, which the engine lifts as graph inputs.
+Anything unexpected returns None and the caller proxies an opaque call instead,
+which is always correct.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx as fx
+
+if TYPE_CHECKING:
+    from .capture import CaptureInstance
+
+
+def stoker_aot_info(ctx: Any) -> Any:
+    """The ``AOTBackwardInfo`` of a stoker-capture Function's ctx, else None."""
+    return getattr(getattr(ctx, "_forward_cls", None), "_stoker_aot", None)
+
+
+def aot_backward_prologue(
+    saved_tensors: Sequence[torch.Tensor], symints: Sequence[Any], grads: Sequence[Any]
+) -> list[Any]:
+    """Arrange ``bw_module``'s inputs: ``(*saved_symints, *saved_tensors, *tangents)``."""
+    return [*symints, *saved_tensors, *grads]
+
+
+def inline_aot_backward(
+    cap: CaptureInstance, info: Any, ctx: Any, pgrads: list[Any], psaved: list[Any]
+) -> list[Any] | None:
+    bw: fx.GraphModule = info.bw_module
+    symints = list(ctx._get_compiled_autograd_symints()) if info.num_saved_symints else []
+    placeholders = [n for n in bw.graph.nodes if n.op == "placeholder"]
+    if (
+        len(symints) != info.num_saved_symints
+        or len(psaved) != info.num_saved_tensors
+        or len(pgrads) != info.num_tangents
+        or len(placeholders) != len(symints) + len(psaved) + len(pgrads)
+        or any(g is None for g in pgrads)
+    ):
+        return None  # not the layout we were promised: the opaque call is always right
+    psymints = [cap.to_proxy(s) for s in symints]
+
+    # 1. the prologue, as one call node (traced through at retrace time)
+    pro = cap.tracer.create_proxy(
+        "call_function", aot_backward_prologue, (psaved, psymints, pgrads), {}
+    )
+    aot_id = int(info.aot_id)
+    n = cap.aot_counts.get(aot_id, 0)
+    cap.aot_counts[aot_id] = n + 1
+    prefix = f"aot{aot_id}_" if n == 0 else f"aot{aot_id}_{n}_"
+
+    # 2. copy the backward graph node by node
+    graph = cap.tracer.graph
+    remap: dict[fx.Node, fx.Node] = {}
+    outputs: list[Any] | None = None
+    i = 0
+    for node in bw.graph.nodes:
+        if node.op == "placeholder":
+            ph = pro[i].node
+            ph.name = graph._graph_namespace.create_name(prefix + node.name, None)
+            remap[node] = ph
+            i += 1
+        elif node.op == "get_attr":
+            qual = cap.tracer.get_fresh_qualname(prefix + str(node.target).replace(".", "_"))
+            setattr(cap.tracer.root, qual, getattr(bw, str(node.target)))
+            new = cap.tracer.create_node("get_attr", qual, (), {})
+            remap[node] = new
+        elif node.op == "call_function":
+            new = graph.node_copy(node, lambda m: remap[m])
+            new.name = graph._graph_namespace.create_name(prefix + node.name, None)
+            new.meta["stoker_aot"] = f"aot{aot_id}:{node.name}"
+            remap[node] = new
+        elif node.op == "output":
+            (outs,) = node.args
+            outs = outs if isinstance(outs, list | tuple) else (outs,)
+            outputs = [
+                fx.Proxy(remap[o], cap.tracer) if isinstance(o, fx.Node) else o for o in outs
+            ]
+        else:
+            return None
+    # 3. the epilogue: one grad per Function input
+    return outputs

@@ -1,0 +1,407 @@
+"""Capture: stoker's compiler instance for torch's compiled-autograd engine hook.
+
+On an engine-cache miss the C++ engine builds one `CaptureInstance` and calls its
+methods by name while it walks the autograd graph with dummy tensors (see
+TORCH_NOTES.md, "Compiled autograd engine hook").  Each call appends nodes to one
+FX graph whose placeholders are ``inputs, sizes, scalars, hooks, packed_data``:
+
+* built-in nodes: a call of their functional backward (`ops.BoundBackward`);
+* custom ``autograd.Function``: an opaque `ops.call_backward` with the real ctx,
+  unless it is stoker-capture's own AOT backward, which is inlined (`aot_inline`);
+* hooks: opaque `ops.call_hook` nodes tagged ``hook_type=``;
+* accumulate-grad: opaque `ops.accumulate_grad`.
+
+`end_capture` runs the reordering passes and hands the graph to `runtime.CompiledBackward`,
+which retraces it to core aten with real shapes and compiles it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import operator
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import sympy
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch._dispatch.python import enable_python_dispatcher
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import (
+    ProxyTorchDispatchMode,
+    PythonKeyTracer,
+    disable_autocast_cache,
+    disable_proxy_modes_tracing,
+    fetch_object_proxy,
+    track_tensor_tree,
+)
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, _suppress_guards
+
+from . import ops
+from .aot_inline import inline_aot_backward, stoker_aot_info
+
+if TYPE_CHECKING:
+    from .session import Session
+
+PLACEHOLDERS = ("inputs", "sizes", "scalars", "hooks", "packed_data")
+_COUNTER = itertools.count()
+
+
+class CaptureInstance:
+    """One capture of one backward graph (built by the engine through ``factory()``)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.stack = contextlib.ExitStack()
+        self.shape_env = ShapeEnv()
+        self.fake_mode = FakeTensorMode(
+            allow_fallback_kernels=True, allow_non_fake_inputs=True, shape_env=self.shape_env
+        )
+        self.tracer = PythonKeyTracer()
+        self.proxy_mode = ProxyTorchDispatchMode(self.tracer, "symbolic")
+        self.sym_proxies: dict[Any, fx.Proxy] = {}  # SymNode -> proxy
+        self.sym_sources: dict[
+            sympy.Symbol, tuple[str, int]
+        ] = {}  # capture symbol -> (list, index)
+        self.origin_marks: list[
+            tuple[int, str, int]
+        ] = []  # (first node index, node name, call index)
+        self.aot_counts: dict[int, int] = {}
+        self.id = -1
+
+    def close(self) -> None:
+        self.stack.close()
+
+    # ---------------------------------------------------------------- begin
+    def begin_capture(
+        self,
+        inputs: list[torch.Tensor],
+        sizes: list[int],
+        scalars: list[int | float],
+        origins: list[list[tuple[int, str]]],
+        *rest: Any,  # torch 2.13: accumulate_grad, check_nans
+    ) -> tuple[str, list[torch.Tensor], list[Any], list[Any]]:
+        self.id = next(_COUNTER)
+        self.session.stats.captures += 1
+        self.tracer.root = torch.nn.Module()
+        self.tracer.graph = fx.Graph(tracer_cls=PythonKeyTracer)
+        self.tracer.tensor_attrs = {}
+        args_p, sizes_p, scalars_p, hooks_p, packed_p = (
+            self.tracer.create_proxy("placeholder", name, (), {}) for name in PLACEHOLDERS
+        )
+        self.sizes_proxy, self.scalars_proxy = sizes_p, scalars_p
+        self.hooks_proxy, self.packed_proxy = hooks_p, packed_p
+        self.stack.enter_context(enable_python_dispatcher())
+
+        fakes = [self.fake_mode.from_tensor(x) for x in inputs]
+        self._bind(fakes, [args_p[i] for i in range(len(fakes))])
+
+        sym_sizes: list[Any] = []
+        for i, v in enumerate(sizes):
+            s = self._symbol(v, "sizes", i)
+            sym_sizes.append(s)
+            if isinstance(s, torch.SymInt):
+                self.sym_proxies[s.node] = sizes_p[i]
+        sym_scalars: list[Any] = []
+        for i, v in enumerate(scalars):
+            s = self._symbol(v, "scalars", i)
+            sym_scalars.append(s)
+            if isinstance(s, torch.SymInt | torch.SymFloat):
+                self.sym_proxies[s.node] = scalars_p[i]
+
+        self.stack.enter_context(self.fake_mode)
+        self.stack.enter_context(self.proxy_mode)
+        self.stack.enter_context(disable_autocast_cache())
+        self.stack.enter_context(_suppress_guards(self.shape_env))  # capture must not specialize
+        return str(self.id), fakes, sym_sizes, sym_scalars
+
+    def _symbol(self, v: Any, where: str, i: int) -> Any:
+        from torch._dynamo.source import GetItemSource, LocalSource
+
+        src = GetItemSource(LocalSource(where), i)
+        if isinstance(v, bool):
+            raise TypeError(f"stoker-autograd: unexpected bool in {where}[{i}]")
+        if isinstance(v, int):
+            s = self.shape_env.create_unspecified_symint_and_symbol(v, src, DimDynamic.DYNAMIC)
+        elif isinstance(v, float):
+            sym = self.shape_env.create_unspecified_symbol(
+                v, source=src, dynamic_dim=DimDynamic.DYNAMIC
+            )
+            s = self.shape_env.create_symfloatnode(sym, hint=v, source=src)
+        else:
+            raise TypeError(f"stoker-autograd: unexpected {type(v).__name__} in {where}[{i}]")
+        if isinstance(s, torch.SymInt | torch.SymFloat) and isinstance(s.node.expr, sympy.Symbol):
+            self.sym_sources[s.node.expr] = (where, i)
+        return s
+
+    # --------------------------------------------------------------- helpers
+    def to_proxy(self, t: Any) -> Any:
+        if t is None:
+            return None
+        if isinstance(t, list):
+            return [self.to_proxy(x) for x in t]
+        if isinstance(t, tuple):
+            return tuple(self.to_proxy(x) for x in t)
+        if isinstance(t, torch.SymInt | torch.SymFloat):
+            if t.node.expr.is_number:
+                return int(t) if isinstance(t, torch.SymInt) else float(t)
+            p = self.sym_proxies.get(t.node)
+            if p is not None:
+                return p
+            return fetch_object_proxy(self.tracer, t).force()  # type: ignore[union-attr]
+        if not isinstance(t, torch.Tensor):
+            return t
+        return fetch_object_proxy(self.tracer, t).proxy  # type: ignore[union-attr]
+
+    def _bind(self, objects: Sequence[Any], proxies: Sequence[Any]) -> None:
+        track_tensor_tree(list(objects), list(proxies), constant=None, tracer=self.tracer)
+
+    def _dummy(self) -> torch.Tensor:
+        with disable_proxy_modes_tracing():
+            return torch.zeros([0, 123456789])  # odd size: easy to spot if it leaks
+
+    def _dummy_like(self, x: torch.Tensor) -> torch.Tensor:
+        with disable_proxy_modes_tracing():
+            return torch.empty_like(x)
+
+    def _call(
+        self, fn: Callable[..., Any], args: Any, n_out: int, kwargs: dict[str, Any] | None = None
+    ) -> list[torch.Tensor]:
+        pargs = pytree.tree_map(self.to_proxy, args)
+        pout = self.tracer.create_proxy("call_function", fn, pargs, kwargs or {})
+        result = [self._dummy() for _ in range(n_out)]
+        self._bind(result, [pout[i] for i in range(n_out)])
+        return result
+
+    # ----------------------------------------------------- engine: functional
+    def set_node_origin(self, node_name: str, nodecall_index: int, pyobj: Any) -> None:
+        self.origin_marks.append((len(self.tracer.graph.nodes), node_name, nodecall_index))
+
+    def bind_function(
+        self, fn_name: str, fn: Callable[..., Any], is_custom_function: bool, is_traceable: bool
+    ) -> str:
+        return ops.REGISTRY.bind(fn_name, fn, is_custom_function, is_traceable)
+
+    def apply_functional(
+        self, fn_name: str, grads: Sequence[Any], args: Any, output_metadata: Sequence[Any]
+    ) -> list[torch.Tensor]:
+        op = ops.REGISTRY.get(fn_name)
+        return self._call(op, (grads, *args), len(output_metadata))
+
+    def validate_outputs(
+        self, fn_name: str, outputs: Sequence[Any], args: Any, output_metadata: Sequence[Any]
+    ) -> Sequence[Any]:
+        op = ops.REGISTRY.get(fn_name)
+        pargs = pytree.tree_map(self.to_proxy, (outputs, *args))
+        pout = self.tracer.create_proxy("call_function", op, pargs, {})
+        self._bind(outputs, [pout[i] for i in range(len(outputs))])
+        return outputs
+
+    def accumulate(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        pout = self.tracer.create_proxy(
+            "call_function", torch.add, (self.to_proxy(old), self.to_proxy(new)), {}
+        )
+        result = self._dummy()
+        self._bind([result], [pout])
+        return result
+
+    def accumulate_grad(self, variable: torch.Tensor, *rest: Any) -> torch.Tensor | None:
+        # The protocol differs by release; branch on what the engine passed, not on versions:
+        #   torch 2.13: (variable, variable_grad, grad, has_post_hooks) -> Tensor
+        #   torch 2.11: (variable, grad, has_post_hooks) -> None (reads variable.grad at run time)
+        if len(rest) == 3:
+            variable_grad, grad, has_post_hooks = rest
+            returns = True
+        else:
+            grad, has_post_hooks = rest
+            variable_grad, returns = None, False
+        pout = self.tracer.create_proxy(
+            "call_function",
+            ops.accumulate_grad,
+            (
+                self.to_proxy(variable),
+                self.to_proxy(variable_grad),
+                self.to_proxy(grad),
+                bool(has_post_hooks),
+            ),
+            {},
+        )
+        result = self._dummy_like(variable)
+        self._bind([result], [pout])
+        if not returns:
+            return None
+        variable.grad = result
+        return result
+
+    # ------------------------------------------------- engine: custom Function
+    def proxy_call_backward(
+        self,
+        inputs: Sequence[Any],
+        output_metadatas: Sequence[Any],
+        saved_tensors: Sequence[torch.Tensor],
+        backward_idx: int,
+        ctx: Any,
+        maybe_backward_state_idx: int | None = None,
+        opaque_object_indices: Sequence[int] = (),
+        *rest: Any,
+    ) -> tuple[torch.Tensor | None, ...]:
+        if maybe_backward_state_idx is not None:
+            raise NotImplementedError(
+                f"stoker-autograd: {ctx._forward_cls.__qualname__} carries a Dynamo BackwardState; "
+                "only torch.compile's own backends produce these"
+            )
+        pctx = self.hooks_proxy[backward_idx]
+        pinputs = self.to_proxy(list(inputs))
+        psaved = self.to_proxy(list(saved_tensors))
+        info = stoker_aot_info(ctx)
+        if info is not None:
+            proxies: Any = inline_aot_backward(self, info, ctx, pinputs, psaved)
+        else:
+            if hasattr(ctx._forward_cls, "_aot_id"):
+                raise NotImplementedError(
+                    f"stoker-autograd: {ctx._forward_cls.__qualname__} is a backward compiled by "
+                    "torch's own AOTAutograd (torch.compile with another backend); compile the "
+                    "forward with stoker, or run this backward outside stoker_autograd.enable()"
+                )
+            proxies = self.tracer.create_proxy(
+                "call_function", ops.call_backward, (pctx, psaved, *pinputs), {}
+            )
+            proxies.node.meta["stoker_fn"] = ctx._forward_cls.__qualname__
+            proxies.node.meta["stoker_out_meta"] = [
+                None if m is None else (m[0], m[1], m[2], self._size_exprs(m[3]))
+                for m in output_metadatas
+            ]
+        with disable_proxy_modes_tracing():
+            grads: list[torch.Tensor | None] = []
+            for i, m in enumerate(output_metadatas):
+                if m is None or proxies[i] is None:
+                    grads.append(None)
+                    continue
+                layout, device, dtype, size = m
+                grads.append(torch.empty(size=size, dtype=dtype, layout=layout, device=device))
+            self._bind(grads, [proxies[i] for i in range(len(grads))])
+        return tuple(grads)
+
+    def _size_exprs(self, size: Sequence[Any]) -> list[Any]:
+        return [s.node.expr if isinstance(s, torch.SymInt) else int(s) for s in size]
+
+    def bind_backward_state(self, index: int) -> Any:
+        raise NotImplementedError("stoker-autograd: Dynamo BackwardState is not supported")
+
+    # ----------------------------------------------------------- CopySlices
+    def call_copy_slices_prologue(self, inputs: Sequence[Any], *meta: Any) -> list[torch.Tensor]:
+        return self._call(ops.copy_slices_prologue, (inputs, *meta), 3)
+
+    def call_copy_slices_epilogue(
+        self, needs_input_grad: Sequence[bool], result: Any, res: Any, grad_slice: Any
+    ) -> list[torch.Tensor]:
+        return self._call(
+            ops.copy_slices_epilogue,
+            (list(needs_input_grad), result, res, grad_slice),
+            len(needs_input_grad),
+        )
+
+    # ----------------------------------------------------------------- hooks
+    def _hook(self, hook_id: int, *args: Any, hook_type: str) -> fx.Proxy:
+        hook = self.hooks_proxy[hook_id]
+        pargs = [self.to_proxy(a) for a in args]
+        return self.tracer.create_proxy(
+            "call_function", ops.call_hook, (hook, *pargs), {"hook_type": hook_type}
+        )
+
+    def tensor_pre_hook(
+        self, inputs: list[torch.Tensor], hook_id: int, i: int
+    ) -> list[torch.Tensor]:
+        proxy = self._hook(hook_id, inputs[i], hook_type="tensor_pre_hook")
+        with disable_proxy_modes_tracing():
+            inputs[i] = self._dummy_like(inputs[i])
+            self._bind([inputs[i]], [proxy])
+        return inputs
+
+    def cpp_tensor_pre_hook(
+        self, inputs: list[torch.Tensor], hook_id: int, i: int
+    ) -> list[torch.Tensor]:
+        proxy = self.tracer.create_proxy(
+            "call_function", ops.call_cpp_tensor_pre_hooks, (hook_id, self.to_proxy(inputs[i])), {}
+        )
+        with disable_proxy_modes_tracing():
+            inputs[i] = self._dummy_like(inputs[i])
+            self._bind([inputs[i]], [proxy])
+        return inputs
+
+    def pre_hook(self, inputs: Sequence[Any], hook_id: int) -> list[Any]:
+        proxies = self._hook(hook_id, list(inputs), hook_type="pre_hook")
+        with disable_proxy_modes_tracing():
+            out = [None if x is None else self._dummy_like(x) for x in inputs]
+            self._bind(out, [proxies[i] for i in range(len(out))])
+        return out
+
+    def post_hook(self, outputs: Sequence[Any], inputs: Sequence[Any], hook_id: int) -> list[Any]:
+        proxies = self._hook(hook_id, list(outputs), list(inputs), hook_type="post_hook")
+        with disable_proxy_modes_tracing():
+            out = [None if x is None else self._dummy_like(x) for x in outputs]
+            self._bind(out, [proxies[i] for i in range(len(out))])
+        return out
+
+    def post_acc_grad_hook(self, input: torch.Tensor, hook_id: int) -> list[torch.Tensor]:
+        proxy = self._hook(hook_id, input, hook_type="post_acc_grad_hook")
+        with disable_proxy_modes_tracing():
+            res = [self._dummy_like(input)]
+            self._bind(res, [proxy])
+        return res
+
+    def unpack_hook(self, hook_id: int, data_id: int) -> torch.Tensor:
+        hook = self.hooks_proxy[hook_id]
+        data = self.packed_proxy[data_id]
+        proxy = self.tracer.create_proxy(
+            "call_function", ops.call_hook, (hook, data), {"hook_type": "unpack_hook"}
+        )
+        out = self._dummy()
+        self._bind([out], [proxy])
+        return out
+
+    # ------------------------------------------------------------------- end
+    def end_capture(self, outputs: Any) -> tuple[Callable[..., Any], Any]:
+        from .runtime import CompiledBackward, runtime_wrapper
+
+        self.tracer.create_proxy("call_function", ops.exec_final_callbacks_stub, (), {})
+        self.stack.close()
+        self.tracer.create_node(
+            "output", "output", (self.tracer.create_arg(self.to_proxy(outputs)),), {}
+        )
+        graph = self.tracer.graph
+        self._annotate_origins(graph)
+        # Capture ran on dummy tensors: their metadata is not the real shapes; drop it.
+        for node in graph.nodes:
+            for key in ("tensor_meta", "example_value", "val"):
+                node.meta.pop(key, None)
+        from ..passes import run_all
+
+        graph = run_all(graph)
+        compiled = CompiledBackward(
+            self.session,
+            fx.GraphModule(self.tracer.root, graph, f"StokerBackward{self.id}"),
+            self.sym_sources,
+            self.id,
+        )
+        return runtime_wrapper, compiled
+
+    def _annotate_origins(self, graph: fx.Graph) -> None:
+        marks = sorted(self.origin_marks)
+        j, current = 0, None
+        for idx, node in enumerate(graph.nodes):
+            while j < len(marks) and marks[j][0] <= idx:
+                current = f"{marks[j][1]} (NodeCall {marks[j][2]})"
+                j += 1
+            if current is not None and node.op == "call_function":
+                node.meta.setdefault("autograd_node", current)
+
+
+def getitem_index(node: fx.Node) -> int | None:
+    """``i`` when node is ``x[i]``."""
+    if node.op == "call_function" and node.target is operator.getitem:
+        idx = node.args[1]
+        return idx if isinstance(idx, int) else None
+    return None

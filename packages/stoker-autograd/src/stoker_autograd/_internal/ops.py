@@ -1,0 +1,244 @@
+"""The functions a captured backward graph calls, and the registry of bound backwards.
+
+Every ``call_function`` node of a captured graph targets one of:
+
+* a `BoundBackward` (a built-in node's functional backward, bound by the engine
+  through ``bind_function``): pure, retraced into core aten;
+* `call_backward` (a custom ``autograd.Function``'s Python backward, run with the
+  real ``ctx``), `call_hook` (any Python hook, ``hook_type=`` says which kind),
+  `accumulate_grad` (writes ``param.grad``), `call_cpp_tensor_pre_hooks`
+  (``retain_grad``): opaque, kept as calls so their side effects happen every step;
+* `copy_slices_prologue` / `copy_slices_epilogue` (``CopySlices``, in-place on a
+  view): pure, retraced;
+* ``operator.getitem`` and aten ops.
+
+The engine binds a node type's functional backward once per process (across
+``clear_cache()`` and compiler instances), so the registry is process-global.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+HOOK_KINDS = (
+    "tensor_pre_hook",
+    "pre_hook",
+    "post_hook",
+    "post_acc_grad_hook",
+    "unpack_hook",
+)
+
+
+class BoundBackward:
+    """A built-in autograd node's functional backward: ``fn(grads, *saved) -> grads``."""
+
+    __slots__ = ("__name__", "__qualname__", "fn", "is_custom_function", "is_traceable")
+
+    def __init__(
+        self, name: str, fn: Callable[..., Any], is_custom_function: bool, is_traceable: bool
+    ) -> None:
+        self.__name__ = name
+        self.__qualname__ = name
+        self.fn = fn
+        self.is_custom_function = is_custom_function
+        self.is_traceable = is_traceable
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+    def __repr__(self) -> str:
+        return f"stoker_autograd.ops.{self.__name__}"
+
+
+class _Registry:
+    """Process-global: the engine calls ``bind_function`` once per node type per process."""
+
+    def __init__(self) -> None:
+        self._ops: dict[str, BoundBackward] = {}
+        self._counts: dict[str, int] = {}
+
+    def bind(
+        self, name: str, fn: Callable[..., Any], is_custom_function: bool, is_traceable: bool
+    ) -> str:
+        if is_custom_function:  # C++ custom functions may share a name: make it unique
+            base = "CppNode" + name
+            n = self._counts.get(base, 0)
+            self._counts[base] = n + 1
+            name = f"{base}{n}"
+        self._ops[name] = BoundBackward(name, fn, is_custom_function, is_traceable)
+        return name
+
+    def get(self, name: str) -> BoundBackward:
+        op = self._ops.get(name)
+        if op is None:
+            raise RuntimeError(
+                f"stoker-autograd: the engine asked for the functional backward {name!r}, "
+                "which was bound to another compiled-autograd implementation in this process "
+                "(torch binds each node type once per process). Use one compiled-autograd "
+                "implementation per process: do not mix torch's compiled autograd with "
+                "stoker_autograd.enable()."
+            )
+        return op
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._ops
+
+
+REGISTRY = _Registry()
+
+
+# ----------------------------------------------------------------- opaque calls
+class _BackwardCtx:
+    """What a custom Function's ``backward`` sees as ``ctx``: the real ctx, with the
+    saved tensors the engine unpacked (so saved-tensor hooks ran)."""
+
+    def __init__(self, real: Any, saved_tensors: Sequence[torch.Tensor]) -> None:
+        object.__setattr__(self, "_real", real)
+        object.__setattr__(self, "saved_tensors", tuple(saved_tensors))
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "saved_variables":
+            return self.saved_tensors
+        return getattr(self._real, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._real, name, value)
+
+
+def call_backward(ctx: Any, saved_tensors: Sequence[torch.Tensor], *grads: Any) -> tuple[Any, ...]:
+    """Run a custom ``autograd.Function``'s Python backward with its real ctx."""
+    fwd_cls = ctx._forward_cls
+    proxy_ctx = _BackwardCtx(ctx, saved_tensors)
+    if getattr(fwd_cls, "boxed_grads_call", False):
+        # torch 2.13: such Functions take their grads boxed in one list (and may free them).
+        out = fwd_cls.backward(proxy_ctx, list(grads))
+    else:
+        out = fwd_cls.backward(proxy_ctx, *grads)
+    if not isinstance(out, tuple):
+        out = (out,)
+    return out
+
+
+def call_hook(hook: Callable[..., Any], *args: Any, hook_type: str) -> Any:
+    """Run a Python hook; a hook returning None leaves its first argument unchanged."""
+    result = hook(*args)
+    if result is None:
+        return args[0]
+    if hook_type == "post_acc_grad_hook":
+        raise RuntimeError("stoker-autograd: post-accumulate-grad hooks must return None")
+    return result
+
+
+def accumulate_grad(
+    variable: torch.Tensor,
+    variable_grad: torch.Tensor | None,
+    grad: torch.Tensor | None,
+    has_post_hooks: bool,
+    may_steal: bool = False,
+) -> torch.Tensor | None:
+    """``variable.grad += grad`` as the eager engine's AccumulateGrad does it.
+
+    ``variable_grad`` is ``variable.grad`` when the engine passed it (torch 2.13);
+    on torch 2.11 the engine does not, and the current ``.grad`` is read here.
+    ``may_steal``: the graph proved ``grad`` is a fresh intermediate nobody else holds.
+    """
+    if grad is None:
+        return variable.grad
+    current = variable.grad
+    if current is None:
+        steal = (
+            may_steal
+            and not has_post_hooks
+            and not grad._is_view()
+            and grad.stride() == variable.stride()
+            and grad.dtype == variable.dtype
+            and not torch.is_grad_enabled()
+        )
+        if steal:
+            new = grad.detach()
+        elif variable.is_contiguous() or not variable.is_non_overlapping_and_dense():
+            new = grad.detach().clone(memory_format=torch.contiguous_format)
+        else:  # keep the parameter's layout, as eager does
+            new = torch.empty_strided(
+                variable.size(), variable.stride(), dtype=grad.dtype, device=grad.device
+            ).copy_(grad)
+        variable.grad = new
+    elif torch.is_grad_enabled():  # create_graph=True: out of place, keeps the history
+        variable.grad = current + grad
+    else:
+        current.add_(grad)
+    return variable.grad
+
+
+def call_cpp_tensor_pre_hooks(hook_id: int, grad: torch.Tensor) -> torch.Tensor:
+    """``retain_grad`` and other C++ tensor pre-hooks, run by the engine's own registry."""
+    out: torch.Tensor = torch._C._dynamo.compiled_autograd.call_cpp_tensor_pre_hooks(hook_id, grad)
+    return out
+
+
+def copy_slices_prologue(
+    inputs: Sequence[torch.Tensor],
+    base_sizes: Sequence[Any],
+    base_strides: Sequence[Any],
+    base_storage_offset: Any,
+    view_sizes: Sequence[Any],
+    view_strides: Sequence[Any],
+    view_storage_offset: Any,
+) -> list[torch.Tensor]:
+    """First half of ``CopySlices`` (in-place op on a view): the grad of the base."""
+    grad = inputs[0]
+    result = grad.new_empty_strided(base_sizes, base_strides)
+    result.copy_(grad)
+    grad_slice = result.as_strided(
+        view_sizes, view_strides, view_storage_offset - base_storage_offset
+    )
+    return [result, grad_slice, grad_slice.clone(memory_format=torch.contiguous_format)]
+
+
+def copy_slices_epilogue(
+    needs_input_grad: Sequence[bool],
+    result: torch.Tensor,
+    res: Sequence[torch.Tensor | None],
+    grad_slice: torch.Tensor,
+) -> list[torch.Tensor | None]:
+    """Second half of ``CopySlices``: write the view's grad back into the base's grad."""
+    grad_inputs: list[torch.Tensor | None] = [None] * len(needs_input_grad)
+    for i, needed in enumerate(needs_input_grad):
+        r = res[i]
+        if not needed or r is None:
+            continue
+        if i == 0:
+            grad_slice.copy_(r)
+            grad_inputs[i] = result
+        else:
+            grad_inputs[i] = r
+    return grad_inputs
+
+
+def exec_final_callbacks_stub() -> None:
+    """Marks the end of the backward (``queue_callback`` callbacks run after the graph)."""
+
+
+OPAQUE_TARGETS: frozenset[Any] = frozenset(
+    {
+        call_backward,
+        call_hook,
+        accumulate_grad,
+        call_cpp_tensor_pre_hooks,
+        exec_final_callbacks_stub,
+    }
+)
+"""Targets with Python side effects: never traced into, never removed, never reordered freely."""
+
+GETITEM = operator.getitem
+
+
+def is_opaque(target: Any) -> bool:
+    """True for calls the retrace keeps as calls (side effects, or not traceable)."""
+    if target in OPAQUE_TARGETS:
+        return True
+    return isinstance(target, BoundBackward) and not target.is_traceable

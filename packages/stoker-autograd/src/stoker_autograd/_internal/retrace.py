@@ -1,0 +1,343 @@
+"""Retrace a captured backward graph into a flat, core-aten graph with real shapes.
+
+The capture ran on dummy tensors, so its graph has no usable metadata and its
+built-in nodes are calls of functional backwards.  Here we replay it under a
+`stoker_shapes.ShapeContext` (symbolic sizes when dynamic): pure calls are traced
+through into core aten; opaque calls (hooks, custom Function backwards,
+accumulate-grad) are re-emitted as calls, in the same order, each followed by a
+`check_sizes` of what the rest of the graph assumed about its result.  The guards
+the retrace adds are returned; the caller checks them before every run (the
+engine's cache knows nothing about them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch._decomp import core_aten_decompositions
+from torch._dispatch.python import enable_python_dispatcher
+from torch.fx.experimental.proxy_tensor import (
+    ProxyTorchDispatchMode,
+    PythonKeyTracer,
+    decompose,
+    disable_proxy_modes_tracing,
+    fetch_object_proxy,
+    track_tensor_tree,
+)
+
+from stoker_shapes import ShapeContext, Source
+
+from . import ops
+from .capture import PLACEHOLDERS
+
+LISTS = PLACEHOLDERS  # inputs, sizes, scalars, hooks, packed_data
+
+
+class RetraceError(RuntimeError):
+    """The captured graph could not be retraced; names the autograd node."""
+
+
+@dataclass
+class Retraced:
+    gm: fx.GraphModule  # flat placeholders, core aten + opaque calls
+    arg_spec: list[tuple[int, int]]  # per placeholder: (which list, index)
+    guards: Any  # stoker_shapes.GuardSet over (inputs, sizes, scalars)
+    example_inputs: list[Any]
+
+
+def check_sizes(t: torch.Tensor | None, expected: Sequence[int], what: str) -> torch.Tensor | None:
+    """An opaque call's result must have the sizes the compiled graph was traced for."""
+    if t is not None and tuple(t.shape) != tuple(expected):
+        raise RuntimeError(
+            f"stoker-autograd: {what} returned a tensor of size {tuple(t.shape)}, but the "
+            f"compiled backward was traced for {tuple(expected)}. Hooks and custom backwards "
+            "must return gradients of the size eager autograd expects."
+        )
+    return t
+
+
+def _hook_name(hook_node: fx.Node) -> str:
+    return f"{hook_node.kwargs.get('hook_type', 'hook')} {hook_node.args[0]}"
+
+
+class _Replayer:
+    def __init__(
+        self,
+        ctx: ShapeContext,
+        sym_sources: dict[sympy.Symbol, tuple[str, int]],
+        unpack_meta: dict[str, Any],
+    ) -> None:
+        self.ctx = ctx
+        self.sym_sources = sym_sources
+        self.unpack_meta = unpack_meta
+        self.tracer = PythonKeyTracer()
+        self.tracer.root = torch.nn.Module()
+        self.tracer.graph = fx.Graph(tracer_cls=PythonKeyTracer)
+        self.tracer.tensor_attrs = {}
+        self.mode = ProxyTorchDispatchMode(self.tracer, "symbolic")
+        self.env: dict[fx.Node, Any] = {}
+        self.opaque_objects: dict[fx.Node, fx.Proxy] = {}  # hooks/packed placeholders
+        self.values: dict[str, list[Any]] = {}
+        self.arg_spec: list[tuple[int, int]] = []
+        self.examples: list[Any] = []
+        self.source_gm: fx.GraphModule | None = None
+
+    # ------------------------------------------------------------------ proxies
+    def proxy(self, v: Any) -> Any:
+        if isinstance(v, _Opaque):
+            return v.proxy
+        if isinstance(v, list):
+            return [self.proxy(x) for x in v]
+        if isinstance(v, tuple):
+            return tuple(self.proxy(x) for x in v)
+        if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
+            if v.node.expr.is_number:
+                return v.node.pytype(v.node.expr)
+            return fetch_object_proxy(self.tracer, v).force()  # type: ignore[union-attr]
+        if isinstance(v, torch.Tensor):
+            return fetch_object_proxy(self.tracer, v).proxy  # type: ignore[union-attr]
+        return v
+
+    def bind(self, value: Any, proxy: fx.Proxy) -> None:
+        track_tensor_tree(value, proxy, constant=None, tracer=self.tracer)
+
+    # -------------------------------------------------------------------- nodes
+    def placeholder(self, which: int, index: int) -> Any:
+        name = f"{LISTS[which]}_{index}"
+        p = self.tracer.create_proxy("placeholder", name, (), {})
+        self.arg_spec.append((which, index))
+        if which >= 3:  # hooks / packed data: Python objects, only passed to opaque calls
+            self.examples.append(None)
+            return _Opaque(p)
+        value = self.values[LISTS[which]][index]
+        self.examples.append(value)
+        if isinstance(value, torch.Tensor | torch.SymInt | torch.SymFloat):
+            self.bind(value, p)
+        return value
+
+    def sym(self, e: Any) -> Any:
+        """A capture-time size expression in this retrace's symbols."""
+        if isinstance(e, int):
+            return e
+        e = sympy.sympify(e)
+        if e.is_number:
+            return int(e)
+        subs: dict[sympy.Symbol, Any] = {}
+        for s in e.free_symbols:
+            src = self.sym_sources.get(s)
+            if src is None:
+                raise RetraceError(f"size expression {e} uses an unknown symbol {s}")
+            subs[s] = self.values[src[0]][src[1]]
+        if isinstance(e, sympy.Symbol):
+            return subs[e]
+        return _eval_sym(e, subs)
+
+    def opaque(self, node: fx.Node) -> Any:
+        args = pytree.tree_map_only(fx.Node, lambda n: self.env[n], node.args)
+        pargs = self.proxy(args)
+        out = self.tracer.create_proxy("call_function", node.target, pargs, dict(node.kwargs))
+        out.node.meta.update(
+            {k: v for k, v in node.meta.items() if k.startswith(("autograd", "stoker"))}
+        )
+        target = node.target
+        with disable_proxy_modes_tracing():
+            if target is ops.call_hook:
+                kind = node.kwargs["hook_type"]
+                what = f"{kind} {node.args[0]}"
+                if kind == "tensor_pre_hook":
+                    return self.checked(out, args[1], what)
+                if kind == "post_acc_grad_hook":
+                    return self.like(out, args[1])
+                if kind == "pre_hook":
+                    return self.checked_list(out, args[1], what)
+                if kind == "post_hook":
+                    return self.checked_list(out, args[1], what)
+                if kind == "unpack_hook":
+                    meta = self.unpack_meta.get(node.name)
+                    if meta is None:
+                        raise RetraceError(f"no recorded result for {what}")
+                    size, stride, dtype, device = meta
+                    fake = torch.empty_strided(size, stride, dtype=dtype, device=device)
+                    return self.checked(out, fake, what)
+                raise RetraceError(f"unknown hook kind {kind}")
+            if target is ops.accumulate_grad:
+                return self.like(out, args[0])
+            if target is ops.call_cpp_tensor_pre_hooks:
+                return self.like(out, args[1])
+            if target is ops.exec_final_callbacks_stub:
+                return None
+            if target is ops.call_backward:
+                metas = node.meta.get("stoker_out_meta")
+                if metas is None:
+                    raise RetraceError("custom backward without output metadata")
+                what = f"{node.meta.get('stoker_fn', 'autograd.Function')}.backward"
+                results: list[Any] = []
+                for j, m in enumerate(metas):
+                    if m is None:
+                        results.append(None)
+                        continue
+                    _layout, device, dtype, size = m
+                    fake = torch.empty([self.sym(s) for s in size], dtype=dtype, device=device)
+                    results.append(self._check(out[j], fake, what))
+                return results
+        raise RetraceError(f"opaque call {target} cannot be retraced")
+
+    def like(self, out: fx.Proxy, template: torch.Tensor) -> torch.Tensor:
+        fake = torch.empty_strided(
+            template.size(), template.stride(), dtype=template.dtype, device=template.device
+        )
+        self.bind(fake, out)
+        return fake
+
+    def _check(self, p: fx.Proxy, fake: torch.Tensor, what: str) -> torch.Tensor:
+        sizes = [self.proxy(s) for s in fake.shape]
+        chk = self.tracer.create_proxy("call_function", check_sizes, (p, sizes, what), {})
+        self.bind(fake, chk)
+        return fake
+
+    def checked(self, out: fx.Proxy, template: torch.Tensor, what: str) -> torch.Tensor:
+        fake = torch.empty_strided(
+            template.size(), template.stride(), dtype=template.dtype, device=template.device
+        )
+        return self._check(out, fake, what)
+
+    def checked_list(self, out: fx.Proxy, templates: Sequence[Any], what: str) -> list[Any]:
+        res: list[Any] = []
+        for j, t in enumerate(templates):
+            if t is None:
+                res.append(None)
+                continue
+            res.append(self.checked(out[j], t, what))
+        return res
+
+
+class _Opaque:
+    """A placeholder holding a Python object (hook, ctx, packed data)."""
+
+    __slots__ = ("proxy",)
+
+    def __init__(self, proxy: fx.Proxy) -> None:
+        self.proxy = proxy
+
+
+def _eval_sym(e: Any, subs: dict[sympy.Symbol, Any]) -> Any:
+    if isinstance(e, sympy.Symbol):
+        return subs[e]
+    if e.is_Integer:
+        return int(e)
+    if isinstance(e, sympy.Add):
+        args = [_eval_sym(a, subs) for a in e.args]
+        out = args[0]
+        for a in args[1:]:
+            out = out + a
+        return out
+    if isinstance(e, sympy.Mul):
+        args = [_eval_sym(a, subs) for a in e.args]
+        out = args[0]
+        for a in args[1:]:
+            out = out * a
+        return out
+    if e.func.__name__ == "FloorDiv":
+        a, b = (_eval_sym(x, subs) for x in e.args)
+        return a // b
+    raise RetraceError(f"cannot rebuild size expression {e}")
+
+
+def _is_param(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_leaf and t.requires_grad
+
+
+def retrace(
+    gm: fx.GraphModule,
+    inputs: Sequence[Any],
+    sizes: Sequence[Any],
+    scalars: Sequence[Any],
+    sym_sources: dict[sympy.Symbol, tuple[str, int]],
+    unpack_meta: dict[str, Any],
+    dynamic: bool,
+) -> Retraced:
+    """Replay ``gm`` (a captured graph) with real input shapes into core aten."""
+    ctx = ShapeContext(policy="dynamic" if dynamic else "static")
+    in_specs = [False if _is_param(t) else None for t in inputs]
+    values = {
+        "inputs": list(ctx.fakeify(list(inputs), Source.arg(0), dynamic=in_specs)),
+        "sizes": list(ctx.fakeify(list(sizes), Source.arg(1))),
+        "scalars": list(
+            ctx.fakeify(
+                list(scalars),
+                Source.arg(2),
+                dynamic=[None if isinstance(s, int) else False for s in scalars],
+            )
+        ),
+    }
+    rp = _Replayer(ctx, sym_sources, unpack_meta)
+    rp.values = values
+    rp.source_gm = gm
+    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    stack = contextlib.ExitStack()
+    with stack:
+        stack.enter_context(ctx.tracing())
+        stack.enter_context(enable_python_dispatcher())
+        stack.enter_context(rp.mode)
+        stack.enter_context(decompose(core_aten_decompositions()))
+        for node in gm.graph.nodes:
+            try:
+                _replay_node(rp, node, placeholders)
+            except RetraceError:
+                raise
+            except Exception as e:
+                where = node.meta.get("autograd_node", node.name)
+                raise RetraceError(
+                    f"retracing {node.format_node()} (from {where}) failed: {e}"
+                ) from e
+    graph = rp.tracer.graph
+    graph.eliminate_dead_code(is_impure_node=lambda n: _impure(n))
+    new_gm = fx.GraphModule(rp.tracer.root, graph, gm.__class__.__name__ + "Aten")
+    return Retraced(new_gm, rp.arg_spec, ctx.produce_guards(), rp.examples)
+
+
+def _impure(n: fx.Node) -> bool:
+    return n.op in ("placeholder", "output") or ops.is_opaque(n.target) or n.target is check_sizes
+
+
+def _replay_node(rp: _Replayer, node: fx.Node, placeholders: dict[fx.Node, int]) -> None:
+    env = rp.env
+    if node.op == "placeholder":
+        env[node] = node  # a list placeholder; its items become flat placeholders
+        return
+    if node.op == "output":
+        outs = pytree.tree_map_only(fx.Node, lambda n: env[n], node.args[0])
+        rp.tracer.create_node("output", "output", (rp.tracer.create_arg(rp.proxy(outs)),), {})
+        return
+    if node.op == "get_attr":  # a constant of an inlined AOT backward
+        const = getattr(rp.source_gm, str(node.target))
+        if not isinstance(const, torch.Tensor):
+            raise RetraceError(f"get_attr {node.target} of type {type(const).__name__}")
+        setattr(rp.tracer.root, str(node.target), const)
+        p = rp.tracer.create_proxy("get_attr", str(node.target), (), {})
+        with disable_proxy_modes_tracing():
+            fake = rp.ctx.fake_mode.from_tensor(const, static_shapes=True)
+        rp.bind(fake, p)
+        env[node] = fake
+        return
+    if node.op != "call_function":
+        raise RetraceError(f"unexpected node {node.format_node()}")
+    if node.target is operator.getitem and node.args[0] in placeholders:
+        which = placeholders[node.args[0]]  # type: ignore[index]
+        env[node] = rp.placeholder(which, int(node.args[1]))  # type: ignore[arg-type]
+        return
+    if ops.is_opaque(node.target):
+        env[node] = rp.opaque(node)
+        return
+    args, kwargs = pytree.tree_map_only(fx.Node, lambda n: env[n], (node.args, node.kwargs))
+    if any(isinstance(a, _Opaque) for a in pytree.tree_leaves((args, kwargs))):
+        raise RetraceError(f"{node.format_node()} takes a hook or ctx object but is not opaque")
+    env[node] = node.target(*args, **kwargs)  # type: ignore[operator]

@@ -1,0 +1,181 @@
+"""Running a captured backward: the engine's ``runtime_wrapper`` and `CompiledBackward`.
+
+The engine calls ``runtime_wrapper(compiled_fn, inputs, sizes, scalars, hooks, packed_data)``
+on every backward, hit or miss.  `CompiledBackward` keeps, per captured graph, a
+list of compiled variants, each with the guards its retrace added:
+
+1. a call whose arguments pass a variant's guards runs that variant;
+2. otherwise the captured graph runs as is (its Python code calls the same
+   functional backwards and hooks as eager), recording what the unpack hooks
+   returned; then the graph is retraced with these shapes and compiled, and the
+   next call runs the compiled variant (a recompile if it is not the first).
+
+If the retrace fails, stoker warns once, naming the autograd node, and keeps
+running the captured graph: the result is the same as eager, only slower.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+import torch.fx as fx
+
+from . import ops
+from .retrace import Retraced, retrace
+from .session import Session, aten_executor
+
+
+@contextlib.contextmanager
+def engine_hook_off() -> Iterator[None]:
+    """Compiled autograd off while a compiled backward runs (hooks may call backward,
+    reentrant checkpointing does); restored afterwards."""
+    mod = torch._C._dynamo.compiled_autograd
+    prior = mod.set_autograd_compiler(None, False)
+    try:
+        yield
+    finally:
+        mod.set_autograd_compiler(*prior)
+
+
+def runtime_wrapper(
+    compiled_fn: CompiledBackward,
+    inputs: list[Any],
+    sizes: list[Any],
+    scalars: list[Any],
+    hooks: list[Any],
+    packed_data: list[Any],
+    *rest: Any,
+) -> Any:
+    with engine_hook_off():
+        out = compiled_fn(inputs, sizes, scalars, hooks, packed_data)
+    return out if type(out) is list else list(out)  # the engine wants exactly a list
+
+
+@dataclass
+class Variant:
+    guards: Any
+    fn: Callable[..., Any]
+    arg_spec: list[tuple[int, int]]
+    gm: fx.GraphModule
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the captured graph, recording the size of what each unpack hook returned."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm, garbage_collect_values=True)
+        self.unpack_meta: dict[str, Any] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        out = super().run_node(n)
+        if (
+            n.op == "call_function"
+            and n.target is ops.call_hook
+            and n.kwargs.get("hook_type") == "unpack_hook"
+            and isinstance(out, torch.Tensor)
+        ):
+            self.unpack_meta[n.name] = (tuple(out.shape), out.stride(), out.dtype, out.device)
+        return out
+
+
+class CompiledBackward:
+    """What the engine caches for one captured graph (its ``compiled_fn``)."""
+
+    def __init__(
+        self,
+        session: Session,
+        gm: fx.GraphModule,
+        sym_sources: dict[sympy.Symbol, tuple[str, int]],
+        capture_id: int,
+    ) -> None:
+        self.session = session
+        self.gm = gm  # the captured graph, after the reordering passes
+        self.sym_sources = sym_sources
+        self.capture_id = capture_id
+        self.variants: list[Variant] = []
+        self.calls = 0
+        self.failed: str | None = None  # why compiling was given up
+        self.last_retraced: Retraced | None = None
+
+    def __call__(
+        self,
+        inputs: list[Any],
+        sizes: list[Any],
+        scalars: list[Any],
+        hooks: list[Any],
+        packed: list[Any],
+    ) -> Any:
+        self.calls += 1
+        stats = self.session.stats
+        if self.calls > 1:
+            stats.cache_hits += 1
+        lists = (inputs, sizes, scalars, hooks, packed)
+        gargs = (inputs, sizes, scalars)
+        for v in self.variants:
+            if v.guards.check(gargs, {}, None):
+                return v.fn(*[lists[w][i] for w, i in v.arg_spec])
+        if self.failed is not None or len(self.variants) >= self.session.recompile_limit:
+            if self.failed is None:
+                self.failed = f"recompile limit ({self.session.recompile_limit}) reached"
+                self._warn(self.failed)
+            stats.eager_runs += 1
+            return self.gm(inputs, sizes, scalars, hooks, packed)
+        # The retrace after the run reads only metadata, which the run does not change.
+        rec = _Recorder(self.gm)
+        stats.eager_runs += 1
+        out = rec.run(inputs, sizes, scalars, hooks, packed)
+        self._compile(inputs, list(sizes), list(scalars), rec.unpack_meta)
+        return out
+
+    def _compile(
+        self, inputs: list[Any], sizes: list[Any], scalars: list[Any], unpack_meta: dict[str, Any]
+    ) -> None:
+        stats = self.session.stats
+        try:
+            rt = retrace(
+                self.gm, inputs, sizes, scalars, self.sym_sources, unpack_meta, self.session.dynamic
+            )
+        except Exception as e:
+            self.failed = str(e)
+            self._warn(f"could not compile it ({e})")
+            return
+        self.last_retraced = rt
+        if self.session.compiler is aten_executor:
+            _mark_stealable(rt.gm)
+        fn = self.session.compiler(rt.gm, rt.example_inputs)
+        self.variants.append(Variant(rt.guards, fn, rt.arg_spec, rt.gm))
+        stats.compiles += 1
+        if len(self.variants) > 1:
+            stats.recompiles += 1
+
+    def _warn(self, why: str) -> None:
+        key = f"{self.capture_id}:{why}"
+        if key in self.session.warned:
+            return
+        self.session.warned.add(key)
+        warnings.warn(
+            f"stoker-autograd: backward graph {self.capture_id} runs uncompiled (as the eager "
+            f"engine would compute it): {why}",
+            stacklevel=3,
+        )
+
+
+def _mark_stealable(gm: fx.GraphModule) -> None:
+    """Let accumulate-grad take a gradient the graph computed and nobody else holds."""
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is ops.accumulate_grad and len(n.args) == 4:
+            g = n.args[2]
+            if (
+                isinstance(g, fx.Node)
+                and g.op == "call_function"
+                and isinstance(g.target, torch._ops.OpOverload)
+                and len(g.users) == 1
+            ):
+                n.args = (*n.args, True)
+    gm.recompile()

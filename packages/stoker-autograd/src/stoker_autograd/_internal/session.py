@@ -1,0 +1,48 @@
+"""What one `enable()` holds: the compiler, the dynamic flag, the counters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.fx as fx
+
+Compiler = Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]
+
+
+@dataclass
+class Stats:
+    """Counters since the last `reset_stats()`.
+
+    captures:   engine-cache misses (a new backward graph was captured)
+    cache_hits: backwards replayed from the engine's cache
+    compiles:   retrace + compile of a captured graph (first run and guard misses)
+    recompiles: compiles caused by a failed guard of an earlier compile
+    eager_runs: backwards run by the graph interpreter (first run of each compile)
+    fallbacks:  backwards run by the eager engine because capture was not supported
+    """
+
+    captures: int = 0
+    cache_hits: int = 0
+    compiles: int = 0
+    recompiles: int = 0
+    eager_runs: int = 0
+    fallbacks: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+def aten_executor(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """The default compiler: run the core-aten GraphModule as it is."""
+    return gm
+
+
+@dataclass
+class Session:
+    compiler: Compiler = aten_executor
+    dynamic: bool = True
+    stats: Stats = field(default_factory=Stats)
+    recompile_limit: int = 8
+    warned: set[str] = field(default_factory=set)
