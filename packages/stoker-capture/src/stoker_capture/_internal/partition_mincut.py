@@ -1,0 +1,195 @@
+"""Min-cut rematerialization: save the cheapest set of forward values.
+
+Every forward value the backward needs is either saved or recomputed in the
+backward from other saved values.  Which values to save is a minimum s-t cut
+(networkx max-flow) on a graph where each tangent-independent node ``n``
+becomes an edge ``n_in -> n_out`` whose capacity is the cost of saving ``n``:
+
+* primals cost nothing (the caller keeps them alive; a tiny per-tensor cost
+  breaks ties towards saving fewer tensors); SymInts cost almost nothing;
+  other tensors cost their bytes (sizes at their hints); tuples cannot be
+  saved (infinite);
+* ``source -> n_in`` (infinite) pins to the forward side what the backward
+  may not recompute: primals, and forward nodes whose kind is random, extern
+  (matmul/conv), reduction or unknown (table in `partition_ops`);
+* ``n_out -> user_in`` (infinite) for each user; a user that depends on a
+  tangent (so runs in the backward) gets ``n_out -> sink``.
+
+A cut through ``n_in -> n_out`` saves ``n``; forward nodes on the sink side
+are recomputed.  With ``memory_budget`` in (0, 1) each recomputable forward
+node also gets ``source -> n_in`` of capacity ``lam * recompute_cost``; the
+largest ``lam`` whose saved bytes fit the budget is found by bisection.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch.fx as fx
+
+from .partition import (
+    JointInfo,
+    Partition,
+    PartitionError,
+    analyze_joint,
+    build_partition,
+    default_partition,
+    is_sym_node,
+    is_tensor_node,
+    node_bytes,
+)
+from .partition_ops import OpKind, classify, is_recomputable, recompute_cost
+
+__all__ = ["min_cut_partition"]
+
+_INF = math.inf
+# Capacities are bytes * _SCALE + 1 or 2: ties prefer fewer saved tensors, forward values.
+_SCALE = 16
+_BISECT_STEPS = 14
+
+
+def min_cut_partition(
+    joint: fx.GraphModule, *, num_fw_outputs: int, memory_budget: float = 0.0
+) -> Partition:
+    """Partition `joint`, recomputing cheap forward ops in the backward to save memory.
+
+    `memory_budget` in [0, 1]: 0 recomputes everything allowed (fewest saved
+    bytes); 1 saves everything (exactly `default_partition`); in between,
+    the saved bytes stay within ``min + budget * (default - min)`` while
+    recomputing as little as possible.
+    """
+    if not 0.0 <= memory_budget <= 1.0:
+        raise ValueError(
+            f"min_cut_partition: memory_budget must be in [0, 1], got {memory_budget!r} "
+            "(0 = recompute everything allowed, 1 = save everything)"
+        )
+    if memory_budget == 1.0:
+        return default_partition(joint, num_fw_outputs=num_fw_outputs)
+    info = analyze_joint(joint, num_fw_outputs)
+    kinds = {n: classify(n) for n in info.graph.nodes}
+
+    best = _solve(joint, info, kinds, lam=0.0)
+    if memory_budget == 0.0:
+        return best
+    default = default_partition(joint, num_fw_outputs=num_fw_outputs)
+    hi_bytes = max(default.saved_bytes, best.saved_bytes)
+    target = best.saved_bytes + memory_budget * (hi_bytes - best.saved_bytes)
+    # Bisect on lam (log scale): larger lam recomputes less and saves more.
+    lo, hi = 0.0, 1.0
+    while hi < 1e9:
+        cand = _solve(joint, info, kinds, lam=hi)
+        if cand.saved_bytes > target:
+            break
+        best, lo, hi = cand, hi, hi * 8
+    else:
+        return _relabel(best, memory_budget)
+    for _ in range(_BISECT_STEPS):
+        mid = (lo + hi) / 2
+        cand = _solve(joint, info, kinds, lam=mid)
+        if cand.saved_bytes <= target:
+            best, lo = cand, mid
+        else:
+            hi = mid
+    return _relabel(best, memory_budget)
+
+
+def _relabel(p: Partition, budget: float) -> Partition:
+    p.kind = f"min_cut(memory_budget={budget:g})"
+    return p
+
+
+def _save_cost(n: fx.Node, info: JointInfo) -> float:
+    if n.op == "placeholder":
+        return 1.0
+    if is_tensor_node(n):
+        # On a tie, save what the forward computes anyway rather than moving
+        # backward-only work into the forward.
+        extra = 1 if n in info.required_fw else 2
+        return float(node_bytes(n) * _SCALE + extra)
+    if is_sym_node(n):
+        return 1.0
+    return _INF  # tuples and other non-values cannot cross to the backward
+
+
+def _solve(
+    joint: fx.GraphModule, info: JointInfo, kinds: dict[fx.Node, OpKind], *, lam: float
+) -> Partition:
+    import networkx as nx
+
+    # Only tangent-independent nodes the backward (transitively) needs take part.
+    candidates = [
+        n for n in info.graph.nodes if n in info.needed_bw and n not in info.tangent_dependent
+    ]
+    cand_set = set(candidates)
+    grads = {g for g in info.grads if isinstance(g, fx.Node)}
+    g = nx.DiGraph()
+    g.add_node("source")
+    g.add_node("sink")
+    for n in candidates:
+        kind = kinds[n]
+        n_in, n_out = n.name + "_in", n.name + "_out"
+        g.add_edge(n_in, n_out, capacity=_save_cost(n, info))
+        pinned = kind == "input" or is_sym_node(n)
+        if n in info.required_fw and not is_recomputable(kind):
+            pinned = True
+        if pinned:
+            g.add_edge("source", n_in, capacity=_INF)
+        elif lam > 0 and n in info.required_fw:
+            cost = recompute_cost(kind, node_bytes(n))
+            if cost > 0:
+                g.add_edge("source", n_in, capacity=lam * cost * _SCALE)
+        if n in grads:
+            g.add_edge(n_out, "sink", capacity=_INF)
+        for u in n.users:
+            if u in info.tangent_dependent and u in info.needed_bw:
+                g.add_edge(n_out, "sink", capacity=_INF)
+            elif u in cand_set:
+                g.add_edge(n_out, u.name + "_in", capacity=_INF)
+    try:
+        cut_value, (reachable, _) = nx.minimum_cut(g, "source", "sink")
+    except nx.NetworkXUnbounded as e:  # pragma: no cover - means a bug in the table
+        raise PartitionError(
+            "min_cut_partition: no finite cut (a value the backward needs can be neither "
+            "saved nor recomputed)"
+        ) from e
+    if cut_value == _INF:
+        raise PartitionError(
+            "min_cut_partition: no finite cut (a value the backward needs can be neither "
+            "saved nor recomputed)"
+        )
+    saved = {
+        n for n in candidates if n.name + "_in" in reachable and n.name + "_out" not in reachable
+    }
+    name_to_node = {n.name: n for n in info.graph.nodes}
+    # A node that may not run twice must never end up recomputed.  The cut pins
+    # forward-required ones; a non-recomputable node outside the forward's
+    # needs (only reachable via a pinned SymInt) is saved instead, then rebuilt.
+    for _ in range(len(candidates) + 1):
+        why = {n: _why_saved(n, kinds[n], info) for n in saved}
+        part = build_partition(joint, info, saved, kind="min_cut", why=why)
+        bad = {
+            name_to_node[r] for r in part.recomputed if not is_recomputable(kinds[name_to_node[r]])
+        }
+        if not bad:
+            break
+        saved |= bad
+    for name in part.recomputed:
+        kind = kinds[name_to_node[name]]
+        shape, nbytes, _ = part.notes[name]
+        part.notes[name] = (shape, nbytes, f"{kind} op, cheaper to recompute than to save")
+    return part
+
+
+def _why_saved(n: fx.Node, kind: OpKind, info: JointInfo) -> str:
+    target = getattr(n.target, "__name__", str(n.target))
+    if kind == "getitem" and isinstance(n.args[0], fx.Node):
+        parent = n.args[0]
+        target = f"item {n.args[1]} of {getattr(parent.target, '__name__', parent.name)}"
+        kind = classify(parent)
+    if kind == "input":
+        return "input (alive anyway)"
+    if is_sym_node(n):
+        return "size used by the backward"
+    if n in info.required_fw and not is_recomputable(kind):
+        return f"{kind} op {target}: never recomputed"
+    return f"{kind} op {target}: cheaper to save than to recompute"

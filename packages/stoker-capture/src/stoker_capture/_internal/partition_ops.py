@@ -1,0 +1,213 @@
+"""Which aten ops the min-cut partitioner may recompute in the backward.
+
+One table, read top to bottom; the first rule that matches decides:
+
+| kind       | recompute? | rule                                                          |
+|------------|------------|---------------------------------------------------------------|
+| random     | never      | `torch.Tag.nondeterministic_seeded` (rand, dropout, bernoulli) |
+| extern     | never      | `EXTERN_OPS`: matmul, convolution, attention kernels           |
+| reduction  | never      | `torch.Tag.reduction` or `REDUCTION_OPS` (softmax, norms, ...) |
+| view       | yes (free) | the schema returns an alias of an input (view, permute, ...)   |
+| pointwise  | yes        | `torch.Tag.pointwise`                                          |
+| cheap      | yes        | `CHEAP_OPS`: creation, copies, cat/pad, gather/index           |
+| other      | never      | anything else: unknown cost, so it is saved                    |
+
+Recomputing an op costs roughly the bytes it writes (pointwise ops are
+memory-bound); a view costs nothing.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Literal
+
+import torch
+import torch.fx as fx
+
+__all__ = ["OpKind", "classify", "is_recomputable", "recompute_cost"]
+
+aten = torch.ops.aten
+
+
+def _ops(names: list[str]) -> frozenset[object]:
+    """Resolve "ns.op.overload" names; overloads this torch lacks are skipped (2.11 vs 2.13)."""
+    found: set[object] = set()
+    for name in names:
+        ns, op, overload = name.split(".")
+        packet = getattr(getattr(torch.ops, ns), op, None)
+        target = getattr(packet, overload, None) if packet is not None else None
+        if target is not None:
+            found.add(target)
+    return frozenset(found)
+
+
+OpKind = Literal[
+    "input",
+    "constant",
+    "getitem",
+    "random",
+    "extern",
+    "reduction",
+    "view",
+    "pointwise",
+    "cheap",
+    "other",
+]
+
+EXTERN_OPS: frozenset[object] = _ops(
+    [
+        "aten.mm.default",
+        "aten.bmm.default",
+        "aten.addmm.default",
+        "aten.baddbmm.default",
+        "aten.addbmm.default",
+        "aten.addmv.default",
+        "aten.mv.default",
+        "aten.dot.default",
+        "aten.convolution.default",
+        "aten.convolution_backward.default",
+        "aten._scaled_dot_product_flash_attention.default",
+        "aten._scaled_dot_product_efficient_attention.default",
+        "aten._scaled_dot_product_flash_attention_for_cpu.default",
+        "aten._flash_attention_forward.default",
+        "aten._efficient_attention_forward.default",
+        "aten.upsample_bilinear2d.default",
+        "aten._cdist_forward.default",
+    ]
+)
+
+# Reductions (or ops containing one) that carry no `reduction` tag.
+REDUCTION_OPS: frozenset[object] = _ops(
+    [
+        "aten._softmax.default",
+        "aten._log_softmax.default",
+        "aten.cumsum.default",
+        "aten.cumprod.default",
+        "aten.logcumsumexp.default",
+        "aten.cummax.default",
+        "aten.cummin.default",
+        "aten.native_layer_norm.default",
+        "aten.native_group_norm.default",
+        "aten.native_batch_norm.default",
+        "aten._native_batch_norm_legit.default",
+        "aten._native_batch_norm_legit_functional.default",
+        "aten._native_batch_norm_legit_no_training.default",
+        "aten.topk.default",
+        "aten.sort.default",
+        "aten.sort.stable",
+        "aten.avg_pool2d.default",
+        "aten.max_pool2d_with_indices.default",
+        "aten._adaptive_avg_pool2d.default",
+        "aten.embedding_dense_backward.default",
+        "aten.scatter_add.default",
+        "aten.scatter_reduce.two",
+        "aten.index_add.default",
+        "aten.index_put.default",
+        "aten.var_mean.correction",
+    ]
+)
+
+# Cheap, non-pointwise ops that are safe to run twice.
+CHEAP_OPS: frozenset[object] = _ops(
+    [
+        "aten.full.default",
+        "aten.zeros.default",
+        "aten.ones.default",
+        "aten.empty.memory_format",
+        "aten.scalar_tensor.default",
+        "aten.arange.default",
+        "aten.arange.start",
+        "aten.arange.start_step",
+        "prims.iota.default",
+        "aten.full_like.default",
+        "aten.zeros_like.default",
+        "aten.ones_like.default",
+        "aten.empty_like.default",
+        "aten.new_zeros.default",
+        "aten.new_ones.default",
+        "aten.new_full.default",
+        "aten.new_empty.default",
+        "aten.clone.default",
+        "aten._to_copy.default",
+        "aten.copy.default",
+        "aten.lift_fresh_copy.default",
+        "aten._unsafe_view.default",
+        "aten.cat.default",
+        "aten.constant_pad_nd.default",
+        "aten.index.Tensor",
+        "aten.gather.default",
+        "aten.index_select.default",
+        "aten.embedding.default",
+        "aten.slice_scatter.default",
+        "aten.select_scatter.default",
+        "aten.diagonal_scatter.default",
+        "aten.as_strided_scatter.default",
+        "aten.triu.default",
+        "aten.tril.default",
+        "aten.flip.default",
+        "aten.roll.default",
+        "aten.repeat.default",
+        "aten.masked_fill.Scalar",
+        "aten.masked_fill.Tensor",
+        "prims.convert_element_type.default",
+        "prims.broadcast_in_dim.default",
+    ]
+)
+
+
+def _is_view_op(target: torch._ops.OpOverload) -> bool:
+    returns = target._schema.returns
+    return bool(returns) and all(
+        r.alias_info is not None and not r.alias_info.is_write for r in returns
+    )
+
+
+def classify(node: fx.Node) -> OpKind:
+    """The kind of a node, per the table in the module docstring."""
+    if node.op == "placeholder":
+        return "input"
+    if node.op == "get_attr":
+        return "constant"
+    if node.op != "call_function":
+        return "other"
+    target = node.target
+    if target is operator.getitem:
+        return "getitem"
+    if not isinstance(target, torch._ops.OpOverload):
+        # SymInt arithmetic (operator.mul, sym_size, ...) and other Python callables
+        return "cheap" if _is_sym_value(node) else "other"
+    tags = target.tags
+    if torch.Tag.nondeterministic_seeded in tags:
+        return "random"
+    if target in EXTERN_OPS:
+        return "extern"
+    if torch.Tag.reduction in tags or target in REDUCTION_OPS:
+        return "reduction"
+    if _is_view_op(target):
+        return "view"
+    if torch.Tag.pointwise in tags:
+        return "pointwise"
+    if target in CHEAP_OPS or torch.Tag.view_copy in tags:
+        return "cheap"
+    if target is aten.sym_size.int or target is aten.sym_numel.default:
+        return "cheap"
+    return "other"
+
+
+def _is_sym_value(node: fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool, int))
+
+
+_RECOMPUTABLE: frozenset[str] = frozenset({"constant", "getitem", "view", "pointwise", "cheap"})
+
+
+def is_recomputable(kind: OpKind) -> bool:
+    """May a node of this kind run again in the backward?"""
+    return kind in _RECOMPUTABLE
+
+
+def recompute_cost(kind: OpKind, out_bytes: int) -> int:
+    """Rough cost of running a node again: the bytes it writes; views and items are free."""
+    if kind in ("view", "getitem", "constant"):
+        return 0
+    return out_bytes
