@@ -1,0 +1,92 @@
+"""The process-wide switch that routes ``loss.backward()`` through stoker-autograd.
+
+The autograd engine has one compiled-autograd hook per process, and
+``backward()`` is called by user code, outside anything stoker compiled.  So
+`stoker.compile` (with ``compiled_autograd=True``, the default) turns the
+switch on for the whole process, once: from then on every ``backward()``,
+also of models stoker did not compile, runs through stoker-autograd's
+compiled backward (same numbers, compiled).  Scope it with
+``with stoker.autograd_enabled(False): ...`` (or ``True``); `stoker.reset()`
+turns it off and forgets every compiled graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .errors import missing_piece
+
+
+class AutogradSwitch:
+    """Holds the entered ``stoker_autograd.enable(...)`` context, if on."""
+
+    def __init__(self) -> None:
+        self._stack: contextlib.ExitStack | None = None
+        self._compiler: Callable[..., Any] | None = None
+        self._dynamic = True
+
+    @property
+    def on(self) -> bool:
+        return self._stack is not None
+
+    def turn_on(self, compiler: Callable[..., Any] | None = None, dynamic: bool = True) -> None:
+        """Enter ``stoker_autograd.enable(compiler, dynamic)`` for the process (idempotent)."""
+        if self._stack is not None:
+            return
+        enable = _enable_fn()
+        stack = contextlib.ExitStack()
+        stack.enter_context(enable(compiler=compiler, dynamic=dynamic))
+        self._stack, self._compiler, self._dynamic = stack, compiler, dynamic
+
+    def turn_off(self) -> None:
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            stack.close()
+
+    @contextlib.contextmanager
+    def scoped(self, enabled: bool) -> Iterator[None]:
+        """Temporarily on or off; restores the previous state (and its compiler) afterwards."""
+        was_on, compiler, dynamic = self.on, self._compiler, self._dynamic
+        if enabled and not was_on:
+            self.turn_on(compiler, dynamic)
+        elif not enabled and was_on:
+            self.turn_off()
+        try:
+            yield
+        finally:
+            if was_on and not self.on:
+                self.turn_on(compiler, dynamic)
+            elif not was_on and self.on:
+                self.turn_off()
+
+
+def _enable_fn() -> Callable[..., Any]:
+    try:
+        import stoker_autograd
+    except ImportError as e:
+        raise missing_piece("stoker_autograd", "enable", "compiled_autograd=True") from e
+    enable = getattr(stoker_autograd, "enable", None)
+    if enable is None:
+        raise missing_piece("stoker_autograd", "enable", "compiled_autograd=True")
+    return enable  # type: ignore[no-any-return]
+
+
+def autograd_stats() -> dict[str, Any]:
+    """``stoker_autograd.stats()`` as a dict, or ``{}`` when stoker-autograd has no stats."""
+    try:
+        import stoker_autograd
+    except ImportError:
+        return {}
+    stats = getattr(stoker_autograd, "stats", None)
+    if stats is None:
+        return {}
+    value = stats()
+    if isinstance(value, dict):
+        return dict(value)
+    if hasattr(value, "__dataclass_fields__"):
+        import dataclasses
+
+        return dataclasses.asdict(value)
+    return {k: v for k, v in vars(value).items() if not k.startswith("_")}

@@ -1,0 +1,458 @@
+"""The ``stoker`` torch.compile backend: Dynamo's graph → stoker-capture → an executor.
+
+`StokerBackend(options)` is the callable Dynamo calls with each graph it
+captured.  Per graph, it
+
+1. picks the executor (`config.resolve_backend`: Triton on CUDA, the aten
+   executor on CPU, or the Triton interpreter),
+2. switches compiled autograd on for the process (once; `autograd_switch`),
+3. hands the graph to ``stoker_capture.dynamo_backend(compiler=...)``, which
+   adopts Dynamo's fake mode (so every stage's guards become Dynamo's) and
+   calls ``compiler`` on the partitioned forward and backward graphs,
+4. records what happened (graphs, guards, partition, kernels, timings) into
+   the `Report` and the ``stoker.<topic>`` loggers.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import fx
+
+from . import logs
+from .autograd_switch import AutogradSwitch
+from .config import CompileOptions, resolve_backend
+from .errors import missing_piece
+from .report import (
+    CompileRecord,
+    GraphRecord,
+    GuardRecord,
+    KernelRecord,
+    PartitionRecord,
+    RecompileRecord,
+    Report,
+    SavedValue,
+)
+
+CompiledCallable = Callable[..., Any]
+
+# One switch per process: the autograd engine has one compiled-autograd hook.
+SWITCH = AutogradSwitch()
+
+
+class StokerBackend:
+    """A torch.compile backend configured by `CompileOptions`; see the module docstring.
+
+    >>> torch.compile(model, backend=StokerBackend(CompileOptions(dynamic=True)))
+    >>> torch.compile(model, backend=stoker.backend.with_options(backend="interpret"))
+    """
+
+    def __init__(self, options: CompileOptions | None = None, report: Report | None = None) -> None:
+        self.options = options or CompileOptions.from_kwargs()
+        self.report = report if report is not None else Report(path=self.options.report)
+        self.report.options = _public_options(self.options)
+        self._seen_failures: dict[Any, int] = {}
+        self._input_desc: dict[str, str] = {}
+        self.exports_guards = False  # True when Dynamo calls on_guards (stoker.compile sets it)
+
+    def with_options(self, **kwargs: Any) -> StokerBackend:
+        """A new backend with these options changed (a fresh report)."""
+        return StokerBackend(replace(self.options, **kwargs))
+
+    def __repr__(self) -> str:
+        return f"StokerBackend({self.options!r})"
+
+    # ------------------------------------------------------------------ Dynamo calls this
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledCallable:
+        opts = self.options
+        executor = resolve_backend(opts.backend, _devices(gm, example_inputs))
+        rec = self.report.new_compile(_frame_name(gm), executor)
+        self._note_recompiles_from_dynamo()
+        self._input_desc = _describe_inputs(gm)
+        self._log_graph(rec, "dynamo", gm)
+        if opts.compiled_autograd:
+            SWITCH.turn_on(
+                compiler=autograd_compiler(opts, self.report), dynamic=opts.dynamic is not False
+            )
+        compiler = _RecordingCompiler(executor, rec, self)
+        t0 = time.perf_counter()
+        try:
+            inner = _capture_backend(compiler, opts)
+            compiled: CompiledCallable = inner(gm, example_inputs)
+        except Exception as e:
+            rec.error = f"{type(e).__name__}: {e}"
+            self.report.flush()
+            raise
+        rec.time("total", (time.perf_counter() - t0) * 1e3)
+        _record_capture_result(rec, compiled)
+        self._record_shape_guards(rec)
+        if not self.exports_guards:
+            _log_guards(rec)
+        _log_partition(rec)
+        logs.logger("timings").info(
+            "%s: %s", _label(rec), ", ".join(f"{k} {v:.1f} ms" for k, v in rec.timings_ms.items())
+        )
+        self.report.autograd = _autograd_stats()
+        self.report.flush()
+        return compiled
+
+    # ------------------------------------------------------------------ hooks for Dynamo
+    def on_guards(self, guards: Any) -> None:
+        """``guard_export_fn``: Dynamo's final guards for the graph just compiled."""
+        if not self.report.compiles:
+            return
+        rec = self.report.compiles[-1]
+        other: dict[str, int] = {}
+        for g in list(guards):
+            kind = str(g.create_fn_name())
+            name = str(g.name)
+            if kind == "TENSOR_MATCH":
+                desc = self._input_desc.get(name, "")
+                rec.guards.append(
+                    GuardRecord(
+                        f"{name} matches {desc}".strip()
+                        if desc
+                        else f"{name}: dtype, device, sizes, strides, requires_grad",
+                        _user_frame(g) or "input of the captured frame",
+                        "tensor",
+                    )
+                )
+            elif kind == "SHAPE_ENV":
+                for part in g.code_list or []:
+                    rec.guards.append(
+                        GuardRecord(
+                            str(part), "relations of dynamic sizes (Dynamo)", "shape (Dynamo)"
+                        )
+                    )
+            else:
+                other[kind] = other.get(kind, 0) + 1
+        if other:
+            summary = ", ".join(f"{k}×{v}" for k, v in sorted(other.items()))
+            rec.guards.append(
+                GuardRecord(
+                    f"{sum(other.values())} identity/state guards: {summary}",
+                    "Python objects the frame read",
+                    "dynamo",
+                )
+            )
+        _log_guards(rec)
+        self.report.flush()
+
+    def on_guard_fail(self, failure: Any) -> None:
+        """``guard_fail_fn``: a call missed every cached graph; Dynamo recompiles next."""
+        code = getattr(failure, "orig_code", None)
+        frame = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})" if code else "?"
+        reason = str(getattr(failure, "reason", failure))
+        self.report.recompiles.append(RecompileRecord(frame, reason))
+        self._seen_failures = _failure_counts()  # already recorded: don't count it twice
+        logs.logger("recompiles").info("recompiling %s: %s", frame, reason)
+
+    # ------------------------------------------------------------------ internals
+    def _note_recompiles_from_dynamo(self) -> None:
+        """Without guard_fail_fn (``backend="stoker"``), read Dynamo's guard-failure table."""
+        now = _failure_counts()
+        for code, n in now.items():
+            before = self._seen_failures.get(code, 0)
+            if n > before:
+                reasons = _failure_reasons(code)[before:n]
+                frame = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
+                for r in reasons:
+                    self.report.recompiles.append(RecompileRecord(frame, str(r)))
+                    logs.logger("recompiles").info("recompiling %s: %s", frame, r)
+        self._seen_failures = now
+
+    def _log_graph(self, rec: CompileRecord, stage: str, gm: fx.GraphModule) -> None:
+        code = (
+            gm.print_readable(print_output=False)
+            if hasattr(gm, "print_readable")
+            else str(gm.graph)
+        )
+        nodes = sum(1 for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr"))
+        rec.graphs.append(GraphRecord(stage, code, nodes))
+        logs.logger("graphs").info("%s, %s graph (%d nodes):\n%s", _label(rec), stage, nodes, code)
+
+    def _record_shape_guards(self, rec: CompileRecord) -> None:
+        """The shape env's guards with the op and line that made each (stoker-shapes' origins)."""
+        tc = torch._guards.TracingContext.try_get()
+        env = getattr(getattr(tc, "fake_mode", None), "shape_env", None)
+        if env is None:
+            return
+        names = _symbol_names(env)
+        origins: dict[int, Any] = getattr(env.guards, "_origins", {})
+        for i, g in enumerate(env.guards):
+            text = _sym_text(g.expr, names)
+            origin = origins.get(i)
+            where = (
+                origin.describe() if origin is not None and hasattr(origin, "describe") else None
+            )
+            if where is None and getattr(g, "sloc", None) is not None:
+                where = str(g.sloc)
+            rec.guards.append(GuardRecord(text, where, "shape"))
+
+
+class _RecordingCompiler:
+    """The ``compiler`` given to stoker-capture: runs the executor and records each graph."""
+
+    def __init__(self, executor: str, rec: CompileRecord, owner: StokerBackend) -> None:
+        self.executor, self.rec, self.owner = executor, rec, owner
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledCallable:
+        stage = _stage_of(gm)
+        self.owner._log_graph(self.rec, stage, gm)
+        if stage == "backward":
+            self.rec.partition = _partition_from_backward(gm, self.owner.options)
+        t0 = time.perf_counter()
+        fn = compile_with_executor(self.executor, gm, example_inputs, self.rec)
+        self.rec.time(f"codegen {stage}", (time.perf_counter() - t0) * 1e3)
+        self.owner.report.flush()
+        return fn
+
+
+def compile_with_executor(
+    executor: str, gm: fx.GraphModule, example_inputs: Sequence[Any], rec: CompileRecord | None
+) -> CompiledCallable:
+    """The aten executor (the graph module itself) or stoker-triton's compiled callable."""
+    if executor == "aten":
+        return gm
+    try:
+        import stoker_triton
+    except ImportError as e:
+        raise missing_piece("stoker_triton", "compile_graph", f"backend={executor!r}") from e
+    compile_graph = getattr(stoker_triton, "compile_graph", None)
+    if compile_graph is None:
+        raise missing_piece("stoker_triton", "compile_graph", f"backend={executor!r}")
+    fn = compile_graph(gm, list(example_inputs))
+    if rec is not None:
+        _record_kernels(rec, getattr(fn, "report", None))
+    return fn  # type: ignore[no-any-return]
+
+
+def autograd_compiler(opts: CompileOptions, report: Report) -> Callable[..., Any] | None:
+    """The compiler stoker-autograd uses for captured backward graphs (None: its default)."""
+
+    def compile_backward(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledCallable:
+        executor = resolve_backend(opts.backend, _devices(gm, example_inputs))
+        nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+        logs.logger("autograd").info(
+            "compiled autograd graph (%d ops) → %s executor", nodes, executor
+        )
+        report.autograd = _autograd_stats()
+        if executor == "aten":
+            return gm
+        return compile_with_executor(executor, gm, example_inputs, None)
+
+    return compile_backward
+
+
+# ---------------------------------------------------------------------- capture adapter
+
+
+def _capture_backend(compiler: Callable[..., Any], opts: CompileOptions) -> Callable[..., Any]:
+    """``stoker_capture.dynamo_backend(compiler=..., <options it accepts>)``."""
+    try:
+        import stoker_capture
+    except ImportError as e:
+        raise missing_piece("stoker_capture", "dynamo_backend", "the stoker backend") from e
+    make = getattr(stoker_capture, "dynamo_backend", None)
+    if make is None:
+        raise missing_piece("stoker_capture", "dynamo_backend", "the stoker backend")
+    import inspect
+
+    params = inspect.signature(make).parameters
+    wanted: dict[str, Any] = {
+        "compiler": compiler,
+        "partitioner": opts.partitioner,
+        "memory_budget": opts.memory_budget,
+        **opts.extra,
+    }
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    kwargs = {k: v for k, v in wanted.items() if takes_any or k in params}
+    return make(**kwargs)  # type: ignore[no-any-return]
+
+
+def _record_capture_result(rec: CompileRecord, compiled: Any) -> None:
+    """Fill in what stoker-capture exposes on its result (partition, stage timings)."""
+    partition = getattr(compiled, "partition", None)
+    if partition is not None and rec.partition is not None:
+        rec.partition.recomputed = [str(x) for x in getattr(partition, "recomputed", [])]
+    timings = getattr(compiled, "timings", None) or getattr(compiled, "timings_ms", None)
+    if isinstance(timings, dict):
+        for stage, value in timings.items():
+            rec.timings_ms[str(stage)] = float(value) * (
+                1e3 if isinstance(value, float) and value < 1e-1 else 1
+            )
+
+
+def _record_kernels(rec: CompileRecord, report: Any) -> None:
+    if report is None:
+        return
+    for k in getattr(report, "kernels", None) or []:
+        name = getattr(k, "name", None) or str(k)
+        kind = getattr(k, "kind", "") or ""
+        ops = getattr(k, "ops", None)
+        detail = ", ".join(map(str, ops)) if ops else str(getattr(k, "detail", "") or "")
+        rec.kernels.append(KernelRecord(str(name), str(kind), detail))
+    for f in getattr(report, "fallbacks", None) or []:
+        rec.fallbacks.append(str(f))
+    log = logs.logger("kernels")
+    log.info("%s: %d kernels, %d fallbacks", _label(rec), len(rec.kernels), len(rec.fallbacks))
+    for k in rec.kernels:
+        log.info("  %s [%s] %s", k.name, k.kind, k.detail)
+    for f in rec.fallbacks:
+        log.info("  fallback: %s", f)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _public_options(o: CompileOptions) -> dict[str, Any]:
+    return {k: getattr(o, k) for k in o.__dataclass_fields__ if k != "extra"} | (
+        {"extra": o.extra} if o.extra else {}
+    )
+
+
+def _devices(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[torch.device]:
+    devs = [x.device for x in example_inputs if isinstance(x, torch.Tensor)]
+    devs += [p.device for p in gm.parameters()] + [b.device for b in gm.buffers()]
+    return devs
+
+
+_FRAME_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
+
+
+def _frame_name(gm: fx.GraphModule) -> str:
+    """``forward (model.py:12) #0/1``: the outermost user frame of the graph and its compile id."""
+    cid = torch._guards.CompileContext.current_compile_id()
+    where = "graph"
+    for n in gm.graph.nodes:
+        st = n.meta.get("stack_trace")
+        if st:
+            m = _FRAME_RE.search(st)
+            if m:
+                where = f"{m['fn']} ({m['file'].rsplit('/', 1)[-1]}:{m['line']})"
+                break
+    return f"{where} #{cid}" if cid is not None else where
+
+
+def _label(rec: CompileRecord) -> str:
+    return f"graph {rec.index} {rec.frame}"
+
+
+def _stage_of(gm: fx.GraphModule) -> str:
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    if any(n.startswith("tangents") for n in names):
+        return "backward"
+    return "forward"
+
+
+def _partition_from_backward(gm: fx.GraphModule, opts: CompileOptions) -> PartitionRecord:
+    """What the backward receives from the forward: every non-tangent input."""
+    saved: list[SavedValue] = []
+    for n in gm.graph.nodes:
+        if n.op != "placeholder" or n.name.startswith("tangents"):
+            continue
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            shape = "×".join(str(s) for s in val.shape) or "scalar"
+            nbytes: int | None = None
+            if all(isinstance(s, int) for s in val.shape):
+                nbytes = val.numel() * val.element_size()
+            saved.append(SavedValue(n.name, shape, str(val.dtype).removeprefix("torch."), nbytes))
+        else:
+            saved.append(SavedValue(n.name, "symint", type(val).__name__, 0))
+    return PartitionRecord(
+        saved=saved, partitioner=opts.partitioner, memory_budget=opts.memory_budget
+    )
+
+
+def _describe_inputs(gm: fx.GraphModule) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        ga = n.meta.get("grapharg")
+        src = getattr(ga, "source", None)
+        if src is None:
+            continue
+        name = src.name() if callable(src.name) else src.name
+        val = n.meta.get("example_value")
+        if isinstance(val, torch.Tensor):
+            dims = ", ".join(str(s) for s in val.shape)
+            out[str(name)] = f"{str(val.dtype).removeprefix('torch.')}[{dims}] on {val.device}"
+    return out
+
+
+def _user_frame(g: Any) -> str | None:
+    stack = getattr(g, "user_stack", None)
+    if stack:
+        fs = stack[-1]
+        return f"{fs.filename.rsplit('/', 1)[-1]}:{fs.lineno} ({(fs.line or '').strip()})"
+    return None
+
+
+def _symbol_names(env: Any) -> dict[Any, str]:
+    names: dict[Any, str] = {}
+    for sym, sources in getattr(env, "var_to_sources", {}).items():
+        if sources:
+            s = sources[0]
+            names[sym] = str(s.name() if callable(s.name) else s.name)
+    return names
+
+
+def _sym_text(expr: Any, names: dict[Any, str]) -> str:
+    text = str(expr)
+    # Longest symbol names first, so s10 is not rewritten through s1.
+    for sym in sorted(getattr(expr, "free_symbols", ()), key=lambda s: -len(str(s))):
+        if sym in names:
+            text = re.sub(rf"\b{re.escape(str(sym))}\b", names[sym], text)
+    return text
+
+
+def _failure_table() -> Any:
+    import torch._dynamo.utils as dynamo_utils
+
+    return getattr(dynamo_utils, "guard_failures", {})
+
+
+def _failure_counts() -> dict[Any, int]:
+    return {code: len(reasons) for code, reasons in _failure_table().items()}
+
+
+def _failure_reasons(code: Any) -> list[Any]:
+    return list(_failure_table().get(code, []))
+
+
+def _autograd_stats() -> dict[str, Any]:
+    from .autograd_switch import autograd_stats
+
+    try:
+        return autograd_stats()
+    except Exception as e:  # stats are for the report: never fail a compile over them
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _log_guards(rec: CompileRecord) -> None:
+    log = logs.logger("guards")
+    if not log.isEnabledFor(20):
+        return
+    lines = [f"  {g.text}" + (f"  # {g.origin}" if g.origin else "") for g in rec.guards]
+    log.info("%s: %d guards\n%s", _label(rec), len(rec.guards), "\n".join(lines))
+
+
+def _log_partition(rec: CompileRecord) -> None:
+    p = rec.partition
+    if p is None:
+        return
+    logs.logger("partition").info(
+        "%s: saved %d values (%d bytes) for backward; recomputed %d ops%s",
+        _label(rec),
+        len(p.saved),
+        p.saved_bytes,
+        len(p.recomputed),
+        (": " + ", ".join(p.recomputed)) if p.recomputed else "",
+    )

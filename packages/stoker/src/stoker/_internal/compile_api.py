@@ -1,0 +1,112 @@
+"""`stoker.compile`: Dynamo as the frontend, stoker's backend behind it.
+
+``stoker.compile(model)`` is ``torch.compile(model, backend=StokerBackend(options))``
+plus two things torch.compile's public signature cannot pass: Dynamo's
+final guards (for the report) and its guard-failure reasons (recompiles).
+It calls ``torch._dynamo.optimize``, which is what ``torch.compile`` calls.
+"""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .backend import SWITCH, StokerBackend
+from .config import CompileOptions, ensure_interpret_env
+from .report import Report
+
+T = TypeVar("T", bound=Callable[..., Any])
+
+_LAST: list[Report] = []  # the report of the most recent stoker.compile, for last_report()
+_TO_FLUSH: list[Report] = []  # reports with a path, rewritten at exit (autograd counters)
+
+
+def compile(
+    model_or_fn: T,
+    *,
+    dynamic: bool | None = None,
+    backend: str = "auto",
+    compiled_autograd: bool = True,
+    memory_budget: float | None = None,
+    report: str | None = None,
+    **options: Any,
+) -> T:
+    """Compile a module or function for training with stoker.
+
+    Args:
+        model_or_fn: an ``nn.Module`` or a function of tensors.
+        dynamic: None (automatic: static first, a size seen to change recompiles once as
+            symbolic), True (symbolic sizes from the start) or False (always static).
+        backend: "auto" (Triton on CUDA inputs, the aten executor on CPU), "aten",
+            "triton" or "interpret" (Triton kernels under ``TRITON_INTERPRET=1``, which
+            this sets in ``os.environ`` now, before any kernel is jitted).
+        compiled_autograd: route ``loss.backward()`` through stoker-autograd.  This is a
+            process-wide switch, turned on here; ``stoker.autograd_enabled(False)`` scopes it
+            off, ``stoker.reset()`` turns it off.
+        memory_budget: fraction (0, 1] of forward activations the partitioner may save.
+        report: write the HTML compile report here (default: ``STOKER_REPORT``).
+        **options: fullgraph, partitioner ("min_cut" | "default"), recompile_limit,
+            extra (a dict passed to stoker-capture).
+
+    Returns the compiled module (a ``torch._dynamo`` OptimizedModule sharing the
+    original's parameters) or function; its ``stoker_report`` attribute is the `Report`.
+    """
+    opts = CompileOptions.from_kwargs(
+        dynamic=dynamic,
+        backend=backend,
+        compiled_autograd=compiled_autograd,
+        memory_budget=memory_budget,
+        report=report,
+        **options,
+    )
+    if opts.backend == "interpret":
+        ensure_interpret_env()  # before triton jits anything
+    be = StokerBackend(opts)
+    be.exports_guards = True
+    import torch._dynamo
+
+    kwargs: dict[str, Any] = {
+        "nopython": opts.fullgraph,
+        "dynamic": opts.dynamic,
+        "guard_export_fn": be.on_guards,
+        "guard_fail_fn": be.on_guard_fail,
+    }
+    # recompile_limit is a keyword of optimize in torch 2.13; older releases read the config.
+    target = getattr(torch._dynamo.eval_frame, "_optimize", torch._dynamo.optimize)
+    if "recompile_limit" in inspect.signature(target).parameters:
+        kwargs["recompile_limit"] = opts.recompile_limit
+    compiled: Any = torch._dynamo.optimize(be, **kwargs)(model_or_fn)
+    if opts.compiled_autograd:
+        from .backend import autograd_compiler
+
+        SWITCH.turn_on(
+            compiler=autograd_compiler(opts, be.report), dynamic=opts.dynamic is not False
+        )
+    _LAST[:] = [be.report]
+    if be.report.path:
+        _TO_FLUSH.append(be.report)
+        be.report.flush()
+    try:
+        compiled.stoker_report = be.report
+    except AttributeError:  # pragma: no cover - a callable that refuses attributes
+        pass
+    return compiled  # type: ignore[no-any-return]
+
+
+def last_report() -> Report | None:
+    """The `Report` of the most recent `stoker.compile` call (None before the first)."""
+    return _LAST[0] if _LAST else None
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    from .backend import _autograd_stats
+
+    for r in _TO_FLUSH:
+        try:
+            r.autograd = _autograd_stats()
+            r.flush()
+        except Exception:
+            pass

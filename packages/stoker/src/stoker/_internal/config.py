@@ -1,0 +1,143 @@
+"""Options of `stoker.compile` and the backend they select.
+
+`CompileOptions` is validated once, up front, so a typo fails at
+`stoker.compile(...)` and not at the first call.  Environment variables:
+``STOKER_REPORT=out.html`` (write the compile report), ``STOKER_LOGS`` (see
+`logs`), ``STOKER_BACKEND`` (default for ``backend="auto"`` resolution:
+``aten``, ``triton`` or ``interpret``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+BackendName = Literal["auto", "aten", "triton", "interpret"]
+BACKENDS: tuple[str, ...] = ("auto", "aten", "triton", "interpret")
+PARTITIONERS: tuple[str, ...] = ("min_cut", "default")
+
+
+class StokerConfigError(ValueError):
+    """An option of `stoker.compile` / the ``stoker`` backend was invalid."""
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Everything `stoker.compile` and ``torch.compile(backend="stoker")`` can be told."""
+
+    # None: automatic dynamic (static first; a dimension seen to change recompiles once as
+    # symbolic). True: every dimension symbolic from the start. False: always static.
+    dynamic: bool | None = None
+    # auto: Triton on CUDA inputs, the aten executor on CPU; aten: always the aten executor;
+    # triton: Triton kernels (CUDA); interpret: Triton kernels under TRITON_INTERPRET=1 (CPU).
+    backend: str = "auto"
+    # Route loss.backward() through stoker-autograd (process-wide switch; see stoker.reset()).
+    compiled_autograd: bool = True
+    # Fraction (0..1] of the forward activations the partitioner may save for backward;
+    # None: the min-cut partitioner's own choice.  Smaller budgets recompute more.
+    memory_budget: float | None = None
+    # Write the compile report (one HTML file) here; None reads STOKER_REPORT.
+    report: str | None = None
+    # min_cut (saves the cheapest cut) or default (saves what the forward computed).
+    partitioner: str = "min_cut"
+    # Fail on a graph break instead of falling back to Python between graphs.
+    fullgraph: bool = False
+    # Recompiles per frame before Dynamo falls back to eager for it.
+    recompile_limit: int = 8
+    # Options passed through to stoker_capture's config unchanged.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise StokerConfigError(
+                f"backend={self.backend!r} is not a stoker backend; choose one of {', '.join(BACKENDS)}"
+            )
+        if self.dynamic not in (None, True, False):
+            raise StokerConfigError(
+                f"dynamic={self.dynamic!r}: use None (automatic), True or False"
+            )
+        if self.memory_budget is not None and not (0.0 < float(self.memory_budget) <= 1.0):
+            raise StokerConfigError(
+                f"memory_budget={self.memory_budget!r} must be a fraction in (0, 1] of the "
+                "forward activations to keep, or None"
+            )
+        if self.partitioner not in PARTITIONERS:
+            raise StokerConfigError(
+                f"partitioner={self.partitioner!r}; choose one of {', '.join(PARTITIONERS)}"
+            )
+        if self.recompile_limit < 1:
+            raise StokerConfigError(f"recompile_limit={self.recompile_limit} must be at least 1")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> CompileOptions:
+        """Build from keyword options; unknown names are an error that lists the known ones."""
+        known = set(cls.__dataclass_fields__) - {"extra"}
+        extra = dict(kwargs.pop("extra", {}) or {})
+        unknown = set(kwargs) - known
+        if unknown:
+            raise StokerConfigError(
+                f"unknown stoker option(s) {', '.join(sorted(unknown))}; "
+                f"known: {', '.join(sorted(known))} (capture options go in extra={{...}})"
+            )
+        opts = cls(**kwargs, extra=extra)
+        if opts.report is None and os.environ.get("STOKER_REPORT"):
+            opts = replace(opts, report=os.environ["STOKER_REPORT"])
+        return opts
+
+
+def triton_available() -> bool:
+    """Whether `triton` can be imported (without importing it)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def resolve_backend(requested: str, devices: Iterable[Any]) -> str:
+    """The executor for a graph whose inputs live on ``devices``: aten, triton or interpret.
+
+    ``auto`` picks Triton when any input is on CUDA and triton is installed,
+    else the aten executor (``STOKER_BACKEND`` overrides what ``auto`` picks).
+    """
+    if requested == "auto":
+        env = os.environ.get("STOKER_BACKEND")
+        if env:
+            if env not in BACKENDS or env == "auto":
+                raise StokerConfigError(f"STOKER_BACKEND={env!r}; use aten, triton or interpret")
+            requested = env
+        else:
+            cuda = any(getattr(d, "type", str(d)) == "cuda" for d in devices)
+            return "triton" if cuda and triton_available() else "aten"
+    if requested in ("triton", "interpret") and not triton_available():
+        raise StokerConfigError(
+            f"backend={requested!r} needs the `triton` package, which is not installed; "
+            "install triton or use backend='aten'"
+        )
+    if requested == "triton":
+        if not any(getattr(d, "type", str(d)) == "cuda" for d in devices):
+            raise StokerConfigError(
+                "backend='triton' needs CUDA inputs, but the graph's inputs are on the CPU; "
+                "use backend='interpret' to run the Triton kernels under the interpreter, "
+                "or backend='aten'"
+            )
+    if requested == "interpret":
+        ensure_interpret_env()
+    return requested
+
+
+def ensure_interpret_env() -> None:
+    """Set ``TRITON_INTERPRET=1`` (it must be set before a Triton kernel is first jitted)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    if "triton" in sys.modules:
+        # Kernels made after this point are interpreted; earlier ones were already jitted
+        # for a GPU.  Setting it before importing triton avoids the question.
+        warnings.warn(
+            "backend='interpret' set TRITON_INTERPRET=1 after triton was imported; kernels "
+            "jitted earlier in this process are not interpreted. Set TRITON_INTERPRET=1 in "
+            "the environment before starting Python to be sure.",
+            stacklevel=3,
+        )

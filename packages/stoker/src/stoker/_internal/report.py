@@ -1,0 +1,341 @@
+"""The compile report: what stoker did for one run, as one self-contained HTML file.
+
+A `Report` collects one `CompileRecord` per graph that Dynamo handed the
+backend (its stage graphs, guards with their origins, the partition, kernels
+and fallbacks, per-stage timings), the recompile reasons, and compiled
+autograd's counters.  `Report.to_html()` renders it with inline CSS and no
+scripts and no external resources, so it opens anywhere; `Report.write(path)`
+writes it (the backend rewrites the file after every compilation, so a run
+that crashes still leaves a report behind).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SECTIONS: tuple[tuple[str, str], ...] = (
+    ("summary", "Summary"),
+    ("graphs", "Graphs by stage"),
+    ("guards", "Guards"),
+    ("recompiles", "Recompiles"),
+    ("partition", "Partition"),
+    ("kernels", "Kernels and fallbacks"),
+    ("autograd", "Compiled autograd"),
+    ("timings", "Timings per stage"),
+)
+
+
+@dataclass
+class GraphRecord:
+    stage: str  # e.g. "dynamo", "forward", "backward"
+    code: str  # readable FX code
+    nodes: int  # number of call nodes
+
+
+@dataclass
+class GuardRecord:
+    text: str  # the guard expression, in source terms
+    origin: str | None  # the op and user line that made it, when known
+    kind: str  # "shape" (a shape-env guard) or the Dynamo guard's kind (TENSOR_MATCH, ...)
+
+
+@dataclass
+class SavedValue:
+    name: str
+    shape: str
+    dtype: str
+    nbytes: int | None  # None when the size is symbolic
+
+
+@dataclass
+class PartitionRecord:
+    saved: list[SavedValue] = field(default_factory=list)
+    recomputed: list[str] = field(default_factory=list)  # backward nodes that redo forward ops
+    partitioner: str = ""
+    memory_budget: float | None = None
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(v.nbytes or 0 for v in self.saved)
+
+
+@dataclass
+class KernelRecord:
+    name: str
+    kind: str  # pointwise, reduction, extern, ...
+    detail: str  # ops fused, or the source
+
+
+@dataclass
+class CompileRecord:
+    """One graph Dynamo handed the backend, and what became of it."""
+
+    index: int
+    frame: str  # the Python function Dynamo captured
+    executor: str  # aten, triton or interpret
+    graphs: list[GraphRecord] = field(default_factory=list)
+    guards: list[GuardRecord] = field(default_factory=list)
+    partition: PartitionRecord | None = None
+    kernels: list[KernelRecord] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)  # ops that ran through aten, and why
+    timings_ms: dict[str, float] = field(default_factory=dict)  # stage -> milliseconds
+    error: str | None = None
+
+    def time(self, stage: str, ms: float) -> None:
+        self.timings_ms[stage] = self.timings_ms.get(stage, 0.0) + ms
+
+
+@dataclass
+class RecompileRecord:
+    frame: str
+    reason: str
+
+
+@dataclass
+class Report:
+    """Everything one run compiled.  Render with `to_html`, save with `write`."""
+
+    title: str = "stoker compile report"
+    path: str | None = None  # where `flush` writes; None: nowhere
+    compiles: list[CompileRecord] = field(default_factory=list)
+    recompiles: list[RecompileRecord] = field(default_factory=list)
+    autograd: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    created: str = field(
+        default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    )
+
+    def new_compile(self, frame: str, executor: str) -> CompileRecord:
+        rec = CompileRecord(index=len(self.compiles), frame=frame, executor=executor)
+        self.compiles.append(rec)
+        return rec
+
+    # ------------------------------------------------------------------ counts
+    @property
+    def n_graphs(self) -> int:
+        return len(self.compiles)
+
+    @property
+    def n_guards(self) -> int:
+        return sum(len(c.guards) for c in self.compiles)
+
+    @property
+    def n_kernels(self) -> int:
+        return sum(len(c.kernels) for c in self.compiles)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "graphs": self.n_graphs,
+            "guards": self.n_guards,
+            "kernels": self.n_kernels,
+            "fallbacks": sum(len(c.fallbacks) for c in self.compiles),
+            "recompiles": len(self.recompiles),
+            "compile_ms": round(sum(sum(c.timings_ms.values()) for c in self.compiles), 3),
+        }
+
+    # ------------------------------------------------------------------ output
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, default=str)
+
+    def to_html(self) -> str:
+        return _render(self)
+
+    def write(self, path: str | os.PathLike[str]) -> str:
+        """Write the HTML report to ``path`` (atomically); returns the absolute path."""
+        path = os.path.abspath(os.fspath(path))
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(self.to_html())
+        os.replace(tmp, path)
+        return path
+
+    def flush(self) -> None:
+        """Rewrite the report file, if this report has a path."""
+        if self.path:
+            self.write(self.path)
+
+
+# ---------------------------------------------------------------------- rendering
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d2430;background:#f6f7f9}
+header{background:#23262e;color:#fff;padding:14px 24px}header h1{margin:0;font-size:20px}
+header p{margin:4px 0 0;color:#c9ced8;font-size:12px}
+nav{padding:8px 24px;background:#e9ecf1;font-size:13px}nav a{margin-right:14px;color:#2a4d8f}
+main{padding:8px 24px 40px;max-width:1200px}
+section{background:#fff;border:1px solid #dde1e7;border-radius:6px;margin:16px 0;padding:4px 16px 12px}
+h2{font-size:17px;border-bottom:1px solid #eef0f3;padding-bottom:6px}h3{font-size:14px;margin:14px 0 6px}
+table{border-collapse:collapse;width:100%;font-size:13px}
+th,td{border-bottom:1px solid #eef0f3;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f3f5f8;font-weight:600}td.num{text-align:right;font-variant-numeric:tabular-nums}
+pre,code{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+pre{background:#f7f8fa;border:1px solid #eceff3;padding:8px;overflow:auto;max-height:480px}
+details{margin:6px 0}summary{cursor:pointer;font-weight:600}
+.muted{color:#6b7380}.bad{color:#a12b2b}.tag{display:inline-block;padding:0 6px;border-radius:3px;background:#e7ecf6;font-size:12px}
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _table(headers: list[str], rows: list[list[Any]], num: frozenset[int] = frozenset()) -> str:
+    if not rows:
+        return '<p class="muted">none recorded</p>'
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="num">{_e(c)}</td>' if i in num else f"<td>{_e(c)}</td>"
+            for i, c in enumerate(r)
+        )
+        + "</tr>"
+        for r in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "symbolic"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n = n / 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _label(c: CompileRecord) -> str:
+    return f"graph {c.index}: {c.frame} [{c.executor}]"
+
+
+def _render(r: Report) -> str:
+    parts: list[str] = []
+    s = r.summary()
+    opts = ", ".join(f"{k}={v!r}" for k, v in r.options.items()) or "defaults"
+    parts.append(
+        _table(
+            ["graphs", "guards", "kernels", "fallbacks", "recompiles", "compile time (ms)"],
+            [
+                [
+                    s["graphs"],
+                    s["guards"],
+                    s["kernels"],
+                    s["fallbacks"],
+                    s["recompiles"],
+                    s["compile_ms"],
+                ]
+            ],
+            frozenset(range(6)),
+        )
+        + f"<p>options: <code>{_e(opts)}</code></p>"
+    )
+    # graphs
+    g: list[str] = []
+    for c in r.compiles:
+        g.append(f"<h3>{_e(_label(c))}</h3>")
+        if c.error:
+            g.append(f'<p class="bad">compile failed: {_e(c.error)}</p>')
+        for gr in c.graphs:
+            g.append(
+                f"<details><summary>{_e(gr.stage)} <span class=muted>({gr.nodes} nodes)</span>"
+                f"</summary><pre>{_e(gr.code)}</pre></details>"
+            )
+    parts.append("".join(g) or '<p class="muted">none recorded</p>')
+    # guards
+    gd: list[str] = []
+    for c in r.compiles:
+        gd.append(f"<h3>{_e(_label(c))}: {len(c.guards)} guards</h3>")
+        gd.append(
+            _table(
+                ["guard", "kind", "made by"], [[x.text, x.kind, x.origin or "—"] for x in c.guards]
+            )
+        )
+    parts.append("".join(gd) or '<p class="muted">none recorded</p>')
+    # recompiles
+    parts.append(_table(["frame", "reason"], [[x.frame, x.reason] for x in r.recompiles]))
+    # partition
+    p: list[str] = []
+    for c in r.compiles:
+        if c.partition is None:
+            continue
+        pr = c.partition
+        p.append(
+            f"<h3>{_e(_label(c))}</h3><p>partitioner <span class=tag>{_e(pr.partitioner)}</span>"
+            f" memory budget {_e(pr.memory_budget)}; saved for backward: {len(pr.saved)} values, "
+            f"{_e(_fmt_bytes(pr.saved_bytes))}; recomputed in backward: {len(pr.recomputed)} ops</p>"
+        )
+        p.append(
+            _table(
+                ["saved value", "shape", "dtype", "bytes"],
+                [[v.name, v.shape, v.dtype, _fmt_bytes(v.nbytes)] for v in pr.saved],
+                frozenset({3}),
+            )
+        )
+        if pr.recomputed:
+            p.append("<p>recomputed: <code>" + _e(", ".join(pr.recomputed)) + "</code></p>")
+    parts.append("".join(p) or '<p class="muted">none recorded (inference graphs only)</p>')
+    # kernels
+    k: list[str] = []
+    for c in r.compiles:
+        if not c.kernels and not c.fallbacks:
+            continue
+        k.append(f"<h3>{_e(_label(c))}</h3>")
+        k.append(
+            _table(["kernel", "kind", "detail"], [[x.name, x.kind, x.detail] for x in c.kernels])
+        )
+        if c.fallbacks:
+            k.append(
+                "<p>fallbacks to aten:</p><ul>"
+                + "".join(f"<li><code>{_e(f)}</code></li>" for f in c.fallbacks)
+                + "</ul>"
+            )
+    if not k:
+        execs = sorted({c.executor for c in r.compiles})
+        k.append(
+            f'<p class="muted">no Triton kernels recorded (executors used: {_e(", ".join(execs) or "none")}; '
+            "the aten executor runs each graph op by op)</p>"
+        )
+    parts.append("".join(k))
+    # autograd
+    parts.append(_table(["counter", "value"], [[a, b] for a, b in sorted(r.autograd.items())]))
+    # timings
+    stages = sorted({st for c in r.compiles for st in c.timings_ms})
+    parts.append(
+        _table(
+            ["graph", *stages],
+            [
+                [
+                    _label(c),
+                    *(f"{c.timings_ms[st]:.1f}" if st in c.timings_ms else "—" for st in stages),
+                ]
+                for c in r.compiles
+            ],
+            frozenset(range(1, len(stages) + 1)),
+        )
+    )
+    nav = "".join(f'<a href="#{sid}">{_e(title)}</a>' for sid, title in SECTIONS)
+    body = "".join(
+        f'<section id="{sid}"><h2>{_e(title)}</h2>{content}</section>'
+        for (sid, title), content in zip(SECTIONS, parts, strict=True)
+    )
+    env = f"Python {platform.python_version()} · {platform.platform()} · created {r.created}"
+    try:
+        import torch
+
+        env = f"torch {torch.__version__} · " + env
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<link rel="icon" href="data:,"><meta name="viewport" content="width=device-width, initial-scale=1"><title>{_e(r.title)}</title>'
+        f"<style>{_CSS}</style></head><body><header><h1>{_e(r.title)}</h1><p>{_e(env)}</p></header>"
+        f"<nav>{nav}</nav><main>{body}</main></body></html>\n"
+    )

@@ -1,0 +1,146 @@
+"""The ``stoker`` command: ``demo``, ``bench`` and ``explain``.
+
+stoker demo [--steps N]          train a small GPT eager and compiled, side by side
+stoker bench [--models ...]      the benchmark suite (table + bench-results/bench.json)
+stoker explain SCRIPT [ARGS...]  run a script with every log topic and the report on
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="stoker", description="stoker: a PyTorch training compiler")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    d = sub.add_parser("demo", help="train a small GPT eager and compiled side by side")
+    d.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
+    d.add_argument("--batch", type=int, default=16, help="sequences per step (default 16)")
+    d.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "aten", "triton", "interpret"],
+        help="stoker executor (auto: Triton on a GPU, else the aten executor)",
+    )
+    d.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    d.add_argument(
+        "--report",
+        default="stoker-demo-report.html",
+        help="where to write the compile report (default ./stoker-demo-report.html)",
+    )
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    b = sub.add_parser("bench", help="benchmark eager, aot_eager, inductor and stoker")
+    b.add_argument("--models", default=None, help="comma-separated zoo names (default: all)")
+    b.add_argument(
+        "--backends",
+        default="eager,aot_eager,inductor,stoker",
+        help="comma-separated (default: eager,aot_eager,inductor,stoker)",
+    )
+    b.add_argument(
+        "--steps", type=int, default=20, help="steady-state steps per model (default 20)"
+    )
+    b.add_argument("--json", default="bench-results/bench.json", help="where to write the JSON")
+    b.add_argument(
+        "--no-warm", action="store_true", help="skip the warm-cache (second process) run"
+    )
+    b.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    b.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement process")
+
+    e = sub.add_parser("explain", help="run a script with stoker's logs and report on")
+    e.add_argument("--logs", default="all", help="STOKER_LOGS topics (default all)")
+    e.add_argument(
+        "--report", default="stoker-report.html", help="report path (default ./stoker-report.html)"
+    )
+    e.add_argument("script", help="the Python script to run")
+    e.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "demo":
+        from ._internal.demo import run_demo
+
+        return run_demo(
+            steps=args.steps,
+            batch=args.batch,
+            backend=args.backend,
+            device=args.device,
+            report=args.report,
+            seed=args.seed,
+            progress=not args.no_progress,
+        )
+    if args.command == "bench":
+        from ._internal.bench import run_bench
+
+        return run_bench(
+            models=args.models.split(",") if args.models else None,
+            backends=args.backends.split(","),
+            steps=args.steps,
+            json_path=args.json,
+            warm=not args.no_warm,
+            device=args.device,
+            timeout=args.timeout,
+        )
+    if args.command == "explain":
+        return explain(args.script, args.args, logs=args.logs, report=args.report)
+    raise AssertionError(args.command)  # argparse rejects unknown commands
+
+
+def explain(script: str, script_args: Sequence[str], *, logs: str, report: str) -> int:
+    """Run ``script`` as ``__main__`` with STOKER_LOGS and STOKER_REPORT set."""
+    import runpy
+
+    if not os.path.exists(script):
+        print(f"stoker explain: no such script: {script}", file=sys.stderr)
+        return 2
+    os.environ["STOKER_LOGS"] = logs
+    os.environ["STOKER_REPORT"] = os.path.abspath(report)
+    from . import set_logs
+
+    set_logs(logs)
+    old_argv = sys.argv
+    sys.argv = [script, *script_args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = old_argv
+        _write_explain_report(os.environ["STOKER_REPORT"])
+    return code
+
+
+def _write_explain_report(path: str) -> None:
+    """Make sure the report exists after the script ran, and say where it is."""
+    from ._internal.compile_api import last_report
+
+    rep = last_report()
+    if rep is None:
+        import stoker
+
+        rep = stoker.backend.report  # torch.compile(backend="stoker") used the default backend
+        if not rep.compiles:
+            print(
+                f"stoker explain: the script compiled nothing with stoker; no report at {path}",
+                file=sys.stderr,
+            )
+            return
+        rep.path = path
+    from ._internal.backend import _autograd_stats
+
+    rep.autograd = _autograd_stats()
+    written = rep.write(rep.path or path)
+    print(f"stoker explain: report written to {written}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

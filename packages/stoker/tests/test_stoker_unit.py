@@ -1,0 +1,287 @@
+"""Unit tests of the umbrella's own pieces: options, logging, the report, the CLI parser,
+the model zoo, and `import stoker` staying light."""
+
+from __future__ import annotations
+
+import html.parser
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import stoker
+from stoker import cli
+from stoker._internal import logs
+from stoker._internal.config import CompileOptions, StokerConfigError, resolve_backend
+from stoker._internal.models import get_model, model_zoo
+from stoker._internal.report import (
+    SECTIONS,
+    GraphRecord,
+    GuardRecord,
+    KernelRecord,
+    PartitionRecord,
+    RecompileRecord,
+    Report,
+    SavedValue,
+)
+
+# ----------------------------------------------------------------------------- import
+
+
+def test_import_is_light() -> None:
+    """`import stoker` must not import triton, torch._dynamo or the sibling packages."""
+    code = (
+        "import sys, stoker; "
+        "bad = [m for m in ('triton', 'torch._dynamo', 'stoker_capture', 'stoker_triton', "
+        "'stoker_autograd') if m in sys.modules]; print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"import stoker pulled in: {out.stdout.strip()}"
+
+
+def test_public_names_resolve() -> None:
+    for name in (
+        "compile",
+        "backend",
+        "StokerBackend",
+        "Report",
+        "last_report",
+        "set_logs",
+        "reset",
+        "autograd_enabled",
+        "CompileOptions",
+    ):
+        assert getattr(stoker, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        stoker.nope  # noqa: B018
+
+
+def test_backend_entry_point_registered() -> None:
+    from importlib.metadata import entry_points
+
+    eps = {ep.name: ep for ep in entry_points(group="torch_dynamo_backends")}
+    assert "stoker" in eps, "the torch_dynamo_backends entry point is not installed"
+    assert eps["stoker"].load() is stoker.backend
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def test_options_validate() -> None:
+    assert CompileOptions.from_kwargs().backend == "auto"
+    with pytest.raises(StokerConfigError, match="not a stoker backend"):
+        CompileOptions.from_kwargs(backend="cuda")
+    with pytest.raises(StokerConfigError, match=r"memory_budget=1.5"):
+        CompileOptions.from_kwargs(memory_budget=1.5)
+    with pytest.raises(StokerConfigError, match=r"unknown stoker option.*fulgraph"):
+        CompileOptions.from_kwargs(fulgraph=True)
+    with pytest.raises(StokerConfigError, match="dynamic="):
+        CompileOptions.from_kwargs(dynamic="yes")
+
+
+def test_report_path_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    monkeypatch.setenv("STOKER_REPORT", "/tmp/x.html")
+    assert CompileOptions.from_kwargs().report == "/tmp/x.html"
+    assert CompileOptions.from_kwargs(report="y.html").report == "y.html"
+
+
+def test_resolve_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STOKER_BACKEND", raising=False)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_backend("auto", [cpu]) == "aten"
+    assert resolve_backend("aten", [cuda]) == "aten"
+    assert resolve_backend("auto", [cuda]) == "triton"  # triton is installed here
+    with pytest.raises(StokerConfigError, match="backend='interpret'"):
+        resolve_backend("triton", [cpu])
+    monkeypatch.setenv("STOKER_BACKEND", "interpret")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert resolve_backend("auto", [cpu]) == "interpret"
+    monkeypatch.setenv("STOKER_BACKEND", "bogus")
+    with pytest.raises(StokerConfigError, match="STOKER_BACKEND"):
+        resolve_backend("auto", [cpu])
+
+
+# ----------------------------------------------------------------------------- logging
+
+
+def test_parse_log_spec() -> None:
+    assert logs.parse_spec("graphs,+guards") == {"graphs": logging.INFO, "guards": logging.DEBUG}
+    assert set(logs.parse_spec("all")) == set(logs.TOPICS)
+    assert logs.parse_spec("") == {}
+    with pytest.raises(logs.LogSpecError, match="unknown stoker log topic 'graph'"):
+        logs.parse_spec("graph")
+
+
+def test_set_logs_routes_through_logging(capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        stoker.set_logs("recompiles")
+        assert logs.enabled("recompiles") and not logs.enabled("graphs")
+        logs.logger("recompiles").info("hello %s", "there")
+        logs.logger("graphs").info("not shown")
+        err = capsys.readouterr().err
+        assert "[stoker.recompiles] hello there" in err
+        assert "not shown" not in err
+        stoker.set_logs(graphs=True)
+        assert logs.enabled("graphs") and not logs.enabled("recompiles")
+    finally:
+        stoker.set_logs("")
+    assert not any(logs.enabled(t) for t in logs.TOPICS)
+
+
+def test_stoker_logs_env_applies_at_import() -> None:
+    code = "import stoker, logging; print(logging.getLogger('stoker.guards').level)"
+    env = {**os.environ, "STOKER_LOGS": "guards"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert out.stdout.strip() == str(logging.INFO)
+    env["STOKER_LOGS"] = "nonsense"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert "STOKER_LOGS ignored" in out.stderr
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _sample_report(path: str | None = None) -> Report:
+    r = Report(path=path)
+    r.options = {"backend": "auto", "dynamic": None}
+    c = r.new_compile("forward (model.py:12) #0/0", "aten")
+    c.graphs.append(GraphRecord("dynamo", "def forward(self, x):\n    return x <b>", 1))
+    c.graphs.append(GraphRecord("forward", "def forward(self, primals_1): ...", 4))
+    c.guards.append(
+        GuardRecord("L['x'].size()[0] % 2 == 0", "made by aten.view at model.py:12", "shape")
+    )
+    c.guards.append(GuardRecord("L['x'] matches float32[8, 4] on cpu", "input", "tensor"))
+    c.partition = PartitionRecord(
+        [SavedValue("mm", "8×4", "float32", 128)], ["relu_1"], "min_cut", 0.5
+    )
+    c.kernels.append(KernelRecord("triton_poi_0", "pointwise", "add, relu"))
+    c.fallbacks.append("aten.sort: no lowering")
+    c.time("capture", 12.5)
+    r.recompiles.append(
+        RecompileRecord("forward", "tensor 'x' size mismatch at index 0. expected 8, actual 16")
+    )
+    r.autograd = {"captures": 1, "cache_hits": 3}
+    return r
+
+
+class _Collect(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[str] = []
+        self.tags: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        self.ids += [v for k, v in attrs if k == "id" and v]
+        for k, v in attrs:
+            if k in ("src", "href") and v and not (v.startswith("#") or v.startswith("data:")):
+                raise AssertionError(f"external resource in the report: {k}={v}")
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def test_report_html_sections_and_content(tmp_path: object) -> None:
+    r = _sample_report()
+    page = r.to_html()
+    p = _Collect()
+    p.feed(page)
+    assert [sid for sid, _ in SECTIONS] == [i for i in p.ids]
+    text = "".join(p.text)
+    for needle in (
+        "L['x'].size()[0] % 2 == 0",
+        "made by aten.view at model.py:12",
+        "relu_1",
+        "triton_poi_0",
+        "aten.sort: no lowering",
+        "expected 8, actual 16",
+        "cache_hits",
+        "return x <b>",
+        "128 B",
+    ):
+        assert needle in text, needle
+    assert "script" not in p.tags, "the report must not contain scripts"
+    assert "<b>" not in page.split("<pre>", 1)[1], "graph code must be escaped"
+    assert r.summary() == {
+        "graphs": 1,
+        "guards": 2,
+        "kernels": 1,
+        "fallbacks": 1,
+        "recompiles": 1,
+        "compile_ms": 12.5,
+    }
+    json.loads(r.to_json())
+
+
+def test_report_empty_sections_say_so() -> None:
+    page = Report().to_html()
+    assert page.count("none recorded") >= 5
+
+
+def test_report_write_and_flush(tmp_path: os.PathLike[str]) -> None:
+    path = os.path.join(os.fspath(tmp_path), "sub", "r.html")
+    r = _sample_report(path)
+    r.flush()
+    assert open(path, encoding="utf-8").read().startswith("<!DOCTYPE html>")
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def test_cli_parses() -> None:
+    p = cli.build_parser()
+    a = p.parse_args(["demo", "--steps", "5", "--backend", "aten"])
+    assert (a.command, a.steps, a.backend) == ("demo", 5, "aten")
+    a = p.parse_args(["bench", "--models", "mlp,gpt", "--no-warm"])
+    assert (a.models, a.no_warm, a.json) == ("mlp,gpt", True, "bench-results/bench.json")
+    a = p.parse_args(["explain", "train.py", "--lr", "3"])
+    assert (a.script, a.args) == ("train.py", ["--lr", "3"])
+    with pytest.raises(SystemExit):
+        p.parse_args(["demo", "--backend", "cuda"])
+    with pytest.raises(SystemExit):
+        p.parse_args([])
+
+
+def test_cli_explain_missing_script(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["explain", "/nonexistent/script.py"]) == 2
+    assert "no such script" in capsys.readouterr().err
+
+
+def test_console_script_help() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "stoker.cli", "--help"], capture_output=True, text=True, check=True
+    )
+    for cmd in ("demo", "bench", "explain"):
+        assert cmd in out.stdout
+
+
+# ----------------------------------------------------------------------------- zoo
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt", "cnn"])
+def test_zoo_models_train_one_step(name: str) -> None:
+    spec = get_model(name)
+    model = spec.build(seed=1)
+    inputs, target = spec.batch(4, torch.Generator().manual_seed(0))
+    loss = spec.loss(model(*inputs), target)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None for p in model.parameters())
+    again = spec.build(seed=1)
+    for a, b in zip(model.parameters(), again.parameters()):
+        torch.testing.assert_close(a, b)  # builds are deterministic per seed
+
+
+def test_zoo_unknown_name() -> None:
+    assert {"mlp", "gpt", "cnn"} <= set(model_zoo())
+    with pytest.raises(KeyError, match=r"no model 'resnet'.*available: mlp"):
+        get_model("resnet")

@@ -1,0 +1,19 @@
+"""The benchmark suite (``nox -s bench``, same as ``stoker bench``).
+
+    python tools/bench.py [--models mlp,gpt] [--backends eager,stoker] [--steps 20] [--no-warm]
+
+Runs, each if present, tools/bench_shapes.py (guard-check cost),
+bench_capture.py, bench_autograd.py and bench_triton.py, then the model
+benchmark (eager, torch.compile aot_eager / inductor, stoker side by side).
+Prints a table on stdout and writes bench-results/bench.json (the scripts
+that take ``--json`` also write bench-results/bench_<name>.json).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from stoker.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main(["bench", *sys.argv[1:]]))
