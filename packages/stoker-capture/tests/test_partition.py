@@ -98,7 +98,7 @@ def pointwise_heavy() -> tuple[Callable[..., Any], Callable[[int], list[torch.Te
     def f(w, x):  # type: ignore[no-untyped-def]
         h = x @ w
         for _ in range(4):
-            h = torch.sin(h) * torch.sigmoid(h) + h.exp().mul(0.1)
+            h = torch.sin(h) * torch.sigmoid(h) + h.tanh().exp().mul(0.1)
         return h
 
     def make(batch: int) -> list[torch.Tensor]:
