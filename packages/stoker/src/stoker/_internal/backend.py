@@ -59,6 +59,7 @@ class StokerBackend:
         self._seen_failures: dict[Any, int] = {}
         self._input_desc: dict[str, str] = {}
         self.exports_guards = False  # True when Dynamo calls on_guards (stoker.compile sets it)
+        self.name_hint: str | None = None  # what stoker.compile was given, for graph labels
 
     def with_options(self, **kwargs: Any) -> StokerBackend:
         """A new backend with these options changed (a fresh report)."""
@@ -71,7 +72,7 @@ class StokerBackend:
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledCallable:
         opts = self.options
         executor = resolve_backend(opts.backend, _devices(gm, example_inputs))
-        rec = self.report.new_compile(_frame_name(gm), executor)
+        rec = self.report.new_compile(_frame_name(gm, self.name_hint), executor)
         self._note_recompiles_from_dynamo()
         self._input_desc = _describe_inputs(gm)
         self._log_graph(rec, "dynamo", gm)
@@ -325,10 +326,10 @@ def _devices(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[torch.de
 _FRAME_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
 
 
-def _frame_name(gm: fx.GraphModule) -> str:
+def _frame_name(gm: fx.GraphModule, hint: str | None = None) -> str:
     """``forward (model.py:12) #0/1``: the outermost user frame of the graph and its compile id."""
     cid = torch._guards.CompileContext.current_compile_id()
-    where = "graph"
+    where = hint or "graph"
     for n in gm.graph.nodes:
         st = n.meta.get("stack_trace")
         if st:
@@ -388,10 +389,12 @@ def _describe_inputs(gm: fx.GraphModule) -> dict[str, str]:
 
 
 def _user_frame(g: Any) -> str | None:
-    stack = getattr(g, "user_stack", None)
-    if stack:
-        fs = stack[-1]
-        return f"{fs.filename.rsplit('/', 1)[-1]}:{fs.lineno} ({(fs.line or '').strip()})"
+    import os
+
+    torch_dir = os.path.dirname(torch.__file__)
+    for fs in reversed(getattr(g, "user_stack", None) or []):
+        if not fs.filename.startswith(torch_dir):
+            return f"{fs.filename.rsplit('/', 1)[-1]}:{fs.lineno} ({(fs.line or '').strip()})"
     return None
 
 

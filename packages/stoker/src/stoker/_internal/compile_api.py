@@ -45,7 +45,8 @@ def compile(
         compiled_autograd: route ``loss.backward()`` through stoker-autograd.  This is a
             process-wide switch, turned on here; ``stoker.autograd_enabled(False)`` scopes it
             off, ``stoker.reset()`` turns it off.
-        memory_budget: fraction (0, 1] of forward activations the partitioner may save.
+        memory_budget: fraction [0, 1] of forward activations the partitioner may save
+            (0 recomputes all it may, 1 saves all; None: the partitioner decides).
         report: write the HTML compile report here (default: ``STOKER_REPORT``).
         **options: fullgraph, partitioner ("min_cut" | "default"), recompile_limit,
             extra (a dict passed to stoker-capture).
@@ -65,6 +66,7 @@ def compile(
         ensure_interpret_env()  # before triton jits anything
     be = StokerBackend(opts)
     be.exports_guards = True
+    be.name_hint = _name_of(model_or_fn)
     import torch._dynamo
 
     kwargs: dict[str, Any] = {
@@ -93,6 +95,16 @@ def compile(
     except AttributeError:  # pragma: no cover - a callable that refuses attributes
         pass
     return compiled  # type: ignore[no-any-return]
+
+
+def _name_of(obj: Any) -> str:
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        return f"{type(obj).__name__}.forward"
+    return str(
+        getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or type(obj).__name__
+    )
 
 
 def last_report() -> Report | None:

@@ -38,8 +38,8 @@ class CompileOptions:
     backend: str = "auto"
     # Route loss.backward() through stoker-autograd (process-wide switch; see stoker.reset()).
     compiled_autograd: bool = True
-    # Fraction (0..1] of the forward activations the partitioner may save for backward;
-    # None: the min-cut partitioner's own choice.  Smaller budgets recompute more.
+    # Fraction [0, 1] of the forward activations the partitioner may save for backward
+    # (0 recomputes all it may, 1 saves all); None: the partitioner's own choice.
     memory_budget: float | None = None
     # Write the compile report (one HTML file) here; None reads STOKER_REPORT.
     report: str | None = None
@@ -61,9 +61,9 @@ class CompileOptions:
             raise StokerConfigError(
                 f"dynamic={self.dynamic!r}: use None (automatic), True or False"
             )
-        if self.memory_budget is not None and not (0.0 < float(self.memory_budget) <= 1.0):
+        if self.memory_budget is not None and not (0.0 <= float(self.memory_budget) <= 1.0):
             raise StokerConfigError(
-                f"memory_budget={self.memory_budget!r} must be a fraction in (0, 1] of the "
+                f"memory_budget={self.memory_budget!r} must be a fraction in [0, 1] of the "
                 "forward activations to keep, or None"
             )
         if self.partitioner not in PARTITIONERS:

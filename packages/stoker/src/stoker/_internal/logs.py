@@ -28,6 +28,17 @@ _HANDLER_NAME = "stoker-stderr"
 _FORMAT = "[%(name)s] %(message)s"
 
 
+class _StderrHandler(logging.Handler):
+    """Writes to whatever ``sys.stderr`` is at the time (pytest and notebooks swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:
+            self.handleError(record)
+
+
 class LogSpecError(ValueError):
     """A ``STOKER_LOGS`` / `set_logs` spec named a topic that does not exist."""
 
@@ -79,7 +90,7 @@ def set_logs(spec: str | None = None, **topics: bool) -> dict[str, int]:
             levels.pop(name, None)
     root = logging.getLogger("stoker")
     if not any(h.get_name() == _HANDLER_NAME for h in root.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.set_name(_HANDLER_NAME)
         handler.setFormatter(logging.Formatter(_FORMAT))
         root.addHandler(handler)

@@ -1,0 +1,152 @@
+"""The backend's plumbing (report, guards, recompiles, logs, the compiled-autograd switch)
+with stoker-capture replaced by a stub that runs Dynamo's graph as it is.  The real
+pipeline is exercised end to end in tests-integration/."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import stoker
+import stoker_autograd
+import stoker_capture
+
+
+def _stub_dynamo_backend(compiler: Callable[..., Any], **_: Any) -> Callable[..., Any]:
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        return compiler(gm, example_inputs)  # type: ignore[no-any-return]
+
+    return backend
+
+
+@pytest.fixture
+def stub_capture(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(stoker_capture, "dynamo_backend", _stub_dynamo_backend, raising=False)
+    stoker.reset()
+    yield
+    stoker.reset()
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def test_report_guards_recompiles_and_autograd(
+    stub_capture: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "r.html"
+    stoker.set_logs("recompiles,guards")
+    try:
+        m = _model()
+        c = stoker.compile(m, report=str(path))
+        assert stoker_autograd.is_enabled(), "stoker.compile should switch compiled autograd on"
+        before = stoker_autograd.stats()["captures"]
+        for n in (3, 3, 5):
+            x = torch.randn(n, 4)
+            out = c(x)
+            torch.testing.assert_close(out, m(x))
+            out.sum().backward()
+        assert stoker_autograd.stats()["captures"] > before
+    finally:
+        stoker.set_logs("")
+    rep = c.stoker_report
+    assert stoker.last_report() is rep
+    assert rep.n_graphs == 2 and len(rep.recompiles) == 1
+    assert (
+        "size mismatch" in rep.recompiles[0].reason
+        and "expected 3, actual 5" in rep.recompiles[0].reason
+    )
+    texts = [g.text for g in rep.compiles[0].guards]
+    assert any("L['args'][0] matches float32[3, 4]" in t for t in texts), texts
+    assert rep.compiles[0].frame.startswith("Sequential.forward")
+    err = capsys.readouterr().err
+    assert "[stoker.recompiles]" in err and "[stoker.guards]" in err
+    page = path.read_text()
+    assert "expected 3, actual 5" in page and "matches float32[3, 4]" in page
+
+
+def test_autograd_switch_scoping(stub_capture: None) -> None:
+    m = _model()
+    stoker.compile(m)
+    assert stoker_autograd.is_enabled()
+    with stoker.autograd_enabled(False):
+        assert not stoker_autograd.is_enabled()
+        before = stoker_autograd.stats()
+        m(torch.randn(2, 4)).sum().backward()
+        assert stoker_autograd.stats() == before
+    assert stoker_autograd.is_enabled()
+    stoker.reset()
+    assert not stoker_autograd.is_enabled()
+    with stoker.autograd_enabled(True):
+        assert stoker_autograd.is_enabled()
+    assert not stoker_autograd.is_enabled()
+
+
+def test_compiled_autograd_off_leaves_engine_alone(stub_capture: None) -> None:
+    c = stoker.compile(_model(), compiled_autograd=False)
+    c(torch.randn(2, 4)).sum().backward()
+    assert not stoker_autograd.is_enabled()
+
+
+def test_backend_by_name_uses_the_entry_point(stub_capture: None) -> None:
+    m = _model()
+    c = torch.compile(m, backend="stoker")
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(c(x), m(x))
+    assert stoker.backend.report.n_graphs == 1
+    assert stoker_autograd.is_enabled()
+
+
+def test_missing_capture_function_fails_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(stoker_capture, "dynamo_backend", raising=False)
+    stoker.reset()
+    c = stoker.compile(_model(), compiled_autograd=False)
+    with pytest.raises(Exception, match=r"stoker_capture.dynamo_backend is needed"):
+        c(torch.randn(2, 4))
+    stoker.reset()
+
+
+def test_interpret_sets_env_early(stub_capture: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    stoker.compile(_model(), backend="interpret", compiled_autograd=False)
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+
+
+CHROMIUM = shutil.which("chromium")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_report_opens_in_chromium_without_console_errors(
+    stub_capture: None, tmp_path: Path
+) -> None:
+    path = tmp_path / "r.html"
+    c = stoker.compile(_model(), report=str(path))
+    c(torch.randn(3, 4)).sum().backward()
+    p = subprocess.run(
+        [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--dump-dom",
+            path.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    console = [ln for ln in p.stderr.splitlines() if ":CONSOLE" in ln or "Uncaught" in ln]
+    assert not console, console
+    assert 'id="guards"' in p.stdout and "matches float32[3, 4]" in p.stdout
