@@ -103,13 +103,15 @@ class CaptureInstance:
             s = self._symbol(v, "sizes", i)
             sym_sizes.append(s)
             if isinstance(s, torch.SymInt):
-                self.sym_proxies[s.node] = sizes_p[i]
+                self.sym_proxies[s.node] = p = sizes_p[i]
+                self._bind([s], [p])  # the engine's own size arithmetic is traced too
         sym_scalars: list[Any] = []
         for i, v in enumerate(scalars):
             s = self._symbol(v, "scalars", i)
             sym_scalars.append(s)
             if isinstance(s, torch.SymInt | torch.SymFloat):
-                self.sym_proxies[s.node] = scalars_p[i]
+                self.sym_proxies[s.node] = p = scalars_p[i]
+                self._bind([s], [p])
 
         self.stack.enter_context(self.fake_mode)
         self.stack.enter_context(self.proxy_mode)

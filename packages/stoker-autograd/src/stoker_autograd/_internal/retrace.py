@@ -89,6 +89,7 @@ class _Replayer:
         self.arg_spec: list[tuple[int, int]] = []
         self.examples: list[Any] = []
         self.source_gm: fx.GraphModule | None = None
+        self.made: dict[tuple[int, int], Any] = {}
 
     # ------------------------------------------------------------------ proxies
     def proxy(self, v: Any) -> Any:
@@ -110,6 +111,13 @@ class _Replayer:
         track_tensor_tree(value, proxy, constant=None, tracer=self.tracer)
 
     # -------------------------------------------------------------------- nodes
+    def item(self, which: int, index: int) -> Any:
+        """``lists[which][index]`` as a graph input (made on first use)."""
+        key = (which, index)
+        if key not in self.made:
+            self.made[key] = self.placeholder(which, index)
+        return self.made[key]
+
     def placeholder(self, which: int, index: int) -> Any:
         name = f"{LISTS[which]}_{index}"
         p = self.tracer.create_proxy("placeholder", name, (), {})
@@ -135,7 +143,7 @@ class _Replayer:
             src = self.sym_sources.get(s)
             if src is None:
                 raise RetraceError(f"size expression {e} uses an unknown symbol {s}")
-            subs[s] = self.values[src[0]][src[1]]
+            subs[s] = self.item(LISTS.index(src[0]), src[1])
         if isinstance(e, sympy.Symbol):
             return subs[e]
         return _eval_sym(e, subs)
@@ -148,6 +156,12 @@ class _Replayer:
             {k: v for k, v in node.meta.items() if k.startswith(("autograd", "stoker"))}
         )
         target = node.target
+        sizes: list[list[Any] | None] = []
+        if target is ops.call_backward:
+            metas = node.meta.get("stoker_out_meta")
+            if metas is None:
+                raise RetraceError("custom backward without output metadata")
+            sizes = [None if m is None else [self.sym(s) for s in m[3]] for m in metas]
         with disable_proxy_modes_tracing():
             if target is ops.call_hook:
                 kind = node.kwargs["hook_type"]
@@ -175,17 +189,14 @@ class _Replayer:
             if target is ops.exec_final_callbacks_stub:
                 return None
             if target is ops.call_backward:
-                metas = node.meta.get("stoker_out_meta")
-                if metas is None:
-                    raise RetraceError("custom backward without output metadata")
                 what = f"{node.meta.get('stoker_fn', 'autograd.Function')}.backward"
                 results: list[Any] = []
                 for j, m in enumerate(metas):
                     if m is None:
                         results.append(None)
                         continue
-                    _layout, device, dtype, size = m
-                    fake = torch.empty([self.sym(s) for s in size], dtype=dtype, device=device)
+                    _layout, device, dtype, _size = m
+                    fake = torch.empty(sizes[j] or [], dtype=dtype, device=device)
                     results.append(self._check(out[j], fake, what))
                 return results
         raise RetraceError(f"opaque call {target} cannot be retraced")
@@ -266,7 +277,10 @@ def retrace(
 ) -> Retraced:
     """Replay ``gm`` (a captured graph) with real input shapes into core aten."""
     ctx = ShapeContext(policy="dynamic" if dynamic else "static")
-    in_specs = [False if _is_param(t) else None for t in inputs]
+    # Parameters are static; other dims dynamic unless 0 or 1 (those always specialize).
+    in_specs = [
+        False if _is_param(t) or not dynamic else [d >= 2 for d in t.shape] for t in inputs
+    ]
     values = {
         "inputs": list(ctx.fakeify(list(inputs), Source.arg(0), dynamic=in_specs)),
         "sizes": list(ctx.fakeify(list(sizes), Source.arg(1))),
@@ -305,7 +319,9 @@ def retrace(
 
 
 def _impure(n: fx.Node) -> bool:
-    return n.op in ("placeholder", "output") or ops.is_opaque(n.target) or n.target is check_sizes
+    if n.op in ("placeholder", "output") or ops.is_opaque(n.target) or n.target is check_sizes:
+        return True
+    return bool(n.is_impure())  # in-place aten ops (CopySlices writes through a view)
 
 
 def _replay_node(rp: _Replayer, node: fx.Node, placeholders: dict[fx.Node, int]) -> None:
@@ -332,7 +348,7 @@ def _replay_node(rp: _Replayer, node: fx.Node, placeholders: dict[fx.Node, int])
         raise RetraceError(f"unexpected node {node.format_node()}")
     if node.target is operator.getitem and node.args[0] in placeholders:
         which = placeholders[node.args[0]]  # type: ignore[index]
-        env[node] = rp.placeholder(which, int(node.args[1]))  # type: ignore[arg-type]
+        env[node] = rp.item(which, int(node.args[1]))  # type: ignore[arg-type]
         return
     if ops.is_opaque(node.target):
         env[node] = rp.opaque(node)

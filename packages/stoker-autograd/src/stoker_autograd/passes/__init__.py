@@ -1,7 +1,59 @@
-"""Graph passes on a captured backward graph (see README.md beside this file)."""
+"""Graph passes on a captured backward graph (README.md beside this file says what
+each may and may not change).
+
+Every pass is a pure function ``fx.Graph -> fx.Graph``: it returns a new graph and
+leaves its argument alone.  `run_all` applies `PIPELINE` in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch.fx as fx
 
+from .dce import dce
+from .reorder import (
+    delay_unpack_hooks,
+    place_pre_hooks_before_node,
+    reorder_accumulate_grad,
+    reorder_post_acc_grad_hooks,
+    reorder_post_hooks,
+    reorder_tensor_pre_hooks,
+    schedule_pre_hooks_early,
+)
 
-def run_all(graph: fx.Graph) -> fx.Graph:
+Pass = Callable[[fx.Graph], fx.Graph]
+
+PIPELINE: tuple[Pass, ...] = (
+    delay_unpack_hooks,
+    reorder_tensor_pre_hooks,
+    schedule_pre_hooks_early,
+    reorder_accumulate_grad,
+    place_pre_hooks_before_node,
+    reorder_post_acc_grad_hooks,
+    reorder_post_hooks,
+    dce,
+)
+
+
+def run_all(graph: fx.Graph, pipeline: tuple[Pass, ...] = PIPELINE) -> fx.Graph:
+    """Apply each pass in order; each checks the graph is still well formed."""
+    for p in pipeline:
+        graph = p(graph)
+        graph.lint()
     return graph
+
+
+__all__ = [
+    "PIPELINE",
+    "Pass",
+    "dce",
+    "delay_unpack_hooks",
+    "place_pre_hooks_before_node",
+    "reorder_accumulate_grad",
+    "reorder_post_acc_grad_hooks",
+    "reorder_post_hooks",
+    "reorder_tensor_pre_hooks",
+    "run_all",
+    "schedule_pre_hooks_early",
+]

@@ -1,0 +1,161 @@
+"""The reordering passes: restore the eager engine's schedule in a captured graph.
+
+Each pass is a pure function ``fx.Graph -> fx.Graph``: it copies its input and
+only moves nodes (never adds, removes or rewires one), and only to places where
+every input of the moved node is already defined.  See README.md for the rules.
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from ._common import (
+    copy_graph,
+    hook_kind,
+    is_accumulate_grad,
+    is_getitem,
+    is_input_like,
+    move_after,
+    node_inputs,
+)
+
+
+def _hook_getitem(hook: fx.Node) -> list[fx.Node]:
+    """The ``hooks[i]`` node feeding ``hook`` when only it uses it (it moves along)."""
+    h = hook.args[0]
+    if isinstance(h, fx.Node) and is_getitem(h) and len(h.users) == 1:
+        return [h]
+    return []
+
+
+def reorder_accumulate_grad(graph: fx.Graph) -> fx.Graph:
+    """Each accumulate-grad right after its last input (eager runs it as soon as its
+    gradient is ready).  Not moved when its inputs are all graph inputs."""
+    g, _ = copy_graph(graph)
+    for node in [n for n in g.nodes if is_accumulate_grad(n)]:
+        last = max(node.all_input_nodes)
+        if last is not node.prev and not is_input_like(last):
+            last.append(node)
+    return g
+
+
+def delay_unpack_hooks(graph: fx.Graph) -> fx.Graph:
+    """Each saved-tensor unpack hook right before its first user (as late as possible:
+    the unpacked tensor lives shortest)."""
+    g, _ = copy_graph(graph)
+    for node in [n for n in g.nodes if hook_kind(n) == "unpack_hook"]:
+        if node.users:
+            first = min(node.users)
+            if node.next is not first:
+                first.prepend(node)
+    return g
+
+
+def reorder_tensor_pre_hooks(graph: fx.Graph) -> fx.Graph:
+    """Each tensor pre-hook (``Tensor.register_hook``) right after the gradient it
+    receives is computed.  Not moved when that gradient is a graph input."""
+    g, _ = copy_graph(graph)
+    for node in [n for n in g.nodes if hook_kind(n) == "tensor_pre_hook"]:
+        grad = node.args[1]
+        if not isinstance(grad, fx.Node) or is_input_like(grad):
+            continue
+        block = [*_hook_getitem(node), node]
+        if grad.next is not block[0]:
+            move_after(grad, *block)
+    return g
+
+
+def _pre_hook_inputs(node: fx.Node) -> tuple[list[fx.Node], list[fx.Node]]:
+    """(producers of the grads a pre-hook takes, the getitems in between that move along)."""
+    producers, getitems = [], []
+    for n in node_inputs(node.args[1]):
+        if is_getitem(n) and isinstance(n.args[0], fx.Node) and len(n.users) == 1:
+            producers.append(n.args[0])
+            getitems.append(n)
+        else:
+            producers.append(n)
+    return producers, getitems
+
+
+def schedule_pre_hooks_early(graph: fx.Graph) -> fx.Graph:
+    """Each node pre-hook right after its last input, so that accumulate-grad
+    reordering (which follows) can see through it.  Not eager's order by itself:
+    `place_pre_hooks_before_node` restores that."""
+    g, _ = copy_graph(graph)
+    for node in [n for n in g.nodes if hook_kind(n) == "pre_hook"]:
+        producers, getitems = _pre_hook_inputs(node)
+        if not producers:
+            continue
+        last = max(producers)
+        if is_input_like(last):
+            continue
+        block = [*_hook_getitem(node), *getitems, node]
+        if last.next is not block[0]:
+            move_after(last, *block)
+    return g
+
+
+def place_pre_hooks_before_node(graph: fx.Graph) -> fx.Graph:
+    """Each node pre-hook (and the items it returns) right before the node it is
+    registered on, where the eager engine calls it."""
+    g, _ = copy_graph(graph)
+    pre_hooks = [n for n in g.nodes if hook_kind(n) == "pre_hook"]
+    for node in reversed(pre_hooks):
+        users = list(node.users)
+        if not users or not all(is_getitem(u) for u in users):
+            continue
+        consumers = [c for u in users for c in u.users]
+        if not consumers:
+            continue
+        registered = min(consumers)
+        block = [*_hook_getitem(node), node, *sorted(users)]
+        if block[-1].next is registered and all(a.next is b for a, b in zip(block, block[1:])):
+            continue
+        for n in block:
+            registered.prepend(n)
+    return g
+
+
+def reorder_post_acc_grad_hooks(graph: fx.Graph) -> fx.Graph:
+    """Each post-accumulate-grad hook right after the accumulate-grad of its
+    parameter (several on one parameter keep their order)."""
+    g, _ = copy_graph(graph)
+    hooks = [n for n in g.nodes if hook_kind(n) == "post_acc_grad_hook"]
+    for node in reversed(hooks):
+        param = node.args[1]
+        if not isinstance(param, fx.Node):
+            continue
+        acc = next((u for u in param.users if is_accumulate_grad(u)), None)
+        if acc is None or acc > node:  # never move a hook before the grad it reads
+            continue
+        move_after(acc, *_hook_getitem(node), node)
+    return g
+
+
+def reorder_post_hooks(graph: fx.Graph) -> fx.Graph:
+    """Each node post-hook that returns nothing new (no grad outputs) right after
+    the last of its inputs and their users, or after that parameter's
+    post-accumulate-grad hook when the last is an accumulate-grad.  Post-hooks
+    whose outputs the graph uses already sit where eager calls them: not moved."""
+    g, _ = copy_graph(graph)
+    hooks = [n for n in g.nodes if hook_kind(n) == "post_hook"]
+    for node in reversed(hooks):
+        outputs, inputs = node_inputs(node.args[1]), node_inputs(node.args[2])
+        if outputs or not inputs:
+            continue
+        candidates = list(inputs)
+        for i in inputs:
+            candidates += [u for u in i.users if hook_kind(u) != "post_hook" and u is not node]
+        last = max(candidates)
+        if last > node:
+            continue
+        if is_accumulate_grad(last):
+            param = last.args[0]
+            post_acc = [u for u in param.users if hook_kind(u) == "post_acc_grad_hook"] \
+                if isinstance(param, fx.Node) else []
+            if post_acc:
+                last = max(post_acc)
+        if is_input_like(last) or last.next is node:
+            continue
+        move_after(last, *_hook_getitem(node), node)
+    return g

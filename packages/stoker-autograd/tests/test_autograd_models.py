@@ -1,0 +1,289 @@
+"""Gradients AND hook order under stoker_autograd vs the eager engine.
+
+Each test builds the same model twice from one seed, runs the same steps once
+eagerly and once inside ``stoker_autograd.enable()``, and compares every
+parameter's gradient after every step and the log each hook appends to.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+import stoker_autograd
+
+Step = Callable[[nn.Module, list[str], int], None]
+
+
+def run(model: nn.Module, step: Step, steps: int, compiled: bool, **kw: Any) -> tuple[list[list[torch.Tensor | None]], list[str]]:
+    log: list[str] = []
+    grads: list[list[torch.Tensor | None]] = []
+    ctx = stoker_autograd.enable(**kw) if compiled else _null()
+    with ctx:
+        for i in range(steps):
+            step(model, log, i)
+            grads.append([None if p.grad is None else p.grad.clone() for p in model.parameters()])
+            log.append(f"-- end of step {i}")
+    return grads, log
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+
+def compare(make: Callable[[], nn.Module], step: Step, steps: int = 3, atol: float = 1e-5, **kw: Any) -> tuple[list[str], nn.Module]:
+    torch.manual_seed(0)
+    eager_model = make()
+    compiled_model = copy.deepcopy(eager_model)
+    torch.manual_seed(1)
+    g_e, log_e = run(eager_model, step, steps, compiled=False)
+    torch.manual_seed(1)
+    g_c, log_c = run(compiled_model, step, steps, compiled=True, **kw)
+    assert log_c == log_e
+    for s, (ge, gc) in enumerate(zip(g_e, g_c)):
+        for i, (a, b) in enumerate(zip(ge, gc)):
+            assert (a is None) == (b is None), f"step {s} param {i}"
+            if a is not None and b is not None:
+                torch.testing.assert_close(b, a, atol=atol, rtol=1e-4, msg=f"step {s} param {i}")
+    for pe, pc in zip(eager_model.parameters(), compiled_model.parameters()):
+        torch.testing.assert_close(pc, pe, atol=atol, rtol=1e-4)
+    return log_e, compiled_model
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def simple_step(batch: int = 5) -> Step:
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        x = torch.randn(batch, 6)
+        m(x).pow(2).mean().backward()
+
+    return step
+
+
+def test_mlp_gradients_and_replay() -> None:
+    compare(mlp, simple_step(), steps=4)
+    st = stoker_autograd.stats()
+    assert st["captures"] == 1 and st["cache_hits"] == 3 and st["compiles"] == 1
+
+
+def test_mlp_hooks_fire_in_eager_order() -> None:
+    def make() -> nn.Module:
+        m = mlp()
+        return m
+
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        handles = []
+        for name, mod in m.named_children():
+            handles.append(mod.register_full_backward_pre_hook(
+                lambda mod, go, n=name: log.append(f"pre {n} {go[0].shape}")))
+            handles.append(mod.register_full_backward_hook(
+                lambda mod, gi, go, n=name: log.append(f"bw {n}")))
+        for name, p in m.named_parameters():
+            handles.append(p.register_hook(lambda g, n=name: log.append(f"grad {n}")))
+            handles.append(p.register_post_accumulate_grad_hook(lambda p, n=name: log.append(f"acc {n}")))
+        x = torch.randn(4, 6, requires_grad=True)
+        h = m[0](x)
+        h.retain_grad()
+        h.register_hook(lambda g: log.append("h hook"))
+        assert h.grad_fn is not None
+        h.grad_fn.register_prehook(lambda go: log.append("node pre"))
+        h.grad_fn.register_hook(lambda gi, go: log.append("node post"))
+        y = m[1:](h)
+        y.sum().backward()
+        log.append(f"retained {h.grad is not None} x {x.grad is not None}")
+        for hd in handles:
+            hd.remove()
+
+    log, _ = compare(make, step, steps=3)
+    assert any(s.startswith("acc") for s in log) and "node pre" in log and "node post" in log
+
+
+def test_hook_modifying_gradient() -> None:
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        scale = 2.0 + i  # the hook closes over a value that changes between steps
+        hs = [p.register_hook(lambda g, s=scale: g * s) for p in m.parameters()]
+        x = torch.randn(3, 6, requires_grad=True)
+        y = m(x)
+        y.register_hook(lambda g: g.clamp(-0.1, 0.1))
+        y.sum().backward()
+        log.append(f"x.grad {x.grad.abs().sum().item():.4f}")
+        for h in hs:
+            h.remove()
+
+    compare(mlp, step, steps=3, atol=1e-4)
+
+
+class ScaledCube(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.scale = scale  # a Python attribute on ctx: not in the engine's cache key
+        return x**3 * scale
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (x,) = ctx.saved_tensors
+        return g * 3 * x**2 * ctx.scale, None
+
+
+def test_custom_function_ctx_scalar_changes_between_steps() -> None:
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(6, 4)
+
+        def forward(self, x: torch.Tensor, s: float) -> torch.Tensor:
+            return ScaledCube.apply(self.lin(x), s)
+
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        m(torch.randn(3, 6), 0.5 + i).sum().backward()
+
+    compare(M, step, steps=4)
+    st = stoker_autograd.stats()
+    assert st["captures"] == 1, st  # ctx.scale changed every step: replayed, not recaptured
+
+
+def test_transformer_block() -> None:
+    def make() -> nn.Module:
+        return nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        m(torch.randn(2, 5, 16)).pow(2).sum().backward()
+
+    compare(make, step, steps=3, atol=1e-4)
+
+
+def test_gradient_accumulation_micro_batches() -> None:
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        for _ in range(3):
+            (m(torch.randn(4, 6)).sum() / 3).backward()
+
+    compare(mlp, step, steps=2)
+
+
+def test_retain_graph() -> None:
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        loss = m(torch.randn(4, 6)).pow(2).sum()
+        loss.backward(retain_graph=True)
+        (loss * 2).backward()
+
+    compare(mlp, step, steps=2)
+
+
+def test_torch_autograd_grad_returns_grads() -> None:
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        x = torch.randn(4, 6, requires_grad=True)
+        (gx,) = torch.autograd.grad(m(x).sum(), [x])
+        log.append(f"{gx.sum().item():.5f}")
+
+    compare(mlp, step, steps=2)
+
+
+def test_non_reentrant_checkpointing() -> None:
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = mlp(), nn.Linear(3, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(checkpoint(self.a, x, use_reentrant=False))
+
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        m(torch.randn(4, 6)).sum().backward()
+
+    compare(M, step, steps=3)
+
+
+def test_saved_tensor_hooks_run_every_step() -> None:
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            return t * 1.0
+
+        def unpack(t: torch.Tensor) -> torch.Tensor:
+            log.append(f"unpack {tuple(t.shape)}")
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            y = m(torch.randn(4, 6))
+        y.sum().backward()
+
+    compare(mlp, step, steps=3)
+
+
+def test_in_place_on_view() -> None:
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(6, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.lin(x)
+            h[:, 2:5].mul_(3.0)  # CopySlices
+            h.select(1, 0).add_(1.0)
+            return h
+
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        m(torch.randn(4, 6)).pow(2).sum().backward()
+
+    compare(M, step, steps=3)
+
+
+def test_optimizer_in_backward_post_accumulate_grad_sgd() -> None:
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        hs = []
+        for name, p in m.named_parameters():
+            def sgd(p: torch.Tensor, n: str = name) -> None:
+                log.append(f"sgd {n}")
+                assert p.grad is not None
+                with torch.no_grad():
+                    p.add_(p.grad, alpha=-0.1)
+                p.grad = None
+
+            hs.append(p.register_post_accumulate_grad_hook(sgd))
+        m(torch.randn(4, 6)).pow(2).mean().backward()
+        for h in hs:
+            h.remove()
+
+    log, _ = compare(mlp, step, steps=3)
+    assert sum(s.startswith("sgd") for s in log) == 3 * 6
+
+
+def test_zero_grad_to_zeros_then_accumulate() -> None:
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad(set_to_none=False)
+        m(torch.randn(4, 6)).sum().backward()
+
+    compare(mlp, step, steps=4)
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_varying_batch_size(dynamic: bool) -> None:
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        m(torch.randn(3 + i, 6)).sum().backward()
+
+    compare(mlp, step, steps=4, dynamic=dynamic)
