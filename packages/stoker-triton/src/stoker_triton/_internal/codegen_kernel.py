@@ -1,0 +1,752 @@
+"""Triton source for one fused kernel (see scheduler.Kernel).
+
+Layout of a generated kernel: pointer arguments (buffers read, then buffers
+written), `xnumel`, `rnumel`, size symbols, the random seed, and the
+`XBLOCK`/`RBLOCK` constexprs. A pointwise kernel is 1-D over x; a reduction
+kernel is 2-D `[XBLOCK, RBLOCK]`: persistent kernels hold the whole row,
+looped kernels walk it in `RBLOCK` chunks, one loop per *segment* of nodes
+that do not need a reduction finished in the same segment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+import torch
+from sympy.printing.str import StrPrinter
+from torch.utils._sympy.functions import CleanDiv, FloorDiv, Mod, ModularIndexing, PythonMod
+
+from .ir import (
+    Buffer,
+    Const,
+    Expr,
+    IndexValue,
+    Load,
+    Op,
+    PointwiseNode,
+    Rand,
+    ReductionNode,
+    ScatterNode,
+    Value,
+    iter_values,
+)
+from .scheduler import RINDEX, XINDEX, Kernel, Placement, Schedule, load_index, simplify_index, store_index
+
+TL_DTYPE = {
+    torch.float32: "tl.float32",
+    torch.float64: "tl.float64",
+    torch.float16: "tl.float16",
+    torch.bfloat16: "tl.bfloat16",
+    torch.int8: "tl.int8",
+    torch.int16: "tl.int16",
+    torch.int32: "tl.int32",
+    torch.int64: "tl.int64",
+    torch.uint8: "tl.uint8",
+    torch.bool: "tl.int1",
+}
+
+# Helpers every kernel module defines once (plain @triton.jit functions).
+PRELUDE = '''
+@triton.jit
+def _prod_combine(a, b):
+    return a * b
+
+
+@triton.jit
+def _welford_combine(mean_1, m2_1, w_1, mean_2, m2_2, w_2):
+    delta = mean_2 - mean_1
+    w = w_1 + w_2
+    frac = tl.where(w == 0.0, 0.0, w_2 / tl.where(w == 0.0, 1.0, w))
+    return mean_1 + delta * frac, m2_1 + m2_2 + delta * delta * w_1 * frac, w
+
+
+@triton.jit
+def _tanh(x):
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _log1p(x):
+    u = 1.0 + x
+    return tl.where(u == 1.0, x, tl.log(u) * (x / tl.where(u == 1.0, 1.0, u - 1.0)))
+
+
+@triton.jit
+def _expm1(x):
+    u = tl.exp(x)
+    um1 = u - 1.0
+    return tl.where(u == 1.0, x, tl.where(um1 == -1.0, -1.0, um1 * x / tl.log(tl.where(u == 1.0, 2.0, u))))
+
+
+@triton.jit
+def _floordiv_int(a, b):
+    q = a // b
+    r = a - q * b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
+
+
+@triton.jit
+def _remainder_int(a, b):
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def _remainder_float(a, b):
+    r = a - b * tl.floor(a / b)
+    return r
+
+
+@triton.jit
+def _fmod_float(a, b):
+    q = a / b
+    q = tl.where(q < 0, tl.ceil(q), tl.floor(q))
+    return a - b * q
+
+
+@triton.jit
+def _trunc(x):
+    return tl.where(x < 0, tl.ceil(x), tl.floor(x))
+
+
+@triton.jit
+def _round(x):
+    r = tl.floor(x + 0.5)
+    tie = (r - x) == 0.5
+    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+    return tl.where(tie & odd, r - 1.0, r)
+
+
+@triton.jit
+def _pow(a, b):
+    ab = tl.abs(a)
+    r = tl.exp(b * tl.log(ab))
+    bi = tl.floor(b)
+    is_int = bi == b
+    odd = is_int & ((bi - 2.0 * tl.floor(bi * 0.5)) != 0.0)
+    r = tl.where((a < 0) & odd, -r, r)
+    r = tl.where((a < 0) & (~is_int), float("nan"), r)
+    r = tl.where(b == 0.0, 1.0, r)
+    return r
+
+
+@triton.jit
+def _pow_int(a, b):
+    r = tl.zeros_like(a) + 1
+    base = a
+    e = b + tl.zeros_like(a)
+    for _ in tl.static_range(63):
+        r = tl.where((e & 1) != 0, r * base, r)
+        base = base * base
+        e = e >> 1
+    return r
+'''
+
+
+def _f(template: str) -> Callable[[Sequence[str], Sequence[torch.dtype], torch.dtype], str]:
+    return lambda a, dts, out: template.format(*a)
+
+
+def _float_or_int(f_tpl: str, i_tpl: str) -> Callable[[Sequence[str], Sequence[torch.dtype], torch.dtype], str]:
+    def gen(a: Sequence[str], dts: Sequence[torch.dtype], out: torch.dtype) -> str:
+        is_float = any(d.is_floating_point for d in dts)
+        return (f_tpl if is_float else i_tpl).format(*a)
+
+    return gen
+
+
+def _cast(a: Sequence[str], dts: Sequence[torch.dtype], out: torch.dtype) -> str:
+    if out == torch.bool:
+        return f"({a[0]} != 0)"
+    return f"{a[0]}.to({TL_DTYPE[out]})"
+
+
+def _maxmin(fn: str, cmp: str) -> Callable[[Sequence[str], Sequence[torch.dtype], torch.dtype], str]:
+    def gen(a: Sequence[str], dts: Sequence[torch.dtype], out: torch.dtype) -> str:
+        if out.is_floating_point:  # torch propagates NaN
+            return f"tl.where(({a[0]} {cmp} {a[1]}) | ({a[0]} != {a[0]}), {a[0]}, {a[1]})"
+        return f"{fn}({a[0]}, {a[1]})"
+
+    return gen
+
+
+# IR op -> Triton expression (the codegen half of the pointwise table).
+OPS: dict[str, Callable[[Sequence[str], Sequence[torch.dtype], torch.dtype], str]] = {
+    "identity": _f("{0}"),
+    "add": _f("({0} + {1})"),
+    "sub": _f("({0} - {1})"),
+    "mul": _f("({0} * {1})"),
+    "truediv": _f("({0} / {1})"),
+    "truncdiv": _float_or_int("_trunc({0} / {1})", "({0} // {1})"),
+    "floordiv": _float_or_int("tl.floor({0} / {1})", "_floordiv_int({0}, {1})"),
+    "remainder": _float_or_int("_remainder_float({0}, {1})", "_remainder_int({0}, {1})"),
+    "fmod": _float_or_int("_fmod_float({0}, {1})", "({0} % {1})"),
+    "neg": _f("(-{0})"),
+    "abs": _f("tl.abs({0})"),
+    "exp": _f("tl.exp({0})"),
+    "exp2": _f("tl.exp2({0})"),
+    "expm1": _f("_expm1({0})"),
+    "log": _f("tl.log({0})"),
+    "log2": _f("tl.log2({0})"),
+    "log10": _f("(tl.log({0}) * 0.4342944819032518)"),
+    "log1p": _f("_log1p({0})"),
+    "sqrt": _f("tl.sqrt({0})"),
+    "rsqrt": _f("tl.rsqrt({0})"),
+    "sin": _f("tl.sin({0})"),
+    "cos": _f("tl.cos({0})"),
+    "tan": _f("(tl.sin({0}) / tl.cos({0}))"),
+    "sinh": _f("((tl.exp({0}) - tl.exp(-{0})) * 0.5)"),
+    "cosh": _f("((tl.exp({0}) + tl.exp(-{0})) * 0.5)"),
+    "tanh": _f("_tanh({0})"),
+    "sigmoid": _f("(1.0 / (1.0 + tl.exp(-{0})))"),
+    "erf": _f("tl.math.erf({0})"),
+    "erfc": _f("(1.0 - tl.math.erf({0}))"),
+    "reciprocal": _f("(1.0 / {0})"),
+    "floor": _f("tl.floor({0})"),
+    "ceil": _f("tl.ceil({0})"),
+    "trunc": _f("_trunc({0})"),
+    "round": _f("_round({0})"),
+    "sign": _f("tl.where({0} > 0, 1, tl.where({0} < 0, -1, 0)).to({0}.dtype)"),
+    "relu": _f("tl.where({0} > 0, {0}, 0).to({0}.dtype)"),
+    "bitwise_not": lambda a, dts, out: f"({a[0]} == 0)" if out == torch.bool else f"(~{a[0]})",
+    "logical_not": _f("({0} == 0)"),
+    "isnan": _f("({0} != {0})"),
+    "isinf": _f("(tl.abs({0}) == float('inf'))"),
+    "isfinite": _f("(tl.abs({0}) < float('inf'))"),
+    "signbit": _f("({0} < 0)"),
+    "maximum": _maxmin("tl.maximum", ">"),
+    "minimum": _maxmin("tl.minimum", "<"),
+    "fmax": _f("tl.maximum({0}, {1})"),
+    "fmin": _f("tl.minimum({0}, {1})"),
+    "atan2": _f("None"),  # not in the interpreter's math: rule falls back
+    "hypot": _f("tl.sqrt({0} * {0} + {1} * {1})"),
+    "copysign": _f("tl.where(({1} < 0) | ((1.0 / {1}) < 0), -tl.abs({0}), tl.abs({0}))"),
+    "bitwise_and": _f("({0} & {1})"),
+    "bitwise_or": _f("({0} | {1})"),
+    "bitwise_xor": _f("({0} ^ {1})"),
+    "lshift": _f("({0} << {1})"),
+    "rshift": _f("({0} >> {1})"),
+    "logical_and": _f("(({0} != 0) & ({1} != 0))"),
+    "logical_or": _f("(({0} != 0) | ({1} != 0))"),
+    "logical_xor": _f("(({0} != 0) ^ ({1} != 0))"),
+    "eq": _f("({0} == {1})"),
+    "ne": _f("({0} != {1})"),
+    "lt": _f("({0} < {1})"),
+    "le": _f("({0} <= {1})"),
+    "gt": _f("({0} > {1})"),
+    "ge": _f("({0} >= {1})"),
+    "where": _f("tl.where({0}, {1}, {2})"),
+    "pow": _float_or_int("_pow({0}, {1})", "_pow_int({0}, {1})"),
+    "to": _cast,
+}
+del OPS["atan2"]
+
+
+class IndexPrinter(StrPrinter):  # type: ignore[misc]
+    """sympy index expressions as Triton integer arithmetic (all operands >= 0)."""
+
+    def _print_FloorDiv(self, e: Any) -> str:
+        return f"({self._print(e.args[0])} // {self._print(e.args[1])})"
+
+    def _print_CleanDiv(self, e: Any) -> str:
+        return self._print_FloorDiv(e)
+
+    def _print_ModularIndexing(self, e: Any) -> str:
+        base, div, mod = e.args
+        b = self._print(base) if div == 1 else f"({self._print(base)} // {self._print(div)})"
+        return f"({b} % {self._print(mod)})"
+
+    def _print_Mod(self, e: Any) -> str:
+        return f"({self._print(e.args[0])} % {self._print(e.args[1])})"
+
+    _print_PythonMod = _print_Mod
+
+    def _print_Pow(self, e: Any, rational: bool = False) -> str:
+        base, exp = e.args
+        if exp.is_Integer and exp > 0:
+            return "(" + " * ".join([self._print(base)] * int(exp)) + ")"
+        raise ValueError(f"cannot print index {e}")
+
+    def _print_Max(self, e: Any) -> str:
+        a = [self._print(x) for x in e.args]
+        out = a[0]
+        for x in a[1:]:
+            out = f"tl.maximum({out}, {x})"
+        return out
+
+    def _print_Min(self, e: Any) -> str:
+        a = [self._print(x) for x in e.args]
+        out = a[0]
+        for x in a[1:]:
+            out = f"tl.minimum({out}, {x})"
+        return out
+
+
+_printer = IndexPrinter()
+_ = (CleanDiv, FloorDiv, Mod, ModularIndexing, PythonMod)
+
+
+def print_index(e: Expr) -> str:
+    return str(_printer.doprint(e))
+
+
+def literal(v: Const) -> str:
+    x = v.value
+    if isinstance(x, bool):
+        return "1" if x else "0"
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "float('nan')"
+        if math.isinf(x):
+            return "float('inf')" if x > 0 else "float('-inf')"
+        return repr(x)
+    return repr(int(x))
+
+
+@dataclasses.dataclass
+class KernelSource:
+    """Generated source and the calling convention of one kernel."""
+
+    name: str
+    source: str
+    pointer_args: list[str]  # buffer names, in argument order
+    size_args: list[sympy.Symbol]  # size symbols, in argument order
+    uses_seed: bool
+    xnumel: Expr
+    rnumel: Expr
+    persistent: bool
+    is_reduction: bool
+    has_atomics: bool
+
+
+class _Scope:
+    def __init__(self, parent: _Scope | None) -> None:
+        self.parent = parent
+        self.cache: dict[Any, str] = {}
+
+    def get(self, key: Any) -> str | None:
+        s: _Scope | None = self
+        while s is not None:
+            if key in s.cache:
+                return s.cache[key]
+            s = s.parent
+        return None
+
+
+class KernelCodegen:
+    def __init__(self, kernel: Kernel, sched: Schedule, buffers: dict[str, Buffer], int64: bool) -> None:
+        self.k = kernel
+        self.sched = sched
+        self.buffers = buffers
+        self.int64 = int64
+        self.lines: list[str] = []
+        self.indent = 1
+        self.tmp = 0
+        self.ptr_args: dict[str, str] = {}  # buffer -> arg name
+        self.registers: dict[str, str] = {}  # buffer produced in this kernel -> var
+        self.scope = _Scope(None)
+        self.kernel_scope = self.scope
+        self.uses_seed = False
+        self.has_atomics = False
+        self.symbols: set[sympy.Symbol] = set()
+        self.produced = {n.name for n in kernel.nodes}
+
+    # -- emission helpers --------------------------------------------------
+    def line(self, s: str) -> None:
+        self.lines.append("    " * self.indent + s)
+
+    def new_var(self, prefix: str = "tmp") -> str:
+        self.tmp += 1
+        return f"{prefix}{self.tmp}"
+
+    def assign(self, code: str, key: Any = None, prefix: str = "tmp") -> str:
+        ckey = ("code", code)
+        hit = self.scope.get(key) if key is not None else None
+        hit = hit or self.scope.get(ckey)
+        if hit is not None:
+            if key is not None:
+                self.scope.cache[key] = hit
+            return hit
+        v = self.new_var(prefix)
+        self.line(f"{v} = {code}")
+        self.scope.cache[ckey] = v
+        if key is not None:
+            self.scope.cache[key] = v
+        return v
+
+    def ptr(self, buf: str) -> str:
+        if buf not in self.ptr_args:
+            self.ptr_args[buf] = f"ptr_{buf}"
+        return self.ptr_args[buf]
+
+    def index_code(self, e: Expr) -> str:
+        e = simplify_index(sympy.expand(e))
+        for s in e.free_symbols:
+            if s not in (XINDEX, RINDEX) and not str(s).startswith("ind"):
+                self.symbols.add(s)
+        return print_index(e)
+
+    # -- values ----------------------------------------------------------
+    def value(self, v: Value, p: Placement, mask: str, shape_r: bool) -> str:
+        key = (v, p.key(), mask)
+        hit = self.scope.get(key)
+        if hit is not None:
+            return hit
+        if isinstance(v, Const):
+            return literal(v)
+        if isinstance(v, IndexValue):
+            e = v.expr.subs(p.varmap, simultaneous=True)
+            code = self.index_code(e)
+            code = self._broadcast(code, e, shape_r)
+            return self.assign(f"({code}).to({TL_DTYPE[v.dtype]})", key)
+        if isinstance(v, Load):
+            return self.load(v, p, mask, shape_r, key)
+        if isinstance(v, Rand):
+            self.uses_seed = True
+            off = self.index_code(v.offset.subs(p.varmap, simultaneous=True))
+            off = self._broadcast(off, v.offset.subs(p.varmap, simultaneous=True), shape_r)
+            fn = "tl.rand" if v.kind == "rand" else "tl.randn"
+            return self.assign(f"{fn}(seed + {v.stream * 1000003}, ({off}).to(tl.uint32))", key)
+        assert isinstance(v, Op)
+        if v.name == "masked":
+            cond = self.value(v.args[0], p, mask, shape_r)
+            inner = self.value(v.args[1], p, f"{mask} & {cond}", shape_r)
+            return self.assign(f"tl.where({cond}, {inner}, {self.value(v.args[2], p, mask, shape_r)})", key)
+        args = [self.value(a, p, mask, shape_r) for a in v.args]
+        code = OPS[v.name](args, [a.dtype for a in v.args], v.dtype)
+        return self.assign(code, key)
+
+    def _broadcast(self, code: str, e: Expr, shape_r: bool) -> str:
+        """Give an index expression the full block shape."""
+        fs = e.free_symbols
+        if XINDEX not in fs:
+            code = f"{code} + 0 * xindex"
+        if shape_r and RINDEX not in fs:
+            code = f"{code} + 0 * rindex"
+        return code
+
+    def load(self, v: Load, p: Placement, mask: str, shape_r: bool, key: Any) -> str:
+        if v.buf in self.produced:
+            return self.registers[v.buf]
+        subs: dict[sympy.Symbol, Expr] = dict(p.varmap)
+        for sym, iv in v.indirect:
+            code = self.value(iv, p, mask, shape_r)
+            var = self.assign(f"({code}).to(tl.int64)", ("ind", code))
+            subs[sym] = sympy.Symbol(var, integer=True)
+        e = v.index.subs(subs, simultaneous=True)
+        idx = self.index_code(e)
+        idx = self._broadcast(idx, e, shape_r)
+        ptr = self.ptr(v.buf)
+        other = ", other=0" if v.dtype != torch.bool else ", other=0"
+        return self.assign(f"tl.load({ptr} + ({idx}), {mask}{other})", key)
+
+    # -- kernel body -----------------------------------------------------
+    def generate(self) -> KernelSource:
+        k = self.k
+        red = k.is_reduction
+        xoff = "tl.program_id(0).to(tl.int64) * XBLOCK" if self.int64 else "tl.program_id(0) * XBLOCK"
+        self.line(f"xoffset = {xoff}")
+        if red:
+            self.line("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
+        else:
+            self.line("xindex = xoffset + tl.arange(0, XBLOCK)")
+        self.line("xmask = xindex < xnumel")
+        if red and k.persistent:
+            self.line("rindex = tl.arange(0, RBLOCK)[None, :]")
+            self.line("rmask = rindex < rnumel")
+            self.line("xrmask = xmask & rmask")
+            for n in k.nodes:
+                self.node(n, looped=False)
+        elif red:
+            self.looped_body()
+        else:
+            for n in k.nodes:
+                self.node(n, looped=False)
+        return self.finish()
+
+    def looped_body(self) -> None:
+        """Split nodes into segments; each segment is one loop over r."""
+        segments: list[list[Any]] = []
+        cur: list[Any] = []
+        cur_red: set[str] = set()
+        for n in self.k.nodes:
+            p = self.k.placements[n.name]
+            reads = {ld.buf for ld in _loads(n)}
+            if not p.reduced_space:
+                if cur:
+                    segments.append(cur)
+                segments.append([n])
+                cur, cur_red = [], set()
+                continue
+            if reads & cur_red:
+                segments.append(cur)
+                cur, cur_red = [], set()
+            cur.append(n)
+            if isinstance(n, ReductionNode):
+                cur_red.add(n.name)
+        if cur:
+            segments.append(cur)
+        for seg in segments:
+            if len(seg) == 1 and not self.k.placements[seg[0].name].reduced_space:
+                self.node(seg[0], looped=False)
+                continue
+            reds = [n for n in seg if isinstance(n, ReductionNode)]
+            accs = {n.name: self.acc_init(n) for n in reds}
+            self.line("for roffset in range(0, rnumel, RBLOCK):")
+            self.indent += 1
+            self.scope = _Scope(self.kernel_scope)
+            self.line("rindex = roffset + tl.arange(0, RBLOCK)[None, :]")
+            self.line("rmask = rindex < rnumel")
+            self.line("xrmask = xmask & rmask")
+            for n in seg:
+                if isinstance(n, ReductionNode):
+                    self.acc_update(n, accs[n.name])
+                else:
+                    self.node(n, looped=True)
+            self.indent -= 1
+            self.scope = self.kernel_scope
+            for n in reds:
+                self.acc_finish(n, accs[n.name])
+
+    def node(self, n: Any, looped: bool) -> None:
+        p = self.k.placements[n.name]
+        red = self.k.is_reduction
+        mask = "xrmask" if (red and p.reduced_space) else "xmask"
+        if isinstance(n, ReductionNode):
+            self.persistent_reduction(n, p)
+            return
+        val = self.value(n.body, p, mask, red and p.reduced_space)
+        if isinstance(n, ScatterNode):
+            self.scatter(n, p, val)
+            return
+        if looped is False or p.reduced_space:
+            self.registers[n.name] = val
+        self.store(n, p, val, mask)
+
+    def store(self, n: Any, p: Placement, val: str, mask: str) -> None:
+        if n.name in self.sched.internal:
+            return
+        buf = self.buffers[n.name]
+        e = store_index(buf, n, p)
+        idx = self._broadcast(self.index_code(e), e, self.k.is_reduction and p.reduced_space)
+        if val[0].isdigit() or val.startswith("float(") or val.startswith("-"):
+            val = f"tl.full([XBLOCK], {val}, {TL_DTYPE[buf.dtype]})" if not self.k.is_reduction else f"tl.full([XBLOCK, 1], {val}, {TL_DTYPE[buf.dtype]})"
+        self.line(f"tl.store({self.ptr(n.name)} + ({idx}), {val}, {mask})")
+
+    def scatter(self, n: ScatterNode, p: Placement, val: str) -> None:
+        subs: dict[sympy.Symbol, Expr] = dict(p.varmap)
+        for sym, iv in n.indirect:
+            code = self.value(iv, p, "xmask", False)
+            var = self.assign(f"({code}).to(tl.int64)", ("ind", code))
+            subs[sym] = sympy.Symbol(var, integer=True)
+        e = n.index.subs(subs, simultaneous=True)
+        idx = self._broadcast(self.index_code(e), e, False)
+        ptr = self.ptr(n.name)
+        if val[0].isdigit() or val.startswith("float(") or val.startswith("-"):
+            val = f"tl.full([XBLOCK], {val}, {TL_DTYPE[n.body.dtype]})"
+        if n.mode == "add":
+            self.has_atomics = True
+            self.line(f"tl.atomic_add({ptr} + ({idx}), {val}, xmask)")
+        else:
+            self.line(f"tl.store({ptr} + ({idx}), {val}, xmask)")
+
+    # -- reductions --------------------------------------------------------
+    def _ident(self, n: ReductionNode) -> str:
+        dt = n.body.dtype
+        t = n.reduce_type
+        if t in ("sum", "welford_mean", "welford_m2", "any"):
+            return "0"
+        if t in ("prod", "all"):
+            return "1"
+        if t in ("max", "argmax"):
+            return "float('-inf')" if dt.is_floating_point else str(torch.iinfo(dt).min if dt != torch.bool else 0)
+        if t in ("min", "argmin"):
+            return "float('inf')" if dt.is_floating_point else str(torch.iinfo(dt).max if dt != torch.bool else 1)
+        raise ValueError(t)
+
+    def persistent_reduction(self, n: ReductionNode, p: Placement) -> None:
+        t = n.reduce_type
+        v = self.value(n.body, p, "xrmask", True)
+        ident = self._ident(n)
+        masked = self.assign(f"tl.where(xrmask, {v}, {ident})")
+        if t == "sum":
+            res = self.assign(f"tl.sum({masked}, 1)[:, None]")
+        elif t == "prod":
+            res = self.assign(f"tl.reduce({masked}, 1, _prod_combine)[:, None]")
+        elif t == "max":
+            res = self.assign(f"tl.max({masked}, 1)[:, None]")
+        elif t == "min":
+            res = self.assign(f"tl.min({masked}, 1)[:, None]")
+        elif t == "any":
+            res = self.assign(f"(tl.max(({masked} != 0).to(tl.int32), 1) != 0)[:, None]")
+        elif t == "all":
+            res = self.assign(f"(tl.min(({masked} != 0).to(tl.int32), 1) != 0)[:, None]")
+        elif t in ("argmax", "argmin"):
+            best = self.assign(f"tl.{t[3:]}({masked}, 1)[:, None]")
+            big = "9223372036854775807"
+            cand = self.assign(f"tl.where(xrmask & ({masked} == {best}), (rindex + 0 * xindex).to(tl.int64), {big})")
+            res = self.assign(f"tl.min({cand}, 1)[:, None]")
+        elif t in ("welford_mean", "welford_m2"):
+            mean = self.assign(f"(tl.sum({masked}, 1)[:, None] / rnumel)", key=("wmean", masked))
+            if t == "welford_mean":
+                res = mean
+            else:
+                d = self.assign(f"tl.where(xrmask, {v} - {mean}, 0.0)", key=("wdev", masked))
+                res = self.assign(f"tl.sum({d} * {d}, 1)[:, None]", key=("wm2", masked))
+        else:
+            raise ValueError(t)
+        self.registers[n.name] = res
+        self.store(n, Placement({k: e for k, e in p.varmap.items() if str(k).startswith("x")}, False), res, "xmask")
+
+    def acc_init(self, n: ReductionNode) -> Any:
+        t = n.reduce_type
+        dt = TL_DTYPE[n.body.dtype if t not in ("any", "all") else torch.int32]
+        ident = self._ident(n)
+        body_key = (n.body, self.k.placements[n.name].key())
+        if t in ("welford_mean", "welford_m2"):
+            hit = self.kernel_scope.get(("welford", body_key))
+            if hit is not None:
+                return ("shared", hit)
+            names = (self.new_var("wmean"), self.new_var("wm2"), self.new_var("wcount"))
+            for nm in names:
+                self.line(f"{nm} = tl.zeros([XBLOCK, RBLOCK], {dt})")
+            self.kernel_scope.cache[("welford", body_key)] = names  # type: ignore[assignment]
+            return ("own", names)
+        acc = self.new_var("acc")
+        self.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {ident}, {dt})")
+        if t in ("argmax", "argmin"):
+            idx = self.new_var("accidx")
+            self.line(f"{idx} = tl.full([XBLOCK, RBLOCK], 9223372036854775807, tl.int64)")
+            return (acc, idx)
+        return acc
+
+    def acc_update(self, n: ReductionNode, acc: Any) -> None:
+        t = n.reduce_type
+        p = self.k.placements[n.name]
+        v = self.value(n.body, p, "xrmask", True)
+        ident = self._ident(n)
+        if t in ("welford_mean", "welford_m2"):
+            kind, names = acc
+            if kind == "shared":
+                return
+            mean, m2, w = names
+            self.line(f"{w} = {w} + xrmask.to({w}.dtype)")
+            self.line(f"delta = tl.where(xrmask, {v} - {mean}, 0.0)")
+            self.line(f"{mean} = {mean} + delta / tl.where({w} == 0.0, 1.0, {w})")
+            self.line(f"{m2} = {m2} + tl.where(xrmask, delta * ({v} - {mean}), 0.0)")
+            return
+        masked = f"tl.where(xrmask, {v}, {ident})"
+        if t == "sum":
+            self.line(f"{acc} = {acc} + {masked}")
+        elif t == "prod":
+            self.line(f"{acc} = {acc} * {masked}")
+        elif t == "max":
+            self.line(f"{acc} = tl.maximum({acc}, {masked})")
+        elif t == "min":
+            self.line(f"{acc} = tl.minimum({acc}, {masked})")
+        elif t == "any":
+            self.line(f"{acc} = tl.maximum({acc}, tl.where(xrmask, ({v} != 0).to(tl.int32), 0))")
+        elif t == "all":
+            self.line(f"{acc} = tl.minimum({acc}, tl.where(xrmask, ({v} != 0).to(tl.int32), 1))")
+        else:  # argmax / argmin: keep the first best per lane
+            a, i = acc
+            cmp = ">" if t == "argmax" else "<"
+            m = self.new_var("m")
+            self.line(f"{m} = {masked}")
+            self.line(f"take = xrmask & ({m} {cmp} {a})")
+            self.line(f"{a} = tl.where(take, {m}, {a})")
+            self.line(f"{i} = tl.where(take, (rindex + 0 * xindex).to(tl.int64), {i})")
+
+    def acc_finish(self, n: ReductionNode, acc: Any) -> None:
+        t = n.reduce_type
+        p = self.k.placements[n.name]
+        if t in ("welford_mean", "welford_m2"):
+            _, names = acc
+            key = ("welford_done", names)
+            done = self.kernel_scope.get(key)
+            if done is None:
+                mean, m2, w = names
+                mr, m2r = self.new_var("mean"), self.new_var("m2")
+                self.line(f"{mr}, {m2r}, _ = tl.reduce(({mean}, {m2}, {w}), 1, _welford_combine)")
+                done = f"{mr}[:, None]|{m2r}[:, None]"
+                self.kernel_scope.cache[key] = done
+            parts = done.split("|")
+            res = parts[0] if t == "welford_mean" else parts[1]
+        elif t == "sum":
+            res = f"tl.sum({acc}, 1)[:, None]"
+        elif t == "prod":
+            res = f"tl.reduce({acc}, 1, _prod_combine)[:, None]"
+        elif t in ("max", "min"):
+            res = f"tl.{t}({acc}, 1)[:, None]"
+        elif t == "any":
+            res = f"(tl.max({acc}, 1) != 0)[:, None]"
+        elif t == "all":
+            res = f"(tl.min({acc}, 1) != 0)[:, None]"
+        else:
+            a, i = acc
+            best = self.new_var("best")
+            self.line(f"{best} = tl.{t[3:]}({a}, 1)[:, None]")
+            res = f"tl.min(tl.where({a} == {best}, {i}, 9223372036854775807), 1)[:, None]"
+        var = self.new_var("red")
+        self.line(f"{var} = {res}")
+        self.registers[n.name] = var
+        self.store(n, Placement({k: e for k, e in p.varmap.items() if str(k).startswith("x")}, False), var, "xmask")
+
+    def finish(self) -> KernelSource:
+        k = self.k
+        reads = [b for b in self.ptr_args if b not in self.produced]
+        writes = [b for b in self.ptr_args if b in self.produced]
+        syms = sorted(self.symbols - {XINDEX, RINDEX}, key=str)
+        for e in (k.xnumel, k.rnumel):
+            for s in sympy.sympify(e).free_symbols:
+                if s not in syms:
+                    syms.append(s)
+        params = [self.ptr_args[b] for b in reads + writes] + ["xnumel", "rnumel"] + [str(s) for s in syms]
+        if self.uses_seed:
+            params.append("seed")
+        params += ["XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
+        head = ["@triton.jit", f"def {k.name}({', '.join(params)}):"]
+        body = self.lines or ["    pass"]
+        src = "\n".join(head + body) + "\n"
+        return KernelSource(
+            name=k.name,
+            source=src,
+            pointer_args=reads + writes,
+            size_args=syms,
+            uses_seed=self.uses_seed,
+            xnumel=k.xnumel,
+            rnumel=k.rnumel,
+            persistent=k.persistent,
+            is_reduction=k.is_reduction,
+            has_atomics=self.has_atomics,
+        )
+
+
+def _loads(n: Any) -> list[Load]:
+    vals: list[Value] = [n.body]
+    if isinstance(n, ScatterNode):
+        vals += [v for _, v in n.indirect]
+    return [u for v in vals for u in iter_values(v) if isinstance(u, Load)]
+
+
+def generate_kernel(kernel: Kernel, sched: Schedule, buffers: dict[str, Buffer]) -> KernelSource:
+    int64 = False
+    for n in kernel.nodes:
+        for b in {n.name} | {ld.buf for ld in _loads(n)}:
+            buf = buffers[b]
+            extent = sum(((s - 1) * abs(st) for s, st in zip(buf.size, buf.stride)), sympy.Integer(1))
+            if not (extent.is_number and extent < 2**31):
+                int64 = True
+    for e in (kernel.xnumel, kernel.rnumel):
+        if not (sympy.sympify(e).is_number and e * 1 < 2**31):
+            int64 = True
+    return KernelCodegen(kernel, sched, buffers, int64).generate()
+
+
+_ = (PointwiseNode, load_index)

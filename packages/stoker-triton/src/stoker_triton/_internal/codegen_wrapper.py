@@ -1,0 +1,197 @@
+"""The generated Python wrapper: binds size symbols, checks input layouts,
+allocates buffers, launches kernels and extern calls in schedule order,
+frees (or reuses) buffers after their last use, and returns the outputs.
+
+The source is plain Python kept in the cache dir; `make_call(launchers,
+consts)` returns `call(args)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+import torch
+
+from .codegen_kernel import IndexPrinter, KernelSource
+from .ir import Buffer, BufferRef, ExternNode, Program, ScatterNode, SymRef
+from .scheduler import Kernel, Schedule
+
+
+class PyPrinter(IndexPrinter):
+    def _print_Max(self, e: Any) -> str:
+        return "max(" + ", ".join(self._print(a) for a in e.args) + ")"
+
+    def _print_Min(self, e: Any) -> str:
+        return "min(" + ", ".join(self._print(a) for a in e.args) + ")"
+
+
+_py = PyPrinter()
+
+
+def py(e: Any) -> str:
+    return str(_py.doprint(sympy.sympify(e)))
+
+
+def _tuple(xs: Any) -> str:
+    items = [py(x) for x in xs]
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+class WrapperCodegen:
+    def __init__(self, program: Program, sched: Schedule, kernels: dict[str, KernelSource], output_kind: str) -> None:
+        self.p = program
+        self.s = sched
+        self.kernels = kernels
+        self.output_kind = output_kind  # "tuple" | "list" | "single"
+        self.lines: list[str] = []
+        self.consts: list[Any] = []
+        self.extern_args: set[str] = set()
+        for step in sched.steps:
+            if isinstance(step, ExternNode):
+                self.extern_args |= _refs(step.args) | _refs(list(step.kwargs.values()))
+
+    def const(self, obj: Any) -> str:
+        for i, c in enumerate(self.consts):
+            if c is obj:
+                return f"C{i}"
+        self.consts.append(obj)
+        return f"C{len(self.consts) - 1}"
+
+    def emit(self, s: str, indent: int = 2) -> None:
+        self.lines.append("    " * indent + s)
+
+    def arg(self, a: Any) -> str:
+        if isinstance(a, BufferRef):
+            buf = self.p.buffers[a.buf]
+            if a.size == buf.size and a.stride == buf.stride and a.offset == 0:
+                return a.buf
+            return f"as_strided({a.buf}, {_tuple(a.size)}, {_tuple(a.stride)}, {a.buf}.storage_offset() + {py(a.offset)})"
+        if isinstance(a, SymRef):
+            return py(a.expr)
+        if isinstance(a, list):
+            return "[" + ", ".join(self.arg(x) for x in a) + "]"
+        if isinstance(a, tuple):
+            return "(" + "".join(self.arg(x) + ", " for x in a) + ")"
+        if a is None or isinstance(a, bool | int | str):
+            return repr(a)
+        if isinstance(a, float):
+            return repr(a) if a == a and abs(a) != float("inf") else f"float('{a}')"
+        return self.const(a)
+
+    def generate(self) -> str:
+        p, s = self.p, self.s
+        out = [
+            "# stoker-triton generated wrapper",
+            "import torch",
+            "from torch import empty_strided, as_strided",
+            "from stoker_triton._internal.runtime import check_layout, ensure_layout, new_seed",
+            "",
+            "",
+            "def make_call(launchers, consts):",
+        ]
+        for name in self.kernels:
+            out.append(f"    {name} = launchers[{name!r}]")
+        body_start = len(out)
+        self.emit("def call(args):", 1)
+        names = [n if isinstance(n, str) else "_" for n in p.inputs]
+        if names:
+            self.emit(f"{', '.join(names)}{',' if len(names) == 1 else ''} = args")
+        for sym, (i, d) in p.symbols.items():
+            if d is None:
+                self.emit(f"{sym} = args[{i}]")
+            else:
+                self.emit(f"{sym} = {names[i]}.shape[{d}]")
+        for n in p.inputs:
+            if isinstance(n, str):
+                b = p.buffers[n]
+                self.emit(f"{n} = check_layout({n}, {_tuple(b.size)}, {_tuple(b.stride)})")
+        for cname in p.constants:
+            self.emit(f"{cname} = consts[{cname!r}]")
+        if p.random_streams:
+            self.emit("seed = new_seed()")
+        dev = self.const(p.device)
+        pool: dict[tuple[str, str, str], list[str]] = {}
+        protected = set(s.outputs) | {n for n in p.inputs if isinstance(n, str)} | set(p.constants)
+        protected |= {v.buf for v in p.output_views.values()}
+        for i, step in enumerate(s.steps):
+            if isinstance(step, Kernel):
+                ks = self.kernels[step.name]
+                for n in step.nodes:
+                    if n.name in s.internal or n.name in p.buffers and p.buffers[n.name].kind != "kernel":
+                        continue
+                    if isinstance(n, ScatterNode):
+                        continue  # mutates the buffer its init node allocated
+                    b = p.buffers[n.name]
+                    key = (_tuple(b.size), _tuple(b.stride), str(b.dtype))
+                    if pool.get(key) and n.name not in self.extern_args:
+                        self.emit(f"{n.name} = {pool[key].pop()}  # reuse")
+                    else:
+                        self.emit(f"{n.name} = empty_strided({key[0]}, {key[1]}, dtype={self.const(b.dtype)}, device={dev})")
+                call_args = [*ks.pointer_args, py(ks.xnumel), py(ks.rnumel), *[str(x) for x in ks.size_args]]
+                if ks.uses_seed:
+                    call_args.append("seed")
+                self.emit(f"{step.name}({', '.join(call_args)})")
+            else:
+                op = self.const(step.op)
+                args = ", ".join(self.arg(a) for a in step.args)
+                kwargs = "".join(f", {k}={self.arg(v)}" for k, v in step.kwargs.items())
+                kwargs = kwargs if args else kwargs[2:]
+                res = step.outputs[0] if step.single else "_r"
+                self.emit(f"{res} = {op}({args}{kwargs})")
+                for k, o in enumerate(step.outputs):
+                    if o is None:
+                        continue
+                    b = p.buffers[o]
+                    src = o if step.single else f"_r[{k}]"
+                    self.emit(f"{o} = ensure_layout({src}, {_tuple(b.size)}, {_tuple(b.stride)})")
+            # free what this step read last
+            for b, last in s.last_use.items():
+                if last == i and b not in protected and b in p.buffers and p.buffers[b].kind in ("kernel", "extern"):
+                    buf = p.buffers[b]
+                    if buf.kind == "kernel" and b not in self.extern_args:
+                        pool.setdefault((_tuple(buf.size), _tuple(buf.stride), str(buf.dtype)), []).append(b)
+                    else:
+                        self.emit(f"del {b}")
+        rets = []
+        for k, o in enumerate(p.outputs):
+            if k in p.output_views:
+                r = p.output_views[k]
+                rets.append(f"as_strided({r.buf}, {_tuple(r.size)}, {_tuple(r.stride)}, {r.buf}.storage_offset() + {py(r.offset)})")
+            elif isinstance(o, str):
+                rets.append(o)
+            elif isinstance(o, SymRef):
+                rets.append(py(o.expr))
+            else:
+                rets.append(self.arg(o))
+        if self.output_kind == "single":
+            self.emit(f"return {rets[0]}")
+        elif self.output_kind == "list":
+            self.emit(f"return [{', '.join(rets)}]")
+        else:
+            self.emit(f"return ({''.join(r + ', ' for r in rets)})")
+        self.emit("return call", 1)
+        consts_lines = [f"    C{i} = consts['C{i}']" for i in range(len(self.consts))]
+        return "\n".join(out[:body_start] + consts_lines + self.lines) + "\n"
+
+
+def _refs(x: Any) -> set[str]:
+    if isinstance(x, BufferRef):
+        return {x.buf}
+    if isinstance(x, list | tuple):
+        out: set[str] = set()
+        for y in x:
+            out |= _refs(y)
+        return out
+    return set()
+
+
+def generate_wrapper(program: Program, sched: Schedule, kernels: dict[str, KernelSource], output_kind: str) -> tuple[str, dict[str, Any]]:
+    g = WrapperCodegen(program, sched, kernels, output_kind)
+    src = g.generate()
+    consts = {f"C{i}": c for i, c in enumerate(g.consts)}
+    consts.update(program.constants)
+    return src, consts
+
+
+_ = (Buffer, torch)

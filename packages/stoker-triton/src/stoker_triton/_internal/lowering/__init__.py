@@ -1,0 +1,167 @@
+"""The lowering table (`LOWERINGS`, grouped by kind in the modules beside
+this one) and `lower_graph`, which walks an FX graph and builds a `Program`."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+
+from ..ir import BufferRef, Program, SymRef
+from . import extern, indexing, pointwise, random, reduction, views  # register the rules
+from .core import LOWERINGS, REUSE_BODY_LIMIT, LoweringContext, LoweringError, TensorValue
+from .extern import extern_call
+
+__all__ = ["LOWERINGS", "LoweringContext", "lower_graph"]
+_ = (indexing, pointwise, random, reduction, views, extern)
+
+
+def _is_dense(val: torch.Tensor) -> bool:
+    if any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
+        return False
+    # a permutation of a contiguous layout (the helper's name differs across torch versions)
+    dims = sorted((d for d in range(val.ndim) if val.shape[d] != 1), key=lambda d: val.stride()[d])
+    expect = 1
+    for d in dims:
+        if val.stride()[d] != expect:
+            return False
+        expect *= int(val.shape[d])
+    return True
+
+
+def lower_graph(
+    gm: torch.fx.GraphModule,
+    inputs: Sequence[Any],
+    shape_env: Any,
+    device: torch.device,
+) -> tuple[Program, LoweringContext]:
+    """Lower every node of `gm` by the rule table; ops with no rule (or whose
+    rule declines) become extern aten calls."""
+    ctx = LoweringContext(shape_env, device)
+    env: dict[torch.fx.Node, Any] = {}
+    in_names: list[str | SymRef | None] = []
+    symbols: dict[sympy.Symbol, tuple[int, int | None]] = {}
+    constants: dict[str, torch.Tensor] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, (ph, val) in enumerate(zip(placeholders, inputs)):
+        if isinstance(val, torch.Tensor):
+            name = f"arg{i}"
+            buf = ctx.add_buffer(
+                name,
+                [ctx.expr(s) for s in val.shape],
+                [ctx.expr(s) for s in val.stride()],
+                val.dtype,
+                "input",
+                ctx.expr(val.storage_offset()),
+            )
+            env[ph] = ctx.buffer_value(buf)
+            in_names.append(name)
+            for d, s in enumerate(buf.size):
+                if isinstance(s, sympy.Symbol) and s not in symbols:
+                    symbols[s] = (i, d)
+        elif isinstance(val, torch.SymInt | torch.SymFloat):
+            e = ctx.expr(val)
+            env[ph] = e
+            in_names.append(SymRef(e))
+            if isinstance(e, sympy.Symbol) and e not in symbols:
+                symbols[e] = (i, None)
+        else:
+            env[ph] = val
+            in_names.append(None)
+
+    outputs: list[Any] = []
+    output_views: dict[int, BufferRef] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            continue
+        if node.op == "get_attr":
+            t = getattr(gm, node.target)
+            name = ctx.new_name("const")
+            constants[name] = t
+            env[node] = ctx.buffer_value(
+                ctx.add_buffer(name, list(t.shape), list(t.stride()), t.dtype, "constant")
+            )
+            continue
+        if node.op == "output":
+            outs = node.args[0]
+            for k, o in enumerate(outs if isinstance(outs, list | tuple) else [outs]):
+                outputs.append(_output(ctx, o, env, k, output_views))
+            continue
+        args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+        kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+        if node.target is operator.getitem:
+            env[node] = args[0][args[1]]
+            continue
+        val = node.meta.get("val")
+        if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool | int | float | bool) and not isinstance(val, torch.Tensor):
+            env[node] = ctx.expr(val)
+            continue
+        env[node] = _lower_call(ctx, node, args, kwargs)
+        _maybe_realize_shared(ctx, node, env)
+
+    program = Program(
+        inputs=in_names,
+        buffers=ctx.buffers,
+        nodes=ctx.nodes,
+        outputs=outputs,
+        output_views=output_views,
+        symbols=symbols,
+        constants=constants,
+        random_streams=ctx.random_streams,
+        device=device,
+    )
+    return program, ctx
+
+
+def _lower_call(ctx: LoweringContext, node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
+    rule = LOWERINGS.get(node.target)
+    if rule is None:
+        return extern_call(ctx, node, args, kwargs, "no lowering")
+    n_nodes = len(ctx.nodes)
+    try:
+        return rule.fn(ctx, node, *args, **kwargs)
+    except (LoweringError, NotImplementedError, TypeError) as e:
+        del ctx.nodes[n_nodes:]
+        return extern_call(ctx, node, args, kwargs, f"{type(e).__name__}: {e}")
+
+
+def _maybe_realize_shared(ctx: LoweringContext, node: torch.fx.Node, env: dict[torch.fx.Node, Any]) -> None:
+    """Store a value used more than once when recomputing it would be costly."""
+    tv = env[node]
+    if not isinstance(tv, TensorValue) or tv.layout is not None or len(node.users) < 2:
+        return
+    from ..ir import index_var
+
+    body = tv.load(tuple(index_var("x", i) for i in range(tv.ndim)))
+    if body.size > REUSE_BODY_LIMIT:
+        env[node] = ctx.realize(tv)
+
+
+def _output(ctx: LoweringContext, o: Any, env: dict[torch.fx.Node, Any], k: int, views: dict[int, BufferRef]) -> Any:
+    if not isinstance(o, torch.fx.Node):
+        return o
+    v = env[o]
+    if isinstance(v, sympy.Basic):
+        return int(v) if v.is_number else SymRef(v)
+    if not isinstance(v, TensorValue):
+        return v
+    if v.layout is not None:
+        buf = ctx.buffers[v.layout.buf]
+        if (v.layout.size, v.layout.stride, v.layout.offset) == (buf.size, buf.stride, 0):
+            return buf.name
+        views[k] = v.layout
+        return v.layout.buf
+    val = o.meta.get("val")
+    stride = None
+    if isinstance(val, torch.Tensor) and _is_dense(val) and val.ndim > 0:
+        stride = [sympy.Integer(s) for s in val.stride()]
+    r = ctx.realize(v, stride)
+    assert r.layout is not None
+    return r.layout.buf
+
+
+_ = LoweringError

@@ -1,0 +1,260 @@
+"""Lowering machinery: lazy tensor values, the rule table, realization.
+
+A lowered tensor is a `TensorValue`: its size, dtype and a *loader* that
+returns the `Value` of one element for a given index. Pointwise ops and views
+compose loaders (so they fuse by construction and never copy); a tensor is
+*realized* (given a buffer and a node that computes it) only when a
+reduction, an extern call, the graph's outputs or a reuse heuristic needs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+import torch
+
+from ..ir import (
+    Buffer,
+    BufferRef,
+    Expr,
+    Load,
+    Node,
+    PointwiseNode,
+    ReductionNode,
+    Value,
+    index_var,
+)
+
+log = logging.getLogger("stoker.kernels")
+
+Loader = Callable[[tuple[Expr, ...]], Value]
+
+# A realized pointwise value read by more than one consumer is stored once
+# instead of recomputed when its body has more than this many tree nodes.
+REUSE_BODY_LIMIT = 48
+
+
+class LoweringError(Exception):
+    """A rule cannot lower this call; the caller falls back to an extern aten call."""
+
+
+class TensorValue:
+    """A lazily computed tensor: element `idx` is `loader(idx)` (memoized)."""
+
+    __slots__ = ("_cache", "_loader", "device", "dtype", "layout", "size", "users")
+
+    def __init__(
+        self,
+        size: Sequence[Expr],
+        dtype: torch.dtype,
+        device: torch.device,
+        loader: Loader,
+        layout: BufferRef | None = None,
+    ) -> None:
+        self.size = tuple(sympy.sympify(s) for s in size)
+        self.dtype = dtype
+        self.device = device
+        self._loader = loader
+        self._cache: dict[tuple[Expr, ...], Value] = {}
+        self.layout = layout  # set when the tensor is exactly a strided view of a buffer
+        self.users = 0
+
+    def load(self, idx: Sequence[Expr]) -> Value:
+        key = tuple(idx)
+        v = self._cache.get(key)
+        if v is None:
+            v = self._loader(key)
+            self._cache[key] = v
+        return v
+
+    @property
+    def ndim(self) -> int:
+        return len(self.size)
+
+    def __repr__(self) -> str:
+        return f"TensorValue({list(self.size)}, {self.dtype}, layout={self.layout})"
+
+
+def contiguous_strides(size: Sequence[Expr]) -> tuple[Expr, ...]:
+    out: list[Expr] = []
+    acc: Expr = sympy.Integer(1)
+    for s in reversed(size):
+        out.append(acc)
+        acc = acc * s
+    return tuple(reversed(out))
+
+
+def strided_loader(ref: BufferRef, dtype: torch.dtype) -> Loader:
+    def load(idx: tuple[Expr, ...]) -> Value:
+        flat = ref.offset + sum((i * s for i, s in zip(idx, ref.stride)), sympy.Integer(0))
+        return Load(ref.buf, flat, dtype)
+
+    return load
+
+
+def product(xs: Sequence[Expr]) -> Expr:
+    out: Expr = sympy.Integer(1)
+    for x in xs:
+        out = out * x
+    return out
+
+
+@dataclasses.dataclass
+class LoweringContext:
+    """Everything lowering reads and writes, passed explicitly to every rule."""
+
+    shape_env: Any  # torch ShapeEnv or None (static shapes)
+    device: torch.device
+    buffers: dict[str, Buffer] = dataclasses.field(default_factory=dict)
+    nodes: list[Node] = dataclasses.field(default_factory=list)
+    fallbacks: dict[str, int] = dataclasses.field(default_factory=dict)
+    fallback_reasons: dict[str, str] = dataclasses.field(default_factory=dict)
+    random_streams: int = 0
+    _counter: int = 0
+    _ind_counter: int = 0
+
+    # -- names -----------------------------------------------------------
+    def new_name(self, prefix: str = "buf") -> str:
+        name = f"{prefix}{self._counter}"
+        self._counter += 1
+        return name
+
+    def new_indirect(self) -> sympy.Symbol:
+        s = sympy.Symbol(f"ind{self._ind_counter}", integer=True)
+        self._ind_counter += 1
+        return s
+
+    # -- sizes -----------------------------------------------------------
+    def expr(self, s: Any) -> Expr:
+        """A python int / SymInt / SymFloat as a sympy expression."""
+        if isinstance(s, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            e = s.node.expr
+            if self.shape_env is not None:
+                e = self.shape_env.replace(e)
+            return sympy.sympify(e)
+        if isinstance(s, bool):
+            return sympy.true if s else sympy.false
+        return sympy.sympify(s)
+
+    def guard_true(self, cond: sympy.Basic, why: str) -> bool:
+        """Decide a size condition. Static: evaluated. Symbolic: evaluated on the
+        hint and ADDED AS A GUARD to the shape env (seed 002), so the caller's
+        guards recompile when a later input makes it false."""
+        cond = sympy.simplify(cond)
+        if cond in (sympy.true, sympy.false):
+            return bool(cond)
+        if self.shape_env is None:
+            raise LoweringError(f"symbolic condition {cond} ({why}) without a shape env")
+        log.debug("stoker-triton guards %s (%s)", cond, why)
+        return bool(self.shape_env.evaluate_expr(cond))
+
+    def statically_known(self, cond: sympy.Basic) -> bool:
+        """True only when `cond` holds for every value of the symbols (no guard)."""
+        return bool(sympy.simplify(cond) == sympy.true)
+
+    # -- buffers -----------------------------------------------------------
+    def add_buffer(
+        self,
+        name: str,
+        size: Sequence[Expr],
+        stride: Sequence[Expr] | None,
+        dtype: torch.dtype,
+        kind: str,
+        offset: Expr = sympy.Integer(0),
+    ) -> Buffer:
+        size_t = tuple(sympy.sympify(s) for s in size)
+        stride_t = tuple(stride) if stride is not None else contiguous_strides(size_t)
+        buf = Buffer(name, size_t, stride_t, offset, dtype, self.device, kind)
+        self.buffers[name] = buf
+        return buf
+
+    def buffer_value(self, buf: Buffer) -> TensorValue:
+        # indices are relative to the tensor's data pointer (storage offset applied)
+        ref = BufferRef(buf.name, buf.size, buf.stride, sympy.Integer(0))
+        return TensorValue(buf.size, buf.dtype, buf.device, strided_loader(ref, buf.dtype), ref)
+
+    def realize(self, tv: TensorValue, stride: Sequence[Expr] | None = None) -> TensorValue:
+        """Store `tv` in a buffer (a pointwise node); a no-op when it already is one."""
+        if tv.layout is not None and stride is None:
+            return tv
+        name = self.new_name()
+        idx = tuple(index_var("x", i) for i in range(tv.ndim))
+        body = tv.load(idx)
+        if body.dtype != tv.dtype:
+            body = cast(body, tv.dtype)
+        buf = self.add_buffer(name, tv.size, stride, tv.dtype, "kernel")
+        self.nodes.append(PointwiseNode(name, tv.size, body))
+        return self.buffer_value(buf)
+
+    def add_reduction(
+        self,
+        size: Sequence[Expr],
+        reduce_size: Sequence[Expr],
+        reduce_type: str,
+        body: Value,
+        dtype: torch.dtype,
+    ) -> TensorValue:
+        name = self.new_name()
+        buf = self.add_buffer(name, size, None, dtype, "kernel")
+        self.nodes.append(
+            ReductionNode(name, buf.size, tuple(reduce_size), reduce_type, body, dtype)
+        )
+        return self.buffer_value(buf)
+
+    def note_fallback(self, op: str, reason: str) -> None:
+        if op not in self.fallbacks:
+            log.info("stoker-triton: %s runs through aten (%s)", op, reason)
+            self.fallback_reasons[op] = reason
+        self.fallbacks[op] = self.fallbacks.get(op, 0) + 1
+
+
+def cast(v: Value, dtype: torch.dtype) -> Value:
+    from ..ir import Const, Op
+
+    if v.dtype == dtype:
+        return v
+    if isinstance(v, Const):
+        py = v.value
+        if dtype == torch.bool:
+            return Const(bool(py), dtype)
+        if not dtype.is_floating_point and not dtype.is_complex:
+            return Const(int(py), dtype)
+        return Const(float(py), dtype)
+    return Op("to", (v,), dtype)
+
+
+# --------------------------------------------------------------------------
+# The rule table
+
+
+Rule = Callable[..., Any]  # (ctx, node, *args, **kwargs) -> TensorValue | tuple | scalar
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowering:
+    kind: str  # pointwise | reduction | view | indexing | random | creation | extern
+    fn: Rule
+
+
+LOWERINGS: dict[Any, Lowering] = {}
+
+
+def register(kind: str, *ops: Any) -> Callable[[Rule], Rule]:
+    """Register `fn` as the lowering of every overload of each op in `ops`."""
+
+    def deco(fn: Rule) -> Rule:
+        for op in ops:
+            overloads = (
+                [getattr(op, o) for o in op.overloads()]
+                if isinstance(op, torch._ops.OpOverloadPacket)
+                else [op]
+            )
+            for ov in overloads:
+                LOWERINGS[ov] = Lowering(kind, fn)
+        return fn
+
+    return deco

@@ -1,0 +1,1 @@
+"""Indexing lowerings (filled in below)."""

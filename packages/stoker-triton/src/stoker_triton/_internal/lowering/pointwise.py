@@ -1,0 +1,358 @@
+"""Pointwise lowerings: one table row per aten op -> IR op, with its type promotion.
+
+Invariants: the output size and dtype are the FX node's `meta["val"]`; inputs
+broadcast against the output size (right-aligned, size-1 dims read index 0);
+arithmetic runs in the *compute dtype* (torch's promotion of the inputs,
+float16/bfloat16 upcast to float32, integers to float for INT_TO_FLOAT ops)
+and the result is cast to the output dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+import torch
+
+from ..ir import Const, Expr, IndexValue, Op, Value
+from .core import LoweringContext, LoweringError, TensorValue, cast, register
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def meta_val(node: Any) -> Any:
+    return node.meta["val"] if hasattr(node, "meta") else node
+
+
+def out_size(ctx: LoweringContext, node: Any) -> tuple[Expr, ...]:
+    return tuple(ctx.expr(s) for s in meta_val(node).shape)
+
+
+def broadcast_load(tv: TensorValue, idx: Sequence[Expr]) -> Value:
+    """Load `tv` at the output index `idx` (numpy broadcasting)."""
+    lead = len(idx) - tv.ndim
+    sub = [
+        sympy.Integer(0) if (s == 1 and idx[lead + j] is not None) else idx[lead + j]
+        for j, s in enumerate(tv.size)
+    ]
+    return tv.load(tuple(sub))
+
+
+def to_value(ctx: LoweringContext, a: Any, idx: Sequence[Expr], dtype: torch.dtype) -> Value:
+    if isinstance(a, TensorValue):
+        return cast(broadcast_load(a, idx), dtype)
+    if isinstance(a, bool | int | float):
+        return Const(a, dtype) if dtype != torch.bool else Const(bool(a), dtype)
+    if isinstance(a, sympy.Basic):
+        if a.is_number:
+            return Const(int(a) if a.is_integer else float(a), dtype)
+        return cast(IndexValue(a, torch.int64), dtype)
+    raise LoweringError(f"unsupported pointwise argument {a!r}")
+
+
+def promote(node: Any, kind: str) -> torch.dtype:
+    """The dtype arithmetic runs in (see the module docstring)."""
+    out = meta_val(node).dtype
+    if kind == "bool":
+        from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+        vals = []
+        for a in node.args:
+            v = meta_val(a)
+            if isinstance(v, torch.SymInt):
+                v = 1
+            elif isinstance(v, torch.SymFloat):
+                v = 1.0
+            if isinstance(v, torch.Tensor | bool | int | float):
+                vals.append(v)
+        dtype = (
+            elementwise_dtypes(*vals, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[0]
+            if vals
+            else out
+        )
+    else:
+        dtype = out
+    if kind == "int_to_float" and not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    if dtype in LOW_PRECISION:
+        dtype = torch.float32
+    return dtype
+
+
+def make_pointwise(
+    ctx: LoweringContext,
+    node: Any,
+    args: Sequence[Any],
+    op: str,
+    kind: str = "default",
+    compute: torch.dtype | None = None,
+) -> TensorValue:
+    val = meta_val(node)
+    size = out_size(ctx, node)
+    cdt = compute or promote(node, kind)
+    out_dtype = val.dtype
+    res_dtype = torch.bool if kind == "bool" else cdt
+
+    def loader(idx: tuple[Expr, ...]) -> Value:
+        vs = [to_value(ctx, a, idx, cdt) for a in args]
+        return cast(Op(op, vs, res_dtype), out_dtype)
+
+    return TensorValue(size, out_dtype, ctx.device, loader)
+
+
+# --------------------------------------------------------------------------
+# The table: aten op -> (IR op, promotion kind). "bool": computes in the
+# promoted dtype, yields bool. "int_to_float": integer inputs compute in float.
+
+UNARY: dict[Any, tuple[str, str]] = {
+    aten.neg: ("neg", "default"),
+    aten.abs: ("abs", "default"),
+    aten.exp: ("exp", "int_to_float"),
+    aten.exp2: ("exp2", "int_to_float"),
+    aten.expm1: ("expm1", "int_to_float"),
+    aten.log: ("log", "int_to_float"),
+    aten.log2: ("log2", "int_to_float"),
+    aten.log10: ("log10", "int_to_float"),
+    aten.log1p: ("log1p", "int_to_float"),
+    aten.sqrt: ("sqrt", "int_to_float"),
+    aten.rsqrt: ("rsqrt", "int_to_float"),
+    aten.sin: ("sin", "int_to_float"),
+    aten.cos: ("cos", "int_to_float"),
+    aten.tan: ("tan", "int_to_float"),
+    aten.sinh: ("sinh", "int_to_float"),
+    aten.cosh: ("cosh", "int_to_float"),
+    aten.tanh: ("tanh", "int_to_float"),
+    aten.sigmoid: ("sigmoid", "int_to_float"),
+    aten.erf: ("erf", "int_to_float"),
+    aten.erfc: ("erfc", "int_to_float"),
+    aten.reciprocal: ("reciprocal", "int_to_float"),
+    aten.floor: ("floor", "default"),
+    aten.ceil: ("ceil", "default"),
+    aten.trunc: ("trunc", "default"),
+    aten.round: ("round", "default"),
+    aten.sign: ("sign", "default"),
+    aten.sgn: ("sign", "default"),
+    aten.relu: ("relu", "default"),
+    aten.bitwise_not: ("bitwise_not", "default"),
+    aten.logical_not: ("logical_not", "bool"),
+    aten.isnan: ("isnan", "bool"),
+    aten.isinf: ("isinf", "bool"),
+    aten.isfinite: ("isfinite", "bool"),
+    aten.signbit: ("signbit", "bool"),
+}
+
+BINARY: dict[Any, tuple[str, str]] = {
+    aten.mul: ("mul", "default"),
+    aten.maximum: ("maximum", "default"),
+    aten.minimum: ("minimum", "default"),
+    aten.fmax: ("fmax", "default"),
+    aten.fmin: ("fmin", "default"),
+    aten.remainder: ("remainder", "default"),
+    aten.fmod: ("fmod", "default"),
+    aten.floor_divide: ("floordiv", "default"),
+    aten.atan2: ("atan2", "int_to_float"),
+    aten.hypot: ("hypot", "int_to_float"),
+    aten.copysign: ("copysign", "int_to_float"),
+    aten.bitwise_and: ("bitwise_and", "default"),
+    aten.bitwise_or: ("bitwise_or", "default"),
+    aten.bitwise_xor: ("bitwise_xor", "default"),
+    aten.bitwise_left_shift: ("lshift", "default"),
+    aten.bitwise_right_shift: ("rshift", "default"),
+    aten.logical_and: ("logical_and", "bool"),
+    aten.logical_or: ("logical_or", "bool"),
+    aten.logical_xor: ("logical_xor", "bool"),
+    aten.eq: ("eq", "bool"),
+    aten.ne: ("ne", "bool"),
+    aten.lt: ("lt", "bool"),
+    aten.le: ("le", "bool"),
+    aten.gt: ("gt", "bool"),
+    aten.ge: ("ge", "bool"),
+    aten.pow: ("pow", "default"),
+}
+
+
+def _unary_rule(op: str, kind: str) -> Any:
+    def rule(ctx: LoweringContext, node: Any, x: Any) -> TensorValue:
+        dtype = meta_val(node).dtype
+        if op in ("floor", "ceil", "trunc", "round") and not dtype.is_floating_point:
+            return make_pointwise(ctx, node, [x], "identity", kind)
+        return make_pointwise(ctx, node, [x], op, kind)
+
+    return rule
+
+
+def _binary_rule(op: str, kind: str) -> Any:
+    def rule(ctx: LoweringContext, node: Any, a: Any, b: Any) -> TensorValue:
+        return make_pointwise(ctx, node, [a, b], op, kind)
+
+    return rule
+
+
+for _aten_op, (_op, _kind) in UNARY.items():
+    register("pointwise", _aten_op)(_unary_rule(_op, _kind))
+for _aten_op, (_op, _kind) in BINARY.items():
+    register("pointwise", _aten_op)(_binary_rule(_op, _kind))
+
+
+@register("pointwise", aten.add, aten.sub)
+def add_sub(ctx: LoweringContext, node: Any, a: Any, b: Any, alpha: Any = 1) -> TensorValue:
+    op = "add" if node.target in (aten.add.Tensor, aten.add.Scalar) else "sub"
+    if alpha == 1 or alpha is None:
+        return make_pointwise(ctx, node, [a, b], op)
+    val = meta_val(node)
+    size = out_size(ctx, node)
+    cdt = promote(node, "default")
+
+    def loader(idx: tuple[Expr, ...]) -> Value:
+        va, vb = to_value(ctx, a, idx, cdt), to_value(ctx, b, idx, cdt)
+        vb = Op("mul", (vb, to_value(ctx, alpha, idx, cdt)), cdt)
+        return cast(Op(op, (va, vb), cdt), val.dtype)
+
+    return TensorValue(size, val.dtype, ctx.device, loader)
+
+
+@register("pointwise", aten.div)
+def div(ctx: LoweringContext, node: Any, a: Any, b: Any, rounding_mode: str | None = None) -> TensorValue:
+    if rounding_mode is None:
+        return make_pointwise(ctx, node, [a, b], "truediv", "int_to_float")
+    if rounding_mode == "floor":
+        return make_pointwise(ctx, node, [a, b], "floordiv")
+    return make_pointwise(ctx, node, [a, b], "truncdiv")
+
+
+@register("pointwise", prims.div)
+def prims_div(ctx: LoweringContext, node: Any, a: Any, b: Any) -> TensorValue:
+    dt = meta_val(node).dtype
+    return make_pointwise(ctx, node, [a, b], "truediv" if dt.is_floating_point else "truncdiv")
+
+
+@register("pointwise", aten.where)
+def where(ctx: LoweringContext, node: Any, c: Any, a: Any, b: Any) -> TensorValue:
+    val = meta_val(node)
+    size = out_size(ctx, node)
+    cdt = val.dtype if val.dtype not in LOW_PRECISION else torch.float32
+
+    def loader(idx: tuple[Expr, ...]) -> Value:
+        vc = to_value(ctx, c, idx, torch.bool)
+        return cast(Op("where", (vc, to_value(ctx, a, idx, cdt), to_value(ctx, b, idx, cdt)), cdt), val.dtype)
+
+    return TensorValue(size, val.dtype, ctx.device, loader)
+
+
+@register("pointwise", aten.clamp, aten.clamp_min, aten.clamp_max)
+def clamp(ctx: LoweringContext, node: Any, x: Any, lo: Any = None, hi: Any = None) -> TensorValue:
+    if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
+        lo, hi = None, lo
+    val = meta_val(node)
+    size = out_size(ctx, node)
+    cdt = promote(node, "default")
+
+    def loader(idx: tuple[Expr, ...]) -> Value:
+        v = to_value(ctx, x, idx, cdt)
+        if lo is not None:
+            vl = to_value(ctx, lo, idx, cdt)
+            v = Op("where", (Op("lt", (v, vl), torch.bool), vl, v), cdt)
+        if hi is not None:
+            vh = to_value(ctx, hi, idx, cdt)
+            v = Op("where", (Op("gt", (v, vh), torch.bool), vh, v), cdt)
+        return cast(v, val.dtype)
+
+    return TensorValue(size, val.dtype, ctx.device, loader)
+
+
+# -- casts and copies ------------------------------------------------------
+
+
+@register("pointwise", aten._to_copy, aten.clone, aten.alias, aten.detach, aten.lift_fresh_copy, prims.convert_element_type, aten.contiguous)
+def to_copy(ctx: LoweringContext, node: Any, x: Any, *args: Any, **kwargs: Any) -> TensorValue:
+    if not isinstance(x, TensorValue):
+        raise LoweringError("copy of a non-tensor")
+    val = meta_val(node)
+    if val.device != x.device:
+        raise LoweringError("device change")
+    if val.dtype == x.dtype:
+        return x  # functional graph: an alias or copy reads the same values
+
+    def loader(idx: tuple[Expr, ...]) -> Value:
+        return cast(x.load(idx), val.dtype)
+
+    return TensorValue(x.size, val.dtype, ctx.device, loader)
+
+
+# -- creation ----------------------------------------------------------------
+
+
+def _fill(ctx: LoweringContext, node: Any, value: Any) -> TensorValue:
+    val = meta_val(node)
+    size = out_size(ctx, node)
+    if isinstance(value, sympy.Basic) and not value.is_number:
+        return TensorValue(size, val.dtype, ctx.device, lambda idx: cast(IndexValue(value, torch.int64), val.dtype))
+    if isinstance(value, sympy.Basic):
+        value = int(value) if value.is_integer else float(value)
+    if val.dtype == torch.bool:
+        value = bool(value)
+    elif not val.dtype.is_floating_point:
+        value = int(value)
+    else:
+        value = float(value)
+    c = Const(value, val.dtype)
+    return TensorValue(size, val.dtype, ctx.device, lambda idx: c)
+
+
+@register("creation", aten.full, aten.full_like)
+def full(ctx: LoweringContext, node: Any, size_or_x: Any, value: Any, **kwargs: Any) -> TensorValue:
+    return _fill(ctx, node, value)
+
+
+@register("creation", aten.scalar_tensor)
+def scalar_tensor(ctx: LoweringContext, node: Any, value: Any, **kwargs: Any) -> TensorValue:
+    return _fill(ctx, node, value)
+
+
+@register("creation", aten.zeros, aten.zeros_like, aten.new_zeros, aten.empty, aten.empty_like, aten.empty_strided, aten.empty_permuted, aten.new_empty, aten.new_empty_strided)
+def zeros(ctx: LoweringContext, node: Any, *args: Any, **kwargs: Any) -> TensorValue:
+    # empty* gives zeros: any value is allowed and zeros are reproducible
+    return _fill(ctx, node, 0)
+
+
+@register("creation", aten.ones, aten.ones_like, aten.new_ones)
+def ones(ctx: LoweringContext, node: Any, *args: Any, **kwargs: Any) -> TensorValue:
+    return _fill(ctx, node, 1)
+
+
+@register("creation", aten.new_full)
+def new_full(ctx: LoweringContext, node: Any, x: Any, size: Any, value: Any, **kwargs: Any) -> TensorValue:
+    return _fill(ctx, node, value)
+
+
+@register("creation", aten.arange)
+def arange(ctx: LoweringContext, node: Any, *args: Any, **kwargs: Any) -> TensorValue:
+    nums = [a for a in args if not isinstance(a, torch.dtype | torch.device | torch.layout)]
+    if node.target == aten.arange.default:
+        start, end, step = 0, nums[0], 1
+    elif node.target == aten.arange.start:
+        start, end, step = nums[0], nums[1], 1
+    else:
+        start, end, step = nums[0], nums[1], nums[2] if len(nums) > 2 else 1
+    val = meta_val(node)
+    dt = val.dtype
+    cdt = torch.float64 if dt.is_floating_point else torch.int64
+
+    def loader(idx: tuple[Expr, ...]) -> Value:
+        i = cast(IndexValue(idx[0], torch.int64), cdt)
+        v = Op("add", (to_value(ctx, start, idx, cdt), Op("mul", (i, to_value(ctx, step, idx, cdt)), cdt)), cdt)
+        return cast(v, dt)
+
+    return TensorValue(out_size(ctx, node), dt, ctx.device, loader)
+
+
+@register("creation", prims.iota)
+def iota(ctx: LoweringContext, node: Any, length: Any, *, start: Any, step: Any, dtype: Any, **kw: Any) -> TensorValue:
+    def loader(idx: tuple[Expr, ...]) -> Value:
+        return cast(IndexValue(start + idx[0] * step, torch.int64), dtype)
+
+    return TensorValue(out_size(ctx, node), dtype, ctx.device, loader)

@@ -1,0 +1,1 @@
+"""Random lowerings (filled in below)."""

@@ -1,0 +1,216 @@
+"""The pipeline, as one function: `compile_graph_impl`.
+
+    prepare    fake inputs + shape env; composite ops decomposed; every node has meta["val"]
+    lower      each aten op -> loop-level IR by the rule table      (lowering/)
+    schedule   IR nodes -> fused kernels, buffer lifetimes           (scheduler.py)
+    codegen    one Triton source per kernel + the Python wrapper     (codegen_*.py)
+    load       kernels and wrapper from the disk cache -> a callable (runtime.py)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from .codegen_kernel import PRELUDE, KernelSource, generate_kernel
+from .codegen_wrapper import generate_wrapper
+from .lowering import lower_graph
+from .report import CompileReport, KernelInfo
+from .runtime import Launcher, load_module
+from .scheduler import Kernel, schedule
+
+log = logging.getLogger("stoker.kernels")
+
+aten = torch.ops.aten
+
+
+class CompiledGraph:
+    """The callable compile_graph returns: `fn(*args)` runs the wrapper."""
+
+    def __init__(self, call: Any, report: CompileReport, wrapper_source: str) -> None:
+        self._call = call
+        self.report = report
+        self.wrapper_source = wrapper_source
+
+    def __call__(self, *args: Any) -> Any:
+        return self._call(list(args))
+
+
+def compile_graph_impl(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, debug: bool | None = None) -> CompiledGraph:
+    if debug is None:
+        debug = os.environ.get("STOKER_TRITON_DEBUG", "0") == "1"
+    report = CompileReport()
+    # 0. prepare: fake inputs and the shared shape env; composite ops decomposed
+    with report.stage("prepare"):
+        fake_mode, shape_env, fake_inputs = prepare_inputs(example_inputs)
+        n_guards = len(shape_env.guards) if shape_env is not None else 0
+        gm = decompose(gm, fake_inputs, fake_mode)
+        device = _device(fake_inputs)
+    # 1. lowering: each aten op -> loop-level IR by the rule table
+    with report.stage("lower"):
+        program, ctx = lower_graph(gm, fake_inputs, shape_env, device)
+    # 2. scheduling and fusion: IR nodes -> kernels; buffer lifetimes
+    with report.stage("schedule"):
+        sched = schedule(program, ctx)
+    # 3. codegen: one Triton kernel source per fused group, then the wrapper
+    with report.stage("codegen"):
+        kernels = {s.name: generate_kernel(s, sched, program.buffers) for s in sched.steps if isinstance(s, Kernel)}
+        wrapper_src, consts = generate_wrapper(program, sched, kernels, _output_kind(gm))
+    # 4. load: kernel modules and wrapper from the on-disk cache, launchers
+    with report.stage("load"):
+        launchers, paths = load_kernels(kernels)
+        mod, wpath = load_module("wrappers", wrapper_src)
+        call = mod.make_call(launchers, consts)
+
+    _fill_report(report, program, sched, kernels, paths, str(wpath), ctx, shape_env, n_guards)
+    if debug:
+        print(_debug_text(report, wrapper_src), file=sys.stderr)
+    return CompiledGraph(call, report, wrapper_src)
+
+
+# --------------------------------------------------------------------------
+# stage 0: prepare
+
+
+def prepare_inputs(example_inputs: Sequence[Any]) -> tuple[Any, Any, list[Any]]:
+    from torch._guards import detect_fake_mode
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    fake_mode = detect_fake_mode(list(example_inputs))
+    if fake_mode is None:
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        fakes = [fake_mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t for t in example_inputs]
+        return fake_mode, None, fakes
+    fakes = []
+    tc = torch._guards.TracingContext.try_get()
+    for t in example_inputs:
+        if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor):
+            # a frontend (Dynamo) hands real tensors with its fake mode: reuse its symbols
+            ctx = tc.tensor_to_context.get(t) if tc is not None and hasattr(tc, "tensor_to_context") else None
+            if ctx is not None:
+                fakes.append(fake_mode.from_tensor(t, symbolic_context=ctx))
+            else:
+                fakes.append(fake_mode.from_tensor(t, static_shapes=True))
+        else:
+            fakes.append(t)
+    return fake_mode, fake_mode.shape_env, fakes
+
+
+# Composite ops that arrive undecomposed in core aten (layer_norm, softmax,
+# gelu, batch_norm, ...): decomposed here into what the rule table fuses.
+_DECOMPOSE = [
+    "native_layer_norm", "native_layer_norm_backward", "_softmax", "_log_softmax",
+    "_softmax_backward_data", "_log_softmax_backward_data", "gelu", "gelu_backward",
+    "_native_batch_norm_legit_functional", "_native_batch_norm_legit",
+    "_native_batch_norm_legit_no_training", "native_batch_norm", "native_batch_norm_backward",
+    "embedding", "embedding_dense_backward", "native_dropout", "native_dropout_backward",
+    "silu", "silu_backward", "sigmoid_backward", "tanh_backward", "threshold_backward",
+    "hardtanh", "hardtanh_backward", "leaky_relu", "leaky_relu_backward", "elu", "elu_backward",
+    "softplus", "softplus_backward", "native_group_norm", "native_group_norm_backward",
+    "addcmul", "addcdiv", "lerp", "logsumexp", "mish", "hardsigmoid", "hardswish",
+    "nll_loss_forward", "nll_loss_backward", "mse_loss", "mse_loss_backward", "logit",
+    "_unsafe_index", "rsub", "glu", "hardsigmoid_backward", "hardswish_backward",
+    "log_sigmoid_forward", "log_sigmoid_backward", "masked_fill", "bernoulli",
+]
+_table: dict[Any, Any] | None = None
+
+
+def decomposition_table() -> dict[Any, Any]:
+    global _table
+    if _table is None:
+        from torch._decomp import get_decompositions
+
+        ops = [getattr(aten, n) for n in _DECOMPOSE if hasattr(aten, n)]
+        _table = get_decompositions(ops)
+    return _table
+
+
+def decompose(gm: torch.fx.GraphModule, fake_inputs: Sequence[Any], fake_mode: Any) -> torch.fx.GraphModule:
+    """Retrace through the decomposition table when a composite op or a node
+    without `meta["val"]` is present (a no-op for most graphs)."""
+    table = decomposition_table()
+    needs = False
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and (n.target in table or "val" not in n.meta):
+            needs = True
+            break
+    if not needs:
+        return gm
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with fake_mode:
+        return make_fx(torch.fx.Interpreter(gm).run, decomposition_table=table, _allow_non_fake_inputs=True)(*fake_inputs)
+
+
+def _device(inputs: Sequence[Any]) -> torch.device:
+    for t in inputs:
+        if isinstance(t, torch.Tensor):
+            return t.device
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _output_kind(gm: torch.fx.GraphModule) -> str:
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    a = out.args[0]
+    if isinstance(a, list):
+        return "list"
+    if isinstance(a, tuple):
+        return "tuple"
+    return "single"
+
+
+# --------------------------------------------------------------------------
+# stage 4: load
+
+
+def kernel_module_source(ks: KernelSource) -> str:
+    body = ks.source.replace(f"def {ks.name}(", "def kernel(", 1)
+    return "# stoker-triton kernel\nimport triton\nimport triton.language as tl\n" + PRELUDE + "\n\n" + body
+
+
+def load_kernels(kernels: dict[str, KernelSource]) -> tuple[dict[str, Launcher], dict[str, str]]:
+    import hashlib
+
+    launchers: dict[str, Launcher] = {}
+    paths: dict[str, str] = {}
+    for name, ks in kernels.items():
+        src = kernel_module_source(ks)
+        mod, path = load_module("kernels", src)
+        sha = hashlib.sha256(src.encode()).hexdigest()[:24]
+        lau = Launcher(mod.kernel, sha, ks.is_reduction, ks.persistent, ks.has_atomics)
+        lau.n_ptrs = len(ks.pointer_args)
+        launchers[name] = lau
+        paths[name] = str(path)
+    return launchers, paths
+
+
+def _fill_report(report: CompileReport, program: Any, sched: Any, kernels: dict[str, KernelSource], paths: dict[str, str], wpath: str, ctx: Any, shape_env: Any, n_guards: int) -> None:
+    for step in sched.steps:
+        if isinstance(step, Kernel):
+            ks = kernels[step.name]
+            scatter = any(type(n).__name__ == "ScatterNode" for n in step.nodes)
+            kind = "scatter" if scatter else "pointwise" if not step.is_reduction else ("persistent-reduction" if step.persistent else "looped-reduction")
+            report.kernels.append(KernelInfo(step.name, kind, [n.name for n in step.nodes], str(step.xnumel), str(step.rnumel), paths[step.name], ks.source))
+        else:
+            report.extern_calls.append(str(step.op))
+    report.fallback_ops = dict(ctx.fallbacks)
+    report.fallback_reasons = dict(ctx.fallback_reasons)
+    if shape_env is not None:
+        report.guards_added = [str(g.expr) for g in shape_env.guards[n_guards:]]
+    report.wrapper_path = wpath
+    report.ir_text = program.as_text()
+    report.schedule_text = sched.as_text()
+
+
+def _debug_text(report: CompileReport, wrapper_src: str) -> str:
+    parts = ["=== stoker-triton IR ===", report.ir_text, "=== schedule ===", report.schedule_text]
+    for k in report.kernels:
+        parts += [f"=== {k.name} ({k.path}) ===", k.source]
+    parts += ["=== wrapper ===", wrapper_src, str(report)]
+    return "\n".join(parts)

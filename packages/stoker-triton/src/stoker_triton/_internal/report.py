@@ -1,0 +1,65 @@
+"""`CompileReport`: what compile_graph did, for people and for the umbrella package."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterator
+
+
+@dataclasses.dataclass
+class KernelInfo:
+    name: str  # kernel step name in the wrapper (kernel0, ...)
+    kind: str  # pointwise | persistent-reduction | looped-reduction | scatter
+    nodes: list[str]  # IR nodes fused into it
+    xnumel: str
+    rnumel: str
+    path: str  # kernel source file in the cache dir
+    source: str
+
+
+@dataclasses.dataclass
+class CompileReport:
+    """Kernels, fusion groups, extern/fallback ops, guards and per-stage timings."""
+
+    kernels: list[KernelInfo] = dataclasses.field(default_factory=list)
+    extern_calls: list[str] = dataclasses.field(default_factory=list)  # every aten call the wrapper makes
+    fallback_ops: dict[str, int] = dataclasses.field(default_factory=dict)  # op -> count (no lowering)
+    fallback_reasons: dict[str, str] = dataclasses.field(default_factory=dict)
+    guards_added: list[str] = dataclasses.field(default_factory=list)  # added to the shape env by codegen
+    timings_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # stage -> milliseconds
+    wrapper_path: str = ""
+    ir_text: str = ""
+    schedule_text: str = ""
+
+    @property
+    def n_kernels(self) -> int:
+        return len(self.kernels)
+
+    @property
+    def fusion_groups(self) -> list[list[str]]:
+        return [k.nodes for k in self.kernels]
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings_ms[name] = self.timings_ms.get(name, 0.0) + (time.perf_counter() - t0) * 1e3
+
+    def __str__(self) -> str:
+        lines = [f"stoker-triton: {self.n_kernels} kernel(s), {len(self.extern_calls)} extern call(s)"]
+        for k in self.kernels:
+            lines.append(f"  {k.name} [{k.kind}] {k.xnumel} x {k.rnumel}: {', '.join(k.nodes)}")
+        if self.extern_calls:
+            lines.append(f"  extern: {', '.join(self.extern_calls)}")
+        if self.fallback_ops:
+            lines.append("  fallback (no lowering): " + ", ".join(f"{k} x{v}" for k, v in self.fallback_ops.items()))
+        if self.guards_added:
+            lines.append(f"  guards added: {'; '.join(self.guards_added)}")
+        lines.append("  timings: " + ", ".join(f"{k} {v:.1f} ms" for k, v in self.timings_ms.items()))
+        if self.wrapper_path:
+            lines.append(f"  wrapper: {self.wrapper_path}")
+        return "\n".join(lines)

@@ -1,0 +1,191 @@
+"""Runtime: kernel modules on disk, launchers with block-size choice and a
+small autotuner, and helpers the generated wrapper calls.
+
+Cache layout under `$STOKER_CACHE_DIR` (default `~/.cache/stoker`):
+`triton/kernels/<sha>.py` (kernel source, keyed by its content),
+`triton/wrappers/<sha>.py` (wrapper source), `triton/autotune.json`
+(best config per kernel source and size). Triton keeps the compiled
+binaries in its own cache, keyed by the same source and the launch options.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("STOKER_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "stoker")
+    path = Path(root) / "triton"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def load_module(kind: str, source: str) -> tuple[ModuleType, Path]:
+    """Write `source` under the cache (keyed by content) and import it."""
+    sha = hashlib.sha256(source.encode()).hexdigest()[:24]
+    d = cache_dir() / kind
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{sha}.py"
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    name = f"stoker_triton_{kind}_{sha}"
+    mod = sys.modules.get(name)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return mod, path
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(a // -b)
+
+
+class _Tuned:
+    """Autotune results on disk: {kernel sha: {"x,r": [XBLOCK, RBLOCK, warps]}}."""
+
+    lock = threading.Lock()
+    data: dict[str, dict[str, list[int]]] | None = None
+
+    @classmethod
+    def get(cls, sha: str, key: str) -> list[int] | None:
+        with cls.lock:
+            if cls.data is None:
+                p = cache_dir() / "autotune.json"
+                try:
+                    cls.data = json.loads(p.read_text()) if p.exists() else {}
+                except (OSError, ValueError):
+                    cls.data = {}
+            return cls.data.get(sha, {}).get(key)
+
+    @classmethod
+    def put(cls, sha: str, key: str, cfg: list[int]) -> None:
+        with cls.lock:
+            assert cls.data is not None
+            cls.data.setdefault(sha, {})[key] = cfg
+            p = cache_dir() / "autotune.json"
+            tmp = p.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(cls.data))
+            os.replace(tmp, p)
+
+
+class Launcher:
+    """Launches one generated kernel: picks XBLOCK/RBLOCK/num_warps for the
+    sizes at hand (cached per size), autotuning on a GPU."""
+
+    def __init__(self, fn: Any, sha: str, is_reduction: bool, persistent: bool, has_atomics: bool) -> None:
+        self.fn = fn
+        self.sha = sha
+        self.is_reduction = is_reduction
+        self.persistent = persistent
+        self.has_atomics = has_atomics
+        self.interpret = interpreting()
+        self.configs: dict[tuple[int, int], tuple[int, int, int]] = {}
+
+    def candidates(self, xnumel: int, rnumel: int) -> list[tuple[int, int, int]]:
+        xp = next_pow2(xnumel)
+        if self.interpret:
+            # the interpreter pays per program: big blocks, small grids
+            if not self.is_reduction:
+                return [(min(xp, 4096), 1, 4)]
+            rb = next_pow2(rnumel) if self.persistent else 1024
+            return [(max(1, min(xp, 8192 // rb)), rb, 4)]
+        if not self.is_reduction:
+            return [(min(xp, b), 1, w) for b, w in ((1024, 4), (2048, 8), (512, 4), (4096, 8))]
+        if self.persistent:
+            rb = next_pow2(rnumel)
+            out = []
+            for elems in (1024, 2048, 4096, 8192):
+                xb = max(1, min(xp, elems // rb))
+                out.append((xb, rb, 4 if rb * xb <= 2048 else 8))
+            return list(dict.fromkeys(out))
+        return [(min(xp, x), r, w) for x, r, w in ((1, 2048, 8), (1, 1024, 4), (4, 512, 4), (8, 256, 4))]
+
+    def __call__(self, *args: Any) -> None:
+        # args: pointers..., xnumel, rnumel, sizes..., [seed]; xnumel/rnumel are found by position
+        xnumel, rnumel = self._numels(args)
+        if xnumel == 0 or rnumel == 0 and not self.is_reduction:
+            return
+        cfg = self.configs.get((xnumel, rnumel))
+        if cfg is None:
+            cfg = self._choose(args, xnumel, rnumel)
+            self.configs[(xnumel, rnumel)] = cfg
+        xb, rb, w = cfg
+        self.fn[(cdiv(xnumel, xb),)](*args, XBLOCK=xb, RBLOCK=rb, num_warps=w)
+
+    n_ptrs = 0
+
+    def _numels(self, args: tuple[Any, ...]) -> tuple[int, int]:
+        return int(args[self.n_ptrs]), int(args[self.n_ptrs + 1])
+
+    def _choose(self, args: tuple[Any, ...], xnumel: int, rnumel: int) -> tuple[int, int, int]:
+        cands = self.candidates(xnumel, rnumel)
+        if len(cands) == 1 or self.interpret or self.has_atomics:
+            return cands[0]
+        key = f"{xnumel},{rnumel}"
+        hit = _Tuned.get(self.sha, key)
+        if hit is not None:
+            return (hit[0], hit[1], hit[2])
+        from triton.testing import do_bench
+
+        best, best_t = cands[0], float("inf")
+        for xb, rb, w in cands:
+            try:
+                t = do_bench(
+                    lambda xb=xb, rb=rb, w=w: self.fn[(cdiv(xnumel, xb),)](*args, XBLOCK=xb, RBLOCK=rb, num_warps=w),
+                    warmup=3,
+                    rep=10,
+                )
+            except Exception:  # a config that does not compile (too many registers) is skipped
+                continue
+            if t < best_t:
+                best, best_t = (xb, rb, w), t
+        _Tuned.put(self.sha, key, list(best))
+        return best
+
+
+def check_layout(t: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...]) -> torch.Tensor:
+    """The generated kernels index inputs with the strides seen at compile
+    time; an input with other strides is copied into that layout (correct,
+    slower) rather than read wrongly."""
+    ts = t.stride()
+    if ts == stride:
+        return t
+    for n, a, b in zip(size, ts, stride):
+        if n > 1 and a != b:
+            out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+            out.copy_(t)
+            return out
+    return t
+
+
+def ensure_layout(t: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...]) -> torch.Tensor:
+    """An extern result in the layout later kernels were generated for."""
+    return check_layout(t, size, stride)
+
+
+def new_seed() -> int:
+    """A seed per call from torch's CPU generator: reproducible under torch.manual_seed."""
+    return int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64).item())

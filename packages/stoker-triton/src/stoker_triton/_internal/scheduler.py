@@ -1,0 +1,322 @@
+"""Scheduling and fusion: group IR nodes into kernels.
+
+A kernel iterates an (x, r) space: `xnumel` rows by `rnumel` reduced
+elements (`rnumel == 1`: a pointwise kernel). A node joins a kernel when it
+*fits* the space (a pointwise node whose dims split into a prefix of product
+xnumel and a suffix of product rnumel, or whose numel is xnumel; a reduction
+with the same outer and reduced numel) and every buffer it reads that the
+kernel itself produces is read at exactly the index it was stored at, so the
+value passes in registers (reduction results always can; a pointwise result
+of the reduced space only in a persistent kernel). Nodes are placed greedily
+in program order into the earliest kernel at or after their last producer;
+scatters and extern calls are steps of their own. Buffers produced and read
+only inside one kernel are never stored (`Schedule.internal`); the others
+are freed after their last reader (`Schedule.last_use`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import sympy
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+from .ir import (
+    Buffer,
+    Expr,
+    ExternNode,
+    Load,
+    Node,
+    PointwiseNode,
+    Program,
+    ReductionNode,
+    ScatterNode,
+    index_var,
+    loads_of,
+    node_reads,
+    node_writes,
+)
+from .lowering.core import LoweringContext, contiguous_strides, product
+
+XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
+RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
+
+# The largest reduction kept whole in registers (one block per row); above
+# it a kernel loops over the row.
+PERSISTENT_RNUMEL_MAX = 4096
+
+
+@dataclasses.dataclass
+class Placement:
+    """Where a node's index variables sit in its kernel's (x, r) space."""
+
+    varmap: dict[sympy.Symbol, Expr]  # node var -> expression in xindex/rindex
+    reduced_space: bool  # the node iterates r (a reduction, or pointwise over x*r)
+
+    def key(self) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted((str(k), str(v)) for k, v in self.varmap.items()))
+
+
+@dataclasses.dataclass
+class Kernel:
+    name: str
+    nodes: list[PointwiseNode | ReductionNode | ScatterNode]
+    xnumel: Expr
+    rnumel: Expr
+    persistent: bool
+    placements: dict[str, Placement]
+
+    @property
+    def is_reduction(self) -> bool:
+        return self.rnumel != 1
+
+    def __str__(self) -> str:
+        kind = "pointwise" if not self.is_reduction else ("persistent" if self.persistent else "looped")
+        names = ", ".join(n.name for n in self.nodes)
+        return f"{self.name}: {kind} [{self.xnumel} x {self.rnumel}] <- {names}"
+
+
+Step = Kernel | ExternNode
+
+
+@dataclasses.dataclass
+class Schedule:
+    steps: list[Step]
+    internal: set[str]  # buffers that live only in registers
+    last_use: dict[str, int]  # buffer -> index of the last step that reads it
+    outputs: set[str]
+
+    def as_text(self) -> str:
+        lines = []
+        for i, s in enumerate(self.steps):
+            lines.append(f"[{i}] {s}")
+        lines.append(f"internal (never stored): {sorted(self.internal)}")
+        return "\n".join(lines)
+
+
+def decompose(flat: Expr, sizes: Sequence[Expr]) -> list[Expr]:
+    """Row-major index variables of `sizes` from a flat index."""
+    strides = contiguous_strides(sizes)
+    out: list[Expr] = []
+    for k, (s, st) in enumerate(zip(sizes, strides)):
+        if s == 1:
+            out.append(sympy.Integer(0))
+        elif k == 0:
+            out.append(FloorDiv(flat, st))
+        else:
+            out.append(ModularIndexing(flat, st, s))
+    return out
+
+
+def simplify_index(e: Expr) -> Expr:
+    """Fold `m*FloorDiv(F, d*m) + ModularIndexing(F, d, m)` into `FloorDiv(F, d)`
+    (what decomposing and re-flattening contiguous dims produces)."""
+    for _ in range(8):
+        if not isinstance(e, sympy.Add):
+            return e
+        terms = list(e.args)
+        changed = False
+        for i, t in enumerate(terms):
+            coeff, rest = t.as_coeff_Mul()
+            if not isinstance(rest, ModularIndexing):
+                continue
+            base, div, mod = rest.args
+            for j, u in enumerate(terms):
+                if j == i:
+                    continue
+                c2, r2 = u.as_coeff_Mul()
+                if isinstance(r2, sympy.Mul):
+                    # symbolic multiplier: c2 * (m * FloorDiv(...))
+                    fl = [a for a in r2.args if isinstance(a, FloorDiv)]
+                    if len(fl) != 1:
+                        continue
+                    mult = c2 * sympy.Mul(*[a for a in r2.args if a is not fl[0]])
+                    r2 = fl[0]
+                else:
+                    mult = c2
+                if isinstance(r2, FloorDiv) and r2.args[0] == base and sympy.simplify(r2.args[1] - div * mod) == 0 and sympy.simplify(mult - coeff * mod) == 0:
+                    new = coeff * (base if div == 1 else FloorDiv(base, div))
+                    terms = [x for k, x in enumerate(terms) if k not in (i, j)] + [new]
+                    changed = True
+                    break
+            if changed:
+                break
+        if not changed:
+            return e
+        e = sympy.Add(*terms)
+    return e
+
+
+def place(node: PointwiseNode | ReductionNode | ScatterNode, xnumel: Expr, rnumel: Expr) -> Placement | None:
+    """Fit `node` into the (xnumel, rnumel) space, or None."""
+
+    def eq(a: Expr, b: Expr) -> bool:
+        return bool(a == b or sympy.simplify(a - b) == 0)
+
+    if isinstance(node, ReductionNode):
+        if not (eq(product(node.size), xnumel) and eq(product(node.reduce_size), rnumel)):
+            return None
+        vm: dict[sympy.Symbol, Expr] = {}
+        for k, e in enumerate(decompose(XINDEX, node.size)):
+            vm[index_var("x", k)] = e
+        for k, e in enumerate(decompose(RINDEX, node.reduce_size)):
+            vm[index_var("r", k)] = e
+        return Placement(vm, True)
+    size = node.size
+    if eq(product(size), xnumel):
+        return Placement({index_var("x", k): e for k, e in enumerate(decompose(XINDEX, size))}, False)
+    if rnumel == 1 or isinstance(node, ScatterNode):
+        return None
+    for k in range(len(size) + 1):
+        if eq(product(size[:k]), xnumel) and eq(product(size[k:]), rnumel):
+            vm = {index_var("x", i): e for i, e in enumerate(decompose(XINDEX, size[:k]))}
+            for i, e in enumerate(decompose(RINDEX, size[k:])):
+                vm[index_var("x", k + i)] = e
+            return Placement(vm, True)
+    return None
+
+
+def store_index(buf: Buffer, node: PointwiseNode | ReductionNode, p: Placement) -> Expr:
+    flat = sum((index_var("x", k) * st for k, st in enumerate(buf.stride)), sympy.Integer(0))
+    return simplify_index(sympy.expand(flat.subs(p.varmap, simultaneous=True)))
+
+
+def load_index(ld: Load, p: Placement) -> Expr:
+    return simplify_index(sympy.expand(ld.index.subs(p.varmap, simultaneous=True)))
+
+
+def _fits(
+    kernel: Kernel,
+    node: PointwiseNode | ReductionNode,
+    p: Placement,
+    buffers: dict[str, Buffer],
+) -> bool:
+    produced = {n.name: n for n in kernel.nodes}
+    for ld in _all_loads(node):
+        prod = produced.get(ld.buf)
+        if prod is None:
+            continue
+        if isinstance(prod, ScatterNode) or ld.indirect:
+            return False
+        pp = kernel.placements[prod.name]
+        if isinstance(prod, PointwiseNode) and pp.reduced_space and (not kernel.persistent or not p.reduced_space):
+            return False
+        if isinstance(prod, ReductionNode) or not pp.reduced_space:
+            pass
+        si = store_index(buffers[prod.name], prod, pp)
+        li = load_index(ld, p)
+        if not (si == li or sympy.expand(si - li) == 0):
+            return False
+    return True
+
+
+def _all_loads(node: Node) -> list[Load]:
+    if isinstance(node, ExternNode):
+        return []
+    out = loads_of(node.body)
+    if isinstance(node, ScatterNode):
+        for _, v in node.indirect:
+            out += loads_of(v)
+    return out
+
+
+def schedule(program: Program, ctx: LoweringContext) -> Schedule:
+    steps: list[Step] = []
+    writer: dict[str, int] = {}  # buffer -> step index of its last writer
+    nk = 0
+
+    def new_kernel(node: PointwiseNode | ReductionNode | ScatterNode) -> Kernel:
+        nonlocal nk
+        if isinstance(node, ReductionNode):
+            x, r = product(node.size), product(node.reduce_size)
+            persistent = ctx.guard_true(
+                sympy.Le(r, PERSISTENT_RNUMEL_MAX),
+                "a reduction row fits one block (persistent reduction)",
+            )
+        else:
+            x, r, persistent = product(node.size), sympy.Integer(1), True
+        k = Kernel(f"kernel{nk}", [], x, r, persistent, {})
+        nk += 1
+        return k
+
+    for node in program.nodes:
+        if isinstance(node, ExternNode):
+            steps.append(node)
+            for w in node_writes(node):
+                writer[w] = len(steps) - 1
+            continue
+        reads = node_reads(node)
+        dep = max((writer[b] for b in reads if b in writer), default=-1)
+        placed = False
+        if not isinstance(node, ScatterNode):
+            for si in range(max(dep, 0), len(steps)):
+                step = steps[si]
+                if not isinstance(step, Kernel) or any(isinstance(n, ScatterNode) for n in step.nodes):
+                    continue
+                if _try_add(step, node, program.buffers):
+                    writer[node.name] = si
+                    placed = True
+                    break
+                # a pointwise kernel can turn into a reduction kernel
+                if isinstance(node, ReductionNode) and not step.is_reduction:
+                    cand = new_kernel(node)
+                    cand.name = step.name
+                    if all(_try_add(cand, n, program.buffers) for n in step.nodes) and _try_add(cand, node, program.buffers):
+                        steps[si] = cand
+                        writer[node.name] = si
+                        placed = True
+                        nk -= 1
+                        break
+                    nk -= 1
+        if not placed:
+            k = new_kernel(node)
+            ok = _try_add(k, node, program.buffers)
+            assert ok, f"node {node.name} does not fit its own kernel"
+            steps.append(k)
+            writer[node.name] = len(steps) - 1
+
+    # which buffers must exist in memory
+    out_bufs = {o for o in program.outputs if isinstance(o, str)}
+    last_use: dict[str, int] = {}
+    readers: dict[str, set[int]] = {}
+    for i, step in enumerate(steps):
+        nodes: Sequence[Node] = step.nodes if isinstance(step, Kernel) else [step]
+        for n in nodes:
+            for b in node_reads(n):
+                readers.setdefault(b, set()).add(i)
+                last_use[b] = i
+        if isinstance(step, Kernel):
+            for n in step.nodes:
+                if isinstance(n, ScatterNode):
+                    readers.setdefault(n.name, set()).add(i)
+                    last_use[n.name] = max(last_use.get(n.name, i), i)
+    internal: set[str] = set()
+    for i, step in enumerate(steps):
+        if isinstance(step, Kernel):
+            for n in step.nodes:
+                if isinstance(n, ScatterNode) or n.name in out_bufs:
+                    continue
+                if readers.get(n.name, set()) <= {i}:
+                    internal.add(n.name)
+    return Schedule(steps, internal, last_use, out_bufs)
+
+
+def _try_add(kernel: Kernel, node: PointwiseNode | ReductionNode | ScatterNode, buffers: dict[str, Buffer]) -> bool:
+    if isinstance(node, ScatterNode):
+        if kernel.nodes:
+            return False
+        p = place(node, kernel.xnumel, kernel.rnumel)
+        if p is None:
+            return False
+        kernel.nodes.append(node)
+        kernel.placements[node.name] = p
+        return True
+    if any(isinstance(n, ScatterNode) for n in kernel.nodes):
+        return False
+    p = place(node, kernel.xnumel, kernel.rnumel)
+    if p is None or not _fits(kernel, node, p, buffers):
+        return False
+    kernel.nodes.append(node)
+    kernel.placements[node.name] = p
+    return True
