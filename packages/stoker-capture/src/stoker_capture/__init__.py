@@ -10,7 +10,9 @@ stop after any stage, inspect or edit its result, and resume::
 """
 
 from .__about__ import __version__
+from ._internal.api import AOTCompiled, aot_function, aot_module, export
 from ._internal.capture import CapturedGraph, aot_stage1_graph_capture
+from ._internal.compile import CompiledFn, aot_stage2_compile
 from ._internal.config import AOTConfig, aten_executor
 from ._internal.errors import (
     ExportFormatError,
@@ -19,7 +21,10 @@ from ._internal.errors import (
     StokerCaptureError,
     UnsupportedError,
 )
+from ._internal.export import ExportedGraph, ExportSignature, aot_stage2_export, load
 from ._internal.lint import lint_graph
+from ._internal.partition import Partition, default_partition
+from ._internal.runtime_fn import AOTBackwardInfo
 from ._internal.state import (
     AOTState,
     ForwardMeta,
@@ -31,10 +36,15 @@ from ._internal.state import (
 )
 
 __all__ = [
+    "AOTBackwardInfo",
+    "AOTCompiled",
     "AOTConfig",
     "AOTState",
     "CapturedGraph",
+    "CompiledFn",
     "ExportFormatError",
+    "ExportSignature",
+    "ExportedGraph",
     "ForwardMeta",
     "GraphLintError",
     "GuardViolationError",
@@ -42,11 +52,19 @@ __all__ = [
     "InputKind",
     "OutputInfo",
     "OutputKind",
+    "Partition",
     "StokerCaptureError",
     "UnsupportedError",
     "__version__",
+    "aot_function",
+    "aot_module",
     "aot_stage1_graph_capture",
+    "aot_stage2_compile",
+    "aot_stage2_export",
     "aten_executor",
     "create_aot_state",
+    "default_partition",
+    "export",
     "lint_graph",
+    "load",
 ]

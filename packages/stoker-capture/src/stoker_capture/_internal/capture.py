@@ -23,6 +23,17 @@ from .lint import lint_graph
 from .node_meta import backward_meta, module_path, recording_node_meta
 from .state import AOTState, ForwardMeta
 
+_KEEP_FUSED_IN_JOINT = [
+    getattr(torch.ops.aten, name).default
+    for name in (
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    )
+    if hasattr(torch.ops.aten, name)
+]
+
 
 @dataclass(slots=True)
 class CapturedGraph:
@@ -72,6 +83,12 @@ def aot_stage1_graph_capture(state: AOTState) -> CapturedGraph:
     """Trace ``state.flat_fn`` through functionalization and core-aten decompositions."""
     decomp = state.config.decompositions
     table = dict(core_aten_decompositions()) if decomp is None else dict(decomp)
+    if state.joint:
+        # The fused attention forward's decomposition returns the attention weights
+        # where its backward formula expects logsumexp: keep the fused op (and its
+        # backward op) whole in joint graphs.
+        for op in _KEEP_FUSED_IN_JOINT:
+            table.pop(op, None)
     meta = state.meta
     mask = meta.tangent_mask()
     fw_names: set[str] = set()

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from stoker_shapes import ShapeContext, Source
+from stoker_shapes import Dim, ShapeContext, Source
 
 from .config import AOTConfig
 from .errors import UnsupportedError
@@ -89,6 +89,7 @@ class InputInfo:
     mutates_data: bool = False  # the function writes its values (x.add_, BatchNorm stats)
     mutates_metadata: bool = False  # the function changes its size/stride (x.t_())
     new_layout: Layout | None = None  # size/stride/offset after a metadata mutation
+    new_requires_grad: bool = False  # the mutated value requires grad (x.add_(w), w requiring grad)
 
     @property
     def mutated(self) -> bool:
@@ -118,7 +119,8 @@ class OutputInfo:
     # IS_INPUT/ALIAS_OF_INPUT: the input's index; ALIAS_OF_OUTPUT: the base's index among
     # the graph's forward outputs that follow the mutated inputs
     base: int | None = None
-    layout: Layout | None = None  # the view to regenerate (aliases only)
+    # aliases: the view to regenerate; a FRESH output other outputs view: its expected layout
+    layout: Layout | None = None
     value: Any = None  # the value of a CONSTANT output
 
     def __str__(self) -> str:
@@ -175,12 +177,13 @@ class ForwardMeta:
         for role, i in self.graph_outputs():
             if role == "mutation":
                 inp = self.inputs[i]
-                mask.append(inp.is_tensor and inp.requires_grad and inp.mutates_data)
+                mask.append(inp.is_tensor and inp.new_requires_grad and inp.mutates_data)
             elif role == "user":
                 o = self.outputs[i]
                 mask.append(o.kind == OutputKind.FRESH and o.requires_grad and o.is_float)
             else:
-                mask.append(True)
+                o = self.outputs[self.intermediate_bases[i]]
+                mask.append(o.requires_grad and o.is_float)
         return mask
 
     def as_text(self) -> str:
@@ -212,6 +215,8 @@ class AOTState:
     num_params: int  # parameters + buffers at the front of the primals
     module: torch.nn.Module | None = None  # the module whose parameters were lifted (if any)
     name: str = "fn"  # for messages
+    # per positional then keyword argument: the `Dim` of each dynamic dim (export's dynamic_shapes)
+    dynamic_dims: list[dict[int, Dim] | None] = field(default_factory=list)
 
     def as_text(self) -> str:
         kind = "joint" if self.joint else "inference"
@@ -282,8 +287,8 @@ def create_aot_state(
     pb_names = [*params, *buffers]
 
     # user inputs: fakeified per argument (each with its dynamic spec)
+    specs = _bind_dynamic_shapes(fn, args, kwargs, dynamic_shapes)
     if fake_args is None:
-        specs = _bind_dynamic_shapes(fn, args, kwargs, dynamic_shapes)
         fargs = [ctx.fakeify(a, Source.arg(i), specs[0][i]) for i, a in enumerate(args)]
         fkwargs = {k: ctx.fakeify(v, Source.kwarg(k), specs[1].get(k)) for k, v in kwargs.items()}
     else:
@@ -420,6 +425,7 @@ def _forward_meta(
             inputs[i].mutates_metadata = has_metadata_mutation(f)
             if inputs[i].mutates_metadata:
                 inputs[i].new_layout = Layout.of(f)
+            inputs[i].new_requires_grad = bool(isinstance(f, torch.Tensor) and f.requires_grad)
         _check_mutated_aliases(fp, inputs)
         outputs, bases, base_layouts = _classify_outputs(outs, fp)
         meta = ForwardMeta(inputs, outputs, pytree.tree_flatten(None)[1], bases, base_layouts)
@@ -483,6 +489,7 @@ def _classify_outputs(
         roots = [j for j in members if outs[j]._base is None]
         if roots:
             base_graph = graph_index[roots[0]]
+            infos[roots[0]].layout = Layout.of(outs[roots[0]])  # the layout views assume
             regen = [j for j in members if j != roots[0]]
         else:
             b = outs[members[0]]._base

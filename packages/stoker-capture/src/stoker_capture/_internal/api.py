@@ -1,0 +1,200 @@
+"""The entry points: `aot_function`, `aot_module`, `export`, and the pipeline they run.
+
+The pipeline reads as one function per use: `compile_pipeline` (state,
+capture, compile) and `export_pipeline` (state, capture, export).  Calls to
+`aot_function` / `aot_module` go through a `GuardedCache` per grad mode, so a
+new shape recompiles (or is handled by a symbolic dim) and ``torch.no_grad()``
+calls take a separately guarded inference graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from stoker_shapes import GuardedCache, ShapeContext
+
+from .capture import aot_stage1_graph_capture
+from .compile import CompiledFn, aot_stage2_compile
+from .config import AOTConfig, Compiler
+from .export import ExportedGraph, aot_stage2_export
+from .state import DynamicShapes, create_aot_state
+
+
+def compile_pipeline(
+    fn: Callable[..., Any] | torch.nn.Module,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None,
+    config: AOTConfig,
+    compiler: Compiler | None = None,
+    *,
+    ctx: ShapeContext | None = None,
+    fake_args: tuple[Sequence[Any], Mapping[str, Any]] | None = None,
+) -> CompiledFn:
+    """fn -> compiled function, stage by stage (guards land in ``ctx``)."""
+    with contextlib.ExitStack() as stack:
+        # 0. fake inputs; forward metadata (mutations, aliases, requires_grad)
+        state = create_aot_state(fn, args, kwargs, config, stack, ctx=ctx, fake_args=fake_args)
+        # 1. functional core-aten graph: joint when training, else inference
+        graph = aot_stage1_graph_capture(state)
+        # 2. partition, compile forward and backward, wrap in stoker's autograd.Function
+        return aot_stage2_compile(state, graph, compiler)
+
+
+def export_pipeline(
+    fn: Callable[..., Any] | torch.nn.Module,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None,
+    config: AOTConfig,
+    dynamic_shapes: DynamicShapes = None,
+) -> ExportedGraph:
+    """fn -> exported graph with guards, stage by stage."""
+    with contextlib.ExitStack() as stack:
+        # 0. fake inputs (dynamic only where dynamic_shapes says); forward metadata
+        ctx = ShapeContext(policy="static")
+        state = create_aot_state(
+            fn, args, kwargs, config, stack, ctx=ctx, dynamic_shapes=dynamic_shapes
+        )
+        # 1. functional core-aten graph (joint for the researcher's path)
+        graph = aot_stage1_graph_capture(state)
+        # 2. signature, parameters, guards (read out last)
+        return aot_stage2_export(state, graph)
+
+
+def export(
+    module_or_fn: Callable[..., Any] | torch.nn.Module,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None = None,
+    dynamic_shapes: DynamicShapes = None,
+    joint: bool = False,
+    *,
+    debug_checks: bool = False,
+) -> ExportedGraph:
+    """Capture ``module_or_fn`` on ``args`` as a guarded, saveable graph.
+
+    ``dynamic_shapes``: like torch.export, one spec per argument (a dict
+    ``{dim: Dim}`` or a list of `Dim`/None), as a sequence or a dict by argument
+    name.  Unnamed dims are static.  ``joint=True`` captures forward and
+    backward (resume with ``aot_stage2_compile(ep.state, ep.captured)``).
+    """
+    config = AOTConfig(mode="joint" if joint else "inference", dynamic="static", guard_params=False)
+    if debug_checks:
+        config.debug_checks = True
+    with torch.set_grad_enabled(joint):
+        return export_pipeline(module_or_fn, tuple(args), kwargs, config, dynamic_shapes)
+
+
+class AOTCompiled:
+    """What `aot_function` / `aot_module` return: call it like the original.
+
+    One `GuardedCache` per grad mode: training calls compile a joint graph,
+    ``torch.no_grad()`` calls an inference graph, each guarded separately.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any] | torch.nn.Module,
+        config: AOTConfig,
+        compiler: Compiler | None,
+        limit: int = 8,
+    ) -> None:
+        self.fn = fn
+        self.config = config
+        self.compiler = compiler
+        self.module = fn if isinstance(fn, torch.nn.Module) else None
+        name = (
+            type(fn).__qualname__ if self.module is not None else getattr(fn, "__qualname__", "fn")
+        )
+        self.caches: dict[bool, GuardedCache[CompiledFn]] = {
+            grad: GuardedCache(
+                functools.partial(self._compile, grad),
+                limit=limit,
+                policy=config.dynamic,
+                name=f"{name} ({'training' if grad else 'no_grad'})",
+            )
+            for grad in (True, False)
+        }
+        if self.module is not None:
+            functools.update_wrapper(self, self.module.forward)  # type: ignore[arg-type]
+        elif callable(fn):
+            functools.update_wrapper(self, fn)
+
+    def _compile(
+        self, grad: bool, ctx: ShapeContext, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> CompiledFn:
+        with torch.set_grad_enabled(grad):
+            return compile_pipeline(self.fn, args, kwargs, self.config, self.compiler, ctx=ctx)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        cache = self.caches[torch.is_grad_enabled()]
+        compiled = cache.lookup(args, kwargs, self.module)
+        assert compiled is not None  # no fallback: a miss compiles or raises
+        return compiled(*args, **kwargs)
+
+    def cache_stats(self, grad: bool = True) -> dict[str, Any]:
+        """Hits, misses, recompile reasons of the training (or no_grad) cache."""
+        return self.caches[grad].stats()
+
+
+def aot_function(
+    fn: Callable[..., Any],
+    compiler: Compiler | None = None,
+    *,
+    dynamic: str = "auto",
+    bw_compiler: Compiler | None = None,
+    partition: Callable[..., Any] | None = None,
+    memory_budget: float | None = None,
+    lazy_backward: bool = False,
+    debug_checks: bool | None = None,
+    limit: int = 8,
+) -> AOTCompiled:
+    """Compile ``fn`` ahead of time per guarded input signature (None: the aten executor).
+
+    ``dynamic``: "auto" (a size that changes recompiles once, symbolically),
+    "static" or "dynamic".
+    """
+    cfg = AOTConfig(
+        partition=partition,
+        memory_budget=memory_budget,
+        fw_compiler=compiler,
+        bw_compiler=bw_compiler,
+        dynamic=dynamic,
+        lazy_backward=lazy_backward,
+    )
+    if debug_checks is not None:
+        cfg.debug_checks = debug_checks
+    return AOTCompiled(fn, cfg, None, limit)
+
+
+def aot_module(
+    module: torch.nn.Module,
+    compiler: Compiler | None = None,
+    *,
+    dynamic: str = "auto",
+    bw_compiler: Compiler | None = None,
+    partition: Callable[..., Any] | None = None,
+    memory_budget: float | None = None,
+    lazy_backward: bool = False,
+    debug_checks: bool | None = None,
+    limit: int = 8,
+) -> AOTCompiled:
+    """Compile ``module`` with its parameters and buffers lifted as inputs.
+
+    Guards name parameters ``self.<path>``; replacing a parameter by one of
+    another shape recompiles.
+    """
+    cfg = AOTConfig(
+        partition=partition,
+        memory_budget=memory_budget,
+        fw_compiler=compiler,
+        bw_compiler=bw_compiler,
+        dynamic=dynamic,
+        lazy_backward=lazy_backward,
+    )
+    if debug_checks is not None:
+        cfg.debug_checks = debug_checks
+    return AOTCompiled(module, cfg, None, limit)

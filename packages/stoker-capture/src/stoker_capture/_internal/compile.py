@@ -1,0 +1,162 @@
+"""Stage 2 (compile): `aot_stage2_compile` partitions, compiles and wraps the graph.
+
+The joint graph is split by a partitioner, forward and backward are compiled
+with a pluggable ``compiler(gm, example_inputs) -> callable`` (at lowering
+time, under the state's shape context, so every guard a compiler adds lands
+in the guard set: seed 002), and wrapped in stoker's own autograd.Function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .capture import CapturedGraph
+from .config import Compiler, PartitionFn
+from .errors import StokerCaptureError
+from .lint import lint_graph
+from .runtime import Runtime, function_plan
+from .runtime_fn import AOTBackwardInfo, make_function_class, next_aot_id
+from .state import AOTState
+
+
+@dataclass(slots=True)
+class CompiledFn:
+    """A compiled function: call it like the original function (or module)."""
+
+    state: AOTState  # the pipeline state it came from (metadata, shape context)
+    graph: CapturedGraph  # the captured graph it was compiled from
+    partition: Any  # the `Partition` of a joint graph (None for inference)
+    runtime: Runtime  # runs the compiled graph(s) with eager semantics
+    function_class: type[torch.autograd.Function] | None  # stoker's Function (joint only)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.runtime(self.primals(args, kwargs))
+
+    def primals(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
+        """The flat inputs of a call: parameters and buffers, then the user's tensors."""
+        state = self.state
+        pb: list[Any] = []
+        if state.module is not None:
+            pb = [*state.module.parameters(), *state.module.buffers()]
+        return [*pb, *state.flat_user_inputs(args, kwargs)]
+
+    def as_text(self) -> str:
+        kind = "joint" if self.graph.joint else "inference"
+        lines = [f"CompiledFn({self.state.name}, {kind})"]
+        if self.partition is not None:
+            lines.append(self.partition.report())
+            lines.append("forward:" + self.partition.fw.code)
+            lines.append("backward:" + self.partition.bw.code)
+        else:
+            lines.append(self.graph.gm.code)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.as_text()
+
+
+def example_inputs(gm: fx.GraphModule) -> list[Any]:
+    """Fake example inputs of a graph: its placeholders' ``meta['val']``."""
+    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def run_compiler(compiler: Compiler, gm: fx.GraphModule, state: AOTState) -> Callable[..., Any]:
+    """Compile ``gm`` under the state's shape context (its guards join the guard set)."""
+    with state.ctx.tracing():
+        return compiler(gm, example_inputs(gm))
+
+
+def _default_partition() -> PartitionFn:
+    from .partition import default_partition
+
+    return default_partition
+
+
+def aot_stage2_compile(
+    state: AOTState,
+    graph: CapturedGraph,
+    compiler: Compiler | None = None,
+    *,
+    partition: PartitionFn | None = None,
+) -> CompiledFn:
+    """Partition (joint), compile forward and backward, wrap them with eager semantics.
+
+    ``compiler`` overrides ``state.config.fw_compiler`` (and the backward's, unless
+    ``config.bw_compiler`` is set).  ``partition`` overrides ``config.partition``.
+    """
+    cfg = state.config
+    fw_compiler = compiler or cfg.fw()
+    bw_compiler = cfg.bw_compiler or fw_compiler
+    env = state.ctx.shape_env
+    if not graph.joint:
+        # inference: one graph, no autograd
+        fw = run_compiler(fw_compiler, graph.gm, state)
+        rt = Runtime(state.meta, state.fake_primals, env, fw, None, None, state.name)
+        return CompiledFn(state, graph, None, rt, None)
+    # partition the joint graph into forward and backward
+    part_fn = partition or cfg.partition or _default_partition()
+    extra = {} if cfg.memory_budget is None else {"memory_budget": cfg.memory_budget}
+    part = part_fn(graph.gm, num_fw_outputs=graph.num_fw_outputs, **extra)
+    if cfg.debug_checks:
+        lint_graph(part.fw, "stage 2 (partitioned forward)")
+        lint_graph(part.bw, "stage 2 (partitioned backward)")
+    # compile the forward now, the backward now (default) or at its first use
+    fw = run_compiler(fw_compiler, part.fw, state)
+    if cfg.lazy_backward:
+        bw: Callable[..., Any] = _LazyBackward(bw_compiler, part.bw, state)
+    else:
+        bw = run_compiler(bw_compiler, part.bw, state)
+    # wrap both in stoker's autograd.Function, with the runtime wrappers around it
+    info = AOTBackwardInfo(
+        part.bw, len(part.saved_symints), len(part.saved_tensors), graph.num_tangents, next_aot_id()
+    )
+    plan = function_plan(state.meta, graph.num_fw_outputs, state.name)
+    fn_cls = make_function_class(info, plan, fw, bw)
+    rt = Runtime(state.meta, state.fake_primals, env, None, fn_cls, plan, state.name)
+    return CompiledFn(state, graph, part, rt, fn_cls)
+
+
+class _LazyBackward:
+    """Compiles the backward at its first call, with the shape env frozen.
+
+    Anything the compilation would assume about shapes (a guard, a
+    specialization) could no longer be checked before the forward runs, so it
+    is an error here, not a silently ignored guard.
+    """
+
+    def __init__(self, compiler: Compiler, gm: fx.GraphModule, state: AOTState) -> None:
+        self.compiler, self.gm, self.state = compiler, gm, state
+        self.compiled: Callable[..., Any] | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self.compiled is None:
+            self.compiled = self._compile()
+        return self.compiled(*args)
+
+    def _compile(self) -> Callable[..., Any]:
+        env = self.state.ctx.shape_env
+        n_guards, repl = len(env.guards), dict(env.replacements)
+        ignored = env.counter.get("ignored_backward_guards", 0)
+        was_frozen = env.frozen
+        env.freeze()
+        try:
+            with contextlib.ExitStack() as es:
+                es.enter_context(self.state.ctx.tracing())
+                compiled = self.compiler(self.gm, example_inputs(self.gm))
+        finally:
+            env.frozen = was_frozen
+        added = len(env.guards) - n_guards + env.counter.get("ignored_backward_guards", 0) - ignored
+        if added or dict(env.replacements) != repl:
+            raise StokerCaptureError(
+                f"{self.state.name}: compiling the backward lazily (lazy_backward=True) needed "
+                f"{added or 'a'} new assumption(s) about input shapes, which can no longer be "
+                "guarded.  Compile the backward at lowering time (lazy_backward=False) so its "
+                "guards join the forward's."
+            )
+        return compiled

@@ -1,0 +1,182 @@
+"""aot_function / aot_module vs eager: forward outputs, mutated inputs and all gradients."""
+
+from __future__ import annotations
+
+import torch
+from capture_compare import assert_same, check_fn, clone_inputs, grads_of
+
+from stoker_capture import aot_function, aot_module
+
+
+def test_mlp_function() -> None:
+    def f(x, w1, w2):
+        return torch.tanh(x @ w1) @ w2
+
+    check_fn(
+        f,
+        aot_function(f),
+        lambda: [
+            torch.randn(4, 3),
+            torch.randn(3, 5, requires_grad=True),
+            torch.randn(5, 2, requires_grad=True),
+        ],
+    )
+
+
+def test_input_data_mutation() -> None:
+    def f(x, y):
+        x.add_(y)
+        return x * y
+
+    check_fn(f, aot_function(f), lambda: [torch.randn(4, 3), torch.randn(4, 3, requires_grad=True)])
+
+
+def test_input_mutation_of_a_non_leaf_that_requires_grad() -> None:
+    def f(x, y):
+        x.mul_(y)
+        return x.sin()
+
+    compiled = aot_function(f)
+    w = torch.randn(3, requires_grad=True)
+    y = torch.randn(3, requires_grad=True)
+    outs, grads = [], []
+    for fn in (f, compiled):
+        x = w * 2  # a non-leaf: mutating it is allowed, and it has history
+        out = fn(x, y)
+        outs.append((out, x))
+        grads.append(grads_of((out, x), [w, y]))
+    assert_same(outs[1], outs[0])
+    assert_same(grads[1], grads[0])
+
+
+def test_input_metadata_mutation() -> None:
+    def f(x, y):
+        x.t_()
+        return x @ y
+
+    check_fn(f, aot_function(f), lambda: [torch.randn(3, 4), torch.randn(3, 2, requires_grad=True)])
+
+
+def test_outputs_alias_inputs_and_each_other() -> None:
+    def f(x, y):
+        z = x * 2
+        return x.view(-1), y.t(), z, z[0], y, z.view(2, -1)[1]
+
+    compiled = aot_function(f)
+    check_fn(
+        f,
+        compiled,
+        lambda: [torch.randn(4, 3, requires_grad=True), torch.randn(2, 5, requires_grad=True)],
+    )
+    x, y = torch.randn(4, 3), torch.randn(2, 5)
+    out = compiled(x, y)
+    assert out[0]._base is x and out[1]._base is y and out[4] is y
+    assert out[3]._base is out[2] and out[5]._base is out[2]
+
+
+def test_outputs_aliasing_an_intermediate() -> None:
+    def f(x):
+        z = x.exp()
+        return z[0], z[1]
+
+    compiled = aot_function(f)
+    check_fn(f, compiled, lambda: [torch.randn(2, 3, requires_grad=True)])
+    a, b = compiled(torch.randn(2, 3))
+    assert a.untyped_storage()._cdata == b.untyped_storage()._cdata
+
+
+def test_non_float_and_detached_outputs() -> None:
+    def f(x):
+        return x.argmax(1), x.detach() * 2, x.sum(), x.shape[0] * 2, "tag"
+
+    check_fn(f, aot_function(f), lambda: [torch.randn(3, 4, requires_grad=True)])
+
+
+def test_batchnorm_training_updates_running_stats() -> None:
+    torch.manual_seed(0)
+    m_e = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+    m_c = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+    m_c.load_state_dict(m_e.state_dict())
+    compiled = aot_module(m_c)
+    for _ in range(2):
+        x = torch.randn(2, 3, 6, 6)
+        out_e, out_c = m_e(x), compiled(x)
+        assert_same(out_c, out_e, atol=1e-5, rtol=1e-4)
+        assert_same(
+            grads_of(out_c, list(m_c.parameters())),
+            grads_of(out_e, list(m_e.parameters())),
+            atol=1e-4,
+            rtol=1e-4,
+        )
+    for (n, a), (_, b) in zip(m_c.named_buffers(), m_e.named_buffers()):
+        torch.testing.assert_close(a, b, msg=n)
+    assert int(m_c[1].num_batches_tracked) == 2
+
+
+def test_tied_weights() -> None:
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 4)
+            self.out = torch.nn.Linear(4, 10, bias=False)
+            self.out.weight = self.emb.weight
+
+        def forward(self, idx):
+            return self.out(self.emb(idx).tanh())
+
+    m = Tied()
+    compiled = aot_module(m)
+    idx = torch.randint(0, 10, (3, 5))
+    out_c = compiled(idx)
+    g_c = grads_of(out_c, [m.emb.weight])
+    out_e = m(idx)
+    g_e = grads_of(out_e, [m.emb.weight])
+    assert_same(out_c, out_e)
+    assert_same(g_c, g_e)
+
+
+def test_no_grad_takes_the_inference_path() -> None:
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    ref.load_state_dict(m.state_dict())
+    compiled = aot_module(m)
+    x = torch.randn(6, 4)
+    with torch.no_grad():
+        out = compiled(x)
+        assert_same(out, ref(x))
+    assert not out.requires_grad
+    assert_same(m.state_dict(), ref.state_dict())
+    assert compiled.cache_stats(grad=False)["misses"] == 1
+    assert compiled.cache_stats(grad=True)["misses"] == 0
+    out = compiled(x)  # grad mode: a separate, joint compilation
+    assert out.requires_grad and compiled.cache_stats(grad=True)["misses"] == 1
+
+
+def test_retain_graph_backward_twice() -> None:
+    lin = torch.nn.Linear(3, 3)
+    compiled = aot_module(lin)
+    x = torch.randn(2, 3)
+    out = compiled(x).pow(2).sum()
+    out.backward(retain_graph=True)
+    g1 = lin.weight.grad.clone()
+    out.backward()
+    torch.testing.assert_close(lin.weight.grad, 2 * g1)
+    lin.weight.grad = None
+    lin(x).pow(2).sum().backward()
+    torch.testing.assert_close(lin.weight.grad, g1)
+
+
+def test_transformer_encoder_layer() -> None:
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(
+        d_model=16, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True
+    )
+    compiled = aot_module(layer)
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    xe, xc = clone_inputs([x, x])
+    out_c, out_e = compiled(xc), layer(xe)
+    assert_same(out_c, out_e, atol=1e-5, rtol=1e-4)
+    params = list(layer.parameters())
+    assert_same(
+        grads_of(out_c, [xc, *params]), grads_of(out_e, [xe, *params]), atol=1e-4, rtol=1e-4
+    )
