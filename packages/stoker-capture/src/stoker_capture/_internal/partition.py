@@ -37,6 +37,8 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental import symbolic_shapes
 
+from .errors import StokerCaptureError
+
 __all__ = [
     "JointInfo",
     "Partition",
@@ -54,7 +56,7 @@ _UNBACKED_FALLBACK = 4096
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-class PartitionError(ValueError):
+class PartitionError(StokerCaptureError, ValueError):
     """The joint graph breaks the partitioner's contract (see module docstring)."""
 
 

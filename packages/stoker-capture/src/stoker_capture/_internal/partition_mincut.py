@@ -49,15 +49,17 @@ _BISECT_STEPS = 14
 
 
 def min_cut_partition(
-    joint: fx.GraphModule, *, num_fw_outputs: int, memory_budget: float = 0.0
+    joint: fx.GraphModule, *, num_fw_outputs: int, memory_budget: float | None = 0.0
 ) -> Partition:
     """Partition `joint`, recomputing cheap forward ops in the backward to save memory.
 
     `memory_budget` in [0, 1]: 0 recomputes everything allowed (fewest saved
     bytes); 1 saves everything (exactly `default_partition`); in between,
     the saved bytes stay within ``min + budget * (default - min)`` while
-    recomputing as little as possible.
+    recomputing as little as possible.  ``None`` means 0.
     """
+    if memory_budget is None:
+        memory_budget = 0.0
     if not 0.0 <= memory_budget <= 1.0:
         raise ValueError(
             f"min_cut_partition: memory_budget must be in [0, 1], got {memory_budget!r} "
