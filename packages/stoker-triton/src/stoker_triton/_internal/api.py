@@ -13,6 +13,7 @@ def compile_graph(
     example_inputs: Sequence[Any],
     *,
     debug: bool | None = None,
+    options: dict[str, Any] | None = None,
 ) -> Callable[..., Any]:
     """Compile a functional core-aten FX graph to fused Triton kernels.
 
@@ -22,8 +23,9 @@ def compile_graph(
     callable `fn(*args)` returning what `gm(*args)` returns; `fn.report` is
     the `CompileReport`, `fn.wrapper_source` the generated wrapper. With
     `debug=True` or `STOKER_TRITON_DEBUG=1` the IR, schedule, kernels and
-    wrapper are printed.
+    wrapper are printed. `options`: `persistent_rnumel_max` (largest
+    reduction kept whole in one block; above it kernels loop over the row).
     """
     from .pipeline import compile_graph_impl
 
-    return compile_graph_impl(gm, example_inputs, debug=debug)
+    return compile_graph_impl(gm, example_inputs, debug=debug, options=options)

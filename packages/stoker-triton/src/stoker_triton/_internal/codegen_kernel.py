@@ -125,6 +125,7 @@ def _round(x):
 
 @triton.jit
 def _pow(a, b):
+    b = b + tl.zeros_like(a)
     ab = tl.abs(a)
     r = tl.exp(b * tl.log(ab))
     bi = tl.floor(b)
@@ -356,6 +357,7 @@ class KernelCodegen:
         self.has_atomics = False
         self.symbols: set[sympy.Symbol] = set()
         self.produced = {n.name for n in kernel.nodes}
+        self.local_names: set[str] = set()  # kernel variables used inside index expressions
 
     # -- emission helpers --------------------------------------------------
     def line(self, s: str) -> None:
@@ -388,7 +390,7 @@ class KernelCodegen:
     def index_code(self, e: Expr) -> str:
         e = simplify_index(sympy.expand(e))
         for s in e.free_symbols:
-            if s not in (XINDEX, RINDEX) and not str(s).startswith("ind"):
+            if s not in (XINDEX, RINDEX) and str(s) not in self.local_names:
                 self.symbols.add(s)
         return print_index(e)
 
@@ -438,6 +440,7 @@ class KernelCodegen:
         for sym, iv in v.indirect:
             code = self.value(iv, p, mask, shape_r)
             var = self.assign(f"({code}).to(tl.int64)", ("ind", code))
+            self.local_names.add(var)
             subs[sym] = sympy.Symbol(var, integer=True)
         e = v.index.subs(subs, simultaneous=True)
         idx = self.index_code(e)
@@ -544,6 +547,7 @@ class KernelCodegen:
         for sym, iv in n.indirect:
             code = self.value(iv, p, "xmask", False)
             var = self.assign(f"({code}).to(tl.int64)", ("ind", code))
+            self.local_names.add(var)
             subs[sym] = sympy.Symbol(var, integer=True)
         e = n.index.subs(subs, simultaneous=True)
         idx = self._broadcast(self.index_code(e), e, False)

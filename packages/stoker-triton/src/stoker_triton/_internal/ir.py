@@ -358,3 +358,28 @@ class Program:
 
     def __str__(self) -> str:
         return self.as_text()
+
+
+def bind_indirect(v: Value, sym: sympy.Symbol, bound: Value) -> Value:
+    """Attach `sym = bound` to every Load whose index mentions `sym`."""
+    memo: dict[int, Value] = {}
+
+    def go(u: Value) -> Value:
+        hit = memo.get(id(u))
+        if hit is not None:
+            return hit
+        out: Value = u
+        if isinstance(u, Load):
+            ind = tuple((s, go(b)) for s, b in u.indirect)
+            if sym in u.index.free_symbols:
+                ind = (*ind, (sym, bound))
+            if ind != u.indirect:
+                out = Load(u.buf, u.index, u.dtype, ind)
+        elif isinstance(u, Op):
+            args = tuple(go(a) for a in u.args)
+            if any(a is not b for a, b in zip(args, u.args)):
+                out = Op(u.name, args, u.dtype)
+        memo[id(u)] = out
+        return out
+
+    return go(v)

@@ -23,7 +23,7 @@ from .codegen_wrapper import generate_wrapper
 from .lowering import lower_graph
 from .report import CompileReport, KernelInfo
 from .runtime import Launcher, load_module
-from .scheduler import Kernel, schedule
+from .scheduler import PERSISTENT_RNUMEL_MAX, Kernel, schedule
 
 log = logging.getLogger("stoker.kernels")
 
@@ -42,7 +42,17 @@ class CompiledGraph:
         return self._call(list(args))
 
 
-def compile_graph_impl(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, debug: bool | None = None) -> CompiledGraph:
+def compile_graph_impl(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    debug: bool | None = None,
+    options: dict[str, Any] | None = None,
+) -> CompiledGraph:
+    options = dict(options or {})
+    persistent_max = int(options.pop("persistent_rnumel_max", PERSISTENT_RNUMEL_MAX))
+    if options:
+        raise TypeError(f"compile_graph: unknown options {sorted(options)}; known: persistent_rnumel_max")
     if debug is None:
         debug = os.environ.get("STOKER_TRITON_DEBUG", "0") == "1"
     report = CompileReport()
@@ -54,7 +64,7 @@ def compile_graph_impl(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
         device = _device(fake_inputs)
     # 1. lowering: each aten op -> loop-level IR by the rule table
     with report.stage("lower"):
-        program, ctx = lower_graph(gm, fake_inputs, shape_env, device)
+        program, ctx = lower_graph(gm, fake_inputs, shape_env, device, persistent_max)
     # 2. scheduling and fusion: IR nodes -> kernels; buffer lifetimes
     with report.stage("schedule"):
         sched = schedule(program, ctx)

@@ -231,7 +231,7 @@ def schedule(program: Program, ctx: LoweringContext) -> Schedule:
         if isinstance(node, ReductionNode):
             x, r = product(node.size), product(node.reduce_size)
             persistent = ctx.guard_true(
-                sympy.Le(r, PERSISTENT_RNUMEL_MAX),
+                sympy.Le(r, ctx.persistent_rnumel_max),
                 "a reduction row fits one block (persistent reduction)",
             )
         else:

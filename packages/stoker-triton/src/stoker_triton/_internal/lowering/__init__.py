@@ -38,10 +38,11 @@ def lower_graph(
     inputs: Sequence[Any],
     shape_env: Any,
     device: torch.device,
+    persistent_rnumel_max: int = 4096,
 ) -> tuple[Program, LoweringContext]:
     """Lower every node of `gm` by the rule table; ops with no rule (or whose
     rule declines) become extern aten calls."""
-    ctx = LoweringContext(shape_env, device)
+    ctx = LoweringContext(shape_env, device, persistent_rnumel_max=persistent_rnumel_max)
     env: dict[torch.fx.Node, Any] = {}
     in_names: list[str | SymRef | None] = []
     symbols: dict[sympy.Symbol, tuple[int, int | None]] = {}

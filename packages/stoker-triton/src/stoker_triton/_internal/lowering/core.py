@@ -114,6 +114,7 @@ class LoweringContext:
     fallbacks: dict[str, int] = dataclasses.field(default_factory=dict)
     fallback_reasons: dict[str, str] = dataclasses.field(default_factory=dict)
     random_streams: int = 0
+    persistent_rnumel_max: int = 4096  # see scheduler.PERSISTENT_RNUMEL_MAX
     _counter: int = 0
     _ind_counter: int = 0
 

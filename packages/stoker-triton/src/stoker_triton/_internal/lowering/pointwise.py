@@ -94,6 +94,8 @@ def make_pointwise(
     val = meta_val(node)
     size = out_size(ctx, node)
     cdt = compute or promote(node, kind)
+    if cdt == torch.bool and op not in BOOL_SAFE:
+        cdt = torch.int32  # bool arithmetic: compute in int, the cast to bool saturates
     out_dtype = val.dtype
     res_dtype = torch.bool if kind == "bool" else cdt
 
@@ -171,8 +173,34 @@ BINARY: dict[Any, tuple[str, str]] = {
     aten.le: ("le", "bool"),
     aten.gt: ("gt", "bool"),
     aten.ge: ("ge", "bool"),
-    aten.pow: ("pow", "default"),
 }
+
+
+BOOL_SAFE = {
+    "logical_not", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or",
+    "bitwise_xor", "bitwise_not", "eq", "ne", "lt", "le", "gt", "ge", "where", "identity",
+    "isnan", "isinf", "isfinite", "maximum", "minimum", "abs",
+}
+
+# pow with a constant exponent: exact cheap forms
+POW_CONST = {2: "square", 1: "identity", 0.5: "sqrt", -0.5: "rsqrt", -1: "reciprocal"}
+
+
+@register("pointwise", aten.pow)
+def pow_(ctx: LoweringContext, node: Any, a: Any, b: Any) -> TensorValue:
+    if isinstance(a, TensorValue) and isinstance(b, int | float) and not isinstance(b, bool) and b in POW_CONST and (meta_val(node).dtype.is_floating_point or b in (1, 2)):
+        name = POW_CONST[b]
+        if name == "square":
+            val = meta_val(node)
+            cdt = promote(node, "default")
+
+            def loader(idx: tuple[Expr, ...]) -> Value:
+                v = to_value(ctx, a, idx, cdt)
+                return cast(Op("mul", (v, v), cdt), val.dtype)
+
+            return TensorValue(out_size(ctx, node), val.dtype, ctx.device, loader)
+        return make_pointwise(ctx, node, [a], name)
+    return make_pointwise(ctx, node, [a, b], "pow")
 
 
 def _unary_rule(op: str, kind: str) -> Any:

@@ -1,0 +1,85 @@
+"""Shared test helpers: trace with make_fx, compile, compare with eager on fresh inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch._decomp import core_aten_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from stoker_triton import compile_graph
+
+
+def device() -> str:
+    import os
+
+    return "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+
+
+def trace(f: Callable[..., Any], *args: Any) -> torch.fx.GraphModule:
+    return make_fx(f, decomposition_table=core_aten_decompositions())(*args)
+
+
+def fresh(args: Sequence[Any]) -> list[Any]:
+    """New random values with the same sizes, strides, dtypes (ints stay in range)."""
+    out: list[Any] = []
+    for a in args:
+        if not isinstance(a, torch.Tensor):
+            out.append(a)
+            continue
+        base = torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device=a.device)
+        if a.dtype.is_floating_point:
+            base.copy_(torch.randn(a.shape, dtype=a.dtype, device=a.device))
+        elif a.dtype == torch.bool:
+            base.copy_(torch.rand(a.shape, device=a.device) > 0.5)
+        else:
+            hi = int(a.max()) + 1 if a.numel() else 1
+            lo = int(a.min()) if a.numel() else 0
+            base.copy_(torch.randint(lo, max(hi, lo + 1), a.shape, dtype=a.dtype, device=a.device))
+        out.append(base.requires_grad_(a.requires_grad))
+    return out
+
+
+def assert_same(out: Any, ref: Any, atol: float = 1e-5, rtol: float = 1e-5) -> None:
+    if isinstance(ref, list | tuple):
+        assert isinstance(out, list | tuple) and len(out) == len(ref), (type(out), type(ref))
+        for a, b in zip(out, ref):
+            assert_same(a, b, atol, rtol)
+        return
+    if isinstance(ref, torch.Tensor):
+        assert isinstance(out, torch.Tensor)
+        assert out.shape == ref.shape, (out.shape, ref.shape)
+        assert out.dtype == ref.dtype, (out.dtype, ref.dtype)
+        torch.testing.assert_close(out, ref.detach(), atol=atol, rtol=rtol, equal_nan=True)
+        return
+    assert out == ref
+
+
+def check(
+    f: Callable[..., Any],
+    *args: Any,
+    kernels: int | None = None,
+    max_kernels: int | None = None,
+    atol: float = 1e-5,
+    rtol: float = 1e-5,
+    fresh_inputs: bool = True,
+    **opts: Any,
+) -> Any:
+    """Trace `f`, compile it, run on fresh inputs, compare with eager `f`."""
+    gm = trace(f, *args)
+    fn = compile_graph(gm, list(args), **opts)
+    run_args = fresh(args) if fresh_inputs else list(args)
+    out = fn(*run_args)
+    ref = f(*run_args)
+    if not isinstance(ref, list | tuple):
+        ref = (ref,)
+        out = tuple(out) if isinstance(out, list | tuple) else (out,)
+    assert_same(list(out), list(ref), atol, rtol)
+    report = fn.report  # type: ignore[attr-defined]
+    if kernels is not None:
+        assert report.n_kernels == kernels, str(report)
+    if max_kernels is not None:
+        assert report.n_kernels <= max_kernels, str(report)
+    return fn
