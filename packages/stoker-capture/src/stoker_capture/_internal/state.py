@@ -341,7 +341,17 @@ def create_aot_state(
         n_pb,
         module,
         name,
+        [_dims_of(s) for s in (*specs[0], *specs[1].values())] if fake_args is None else [],
     )
+
+
+def _dims_of(spec: Any) -> dict[int, Dim] | None:
+    """The named dims of one argument's dynamic spec (a dict or list of `Dim`)."""
+    if isinstance(spec, Mapping):
+        return {int(d): v for d, v in spec.items() if isinstance(v, Dim)} or None
+    if isinstance(spec, Sequence) and not isinstance(spec, str):
+        return {d: v for d, v in enumerate(spec) if isinstance(v, Dim)} or None
+    return None
 
 
 def _wants_joint(config: AOTConfig, inputs: list[InputInfo]) -> bool:

@@ -68,8 +68,8 @@ def to_torch_export(
     specs += [None] * (len(args) + len(kwargs) - len(specs))
     dynamic_shapes: Any = None
     if any(s is not None for s in specs):
-        dynamic_shapes = {
-            "args": tuple(specs[: len(args)]),
-            "kwargs": dict(zip(kwargs, specs[len(args) :])),
-        }
+        # keys are the wrapper's parameter names: *args, and **kwargs when given
+        dynamic_shapes = {"args": tuple(specs[: len(args)])}
+        if kwargs:
+            dynamic_shapes["kwargs"] = dict(zip(kwargs, specs[len(args) :]))
     return torch.export.export(mod, tuple(args), kwargs, dynamic_shapes=dynamic_shapes)
