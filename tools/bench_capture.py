@@ -1,0 +1,287 @@
+"""Benchmark stoker-capture against torch.compile(backend="aot_eager"), side by side.
+
+On each model (an MLP, a small GPT block, a small CNN with BatchNorm):
+
+* first-call compile time: stoker's capture + partition + wrap
+  (`stoker_capture.aot_module`, first forward + backward) vs
+  `torch.compile(backend="aot_eager")` (Dynamo + torch's AOT autograd),
+  with `torch._dynamo.reset()` between models;
+* steady per-call time (forward + backward) of eager, stoker and aot_eager,
+  and the overhead of each over eager;
+* saved-activation bytes (saved tensors that are not inputs) of
+  `min_cut_partition`, `default_partition` and torch's own min-cut
+  partitioner, all on stoker's joint graph of the model.
+
+    python tools/bench_capture.py [--json PATH] [--iters N] [--models mlp,gpt,cnn]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import math
+import pathlib
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch._dynamo
+import torch.nn as nn
+import torch.nn.functional as F
+
+# --------------------------------------------------------------------------- models
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int = 256, hidden: int = 512, out: int = 10) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.fc3 = nn.Linear(hidden, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(F.gelu(self.fc2(F.gelu(self.fc1(x)))))
+
+
+class GPTBlock(nn.Module):
+    """One pre-norm transformer block with causal self-attention."""
+
+    def __init__(self, d: int = 128, heads: int = 4, block: int = 64) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.out = nn.Linear(4 * d, d)
+        self.register_buffer("mask", torch.tril(torch.ones(block, block, dtype=torch.bool)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=-1)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.heads)
+        att = att.masked_fill(~self.mask[:T, :T], float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + self.proj(y)
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class CNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.b1 = nn.BatchNorm2d(16)
+        self.c2 = nn.Conv2d(16, 32, 3, padding=1, stride=2)
+        self.b2 = nn.BatchNorm2d(32)
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.b1(self.c1(x)))
+        x = F.relu(self.b2(self.c2(x)))
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+MODELS: dict[str, Callable[[], tuple[nn.Module, torch.Tensor]]] = {
+    "mlp": lambda: (MLP(), torch.randn(32, 256)),
+    "gpt": lambda: (GPTBlock(), torch.randn(4, 64, 128)),
+    "cnn": lambda: (CNN(), torch.randn(8, 3, 32, 32)),
+}
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def _step(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> None:
+    fn(x).sum().backward()
+
+
+def _time_first(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
+    t0 = time.perf_counter()
+    _step(fn, x)
+    return time.perf_counter() - t0
+
+
+def _time_steady(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, iters: int) -> float:
+    for _ in range(3):
+        _step(fn, x)
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        _step(fn, x)
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def _stoker_aot_module() -> Callable[..., Any] | None:
+    import stoker_capture
+
+    return getattr(stoker_capture, "aot_module", None)
+
+
+def warm_up() -> None:
+    """Pay one-time costs (imports, first make_fx, Dynamo's first frame) outside the timings."""
+    model, x = nn.Linear(4, 4), torch.randn(2, 4)
+    aot_module = _stoker_aot_module()
+    if aot_module is not None:
+        with contextlib.suppress(Exception):
+            _step(aot_module(copy.deepcopy(model)), x)
+    torch._dynamo.reset()
+    with contextlib.suppress(Exception):
+        _step(torch.compile(copy.deepcopy(model), backend="aot_eager"), x)
+    torch._dynamo.reset()
+
+
+def bench_compile(name: str, iters: int) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model, x = MODELS[name]()
+    row: dict[str, Any] = {"model": name}
+    row["eager_ms"] = 1e3 * _time_steady(model, x, iters)
+
+    aot_module = _stoker_aot_module()
+    if aot_module is None:
+        row["stoker_error"] = "stoker_capture.aot_module is not available"
+    else:
+        try:
+            compiled = aot_module(copy.deepcopy(model))
+            row["stoker_first_s"] = _time_first(compiled, x)
+            row["stoker_ms"] = 1e3 * _time_steady(compiled, x, iters)
+        except Exception as e:  # reported in the table
+            row["stoker_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+
+    torch._dynamo.reset()
+    try:
+        tc = torch.compile(copy.deepcopy(model), backend="aot_eager")
+        row["aot_eager_first_s"] = _time_first(tc, x)
+        row["aot_eager_ms"] = 1e3 * _time_steady(tc, x, iters)
+    except Exception as e:  # reported in the table
+        row["aot_eager_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    torch._dynamo.reset()
+    return row
+
+
+# --------------------------------------------------------------------------- saved bytes
+
+
+def joint_graph(name: str) -> tuple[torch.fx.GraphModule, int]:
+    """stoker's stage-1 joint graph of the model."""
+    import stoker_capture
+
+    torch.manual_seed(0)
+    model, x = MODELS[name]()
+    cfg = stoker_capture.AOTConfig(mode="joint", dynamic="static")
+    with contextlib.ExitStack() as stack:
+        state = stoker_capture.create_aot_state(model, (x,), None, cfg, stack)
+        graph = stoker_capture.aot_stage1_graph_capture(state)
+    return graph.gm, graph.num_fw_outputs
+
+
+def torch_min_cut_bytes(gm: torch.fx.GraphModule, num_fw_outputs: int) -> int:
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    from stoker_capture._internal.partition import node_bytes
+
+    gm = copy.deepcopy(gm)
+    inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    fw, _ = min_cut_rematerialization_partition(gm, inputs, num_fwd_outputs=num_fw_outputs)
+    out = next(n for n in fw.graph.nodes if n.op == "output")
+    saved = {s for s in out.args[0][num_fw_outputs:] if isinstance(s, torch.fx.Node)}
+    return sum(node_bytes(s) for s in saved if s.op != "placeholder")
+
+
+def bench_bytes(name: str) -> dict[str, Any]:
+    from stoker_capture._internal.partition import default_partition
+    from stoker_capture._internal.partition_mincut import min_cut_partition
+
+    row: dict[str, Any] = {"model": name}
+    try:
+        gm, n = joint_graph(name)
+    except Exception as e:  # reported in the table
+        row["error"] = f"capture: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        return row
+    t0 = time.perf_counter()
+    d = default_partition(gm, num_fw_outputs=n)
+    row["default_partition_ms"] = 1e3 * (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    m = min_cut_partition(gm, num_fw_outputs=n)
+    row["min_cut_partition_ms"] = 1e3 * (time.perf_counter() - t0)
+    row["default_bytes"] = d.saved_bytes
+    row["min_cut_bytes"] = m.saved_bytes
+    row["min_cut_recomputed"] = len(m.recomputed)
+    t0 = time.perf_counter()
+    row["torch_min_cut_bytes"] = torch_min_cut_bytes(gm, n)
+    row["torch_min_cut_ms"] = 1e3 * (time.perf_counter() - t0)
+    return row
+
+
+# --------------------------------------------------------------------------- table
+
+
+def _f(v: Any, fmt: str) -> str:
+    return format(v, fmt) if isinstance(v, (int, float)) else "n/a"
+
+
+def print_tables(compile_rows: list[dict[str, Any]], byte_rows: list[dict[str, Any]]) -> None:
+    print("\nfirst call (forward+backward, includes compilation), seconds")
+    print(f"{'model':<6} {'stoker':>9} {'aot_eager':>10} {'ratio':>7}")
+    for r in compile_rows:
+        s, a = r.get("stoker_first_s"), r.get("aot_eager_first_s")
+        ratio = s / a if isinstance(s, float) and isinstance(a, float) else None
+        print(f"{r['model']:<6} {_f(s, '9.3f')} {_f(a, '10.3f')} {_f(ratio, '7.2f')}")
+    print("\nsteady forward+backward per call, ms (overhead over eager)")
+    print(f"{'model':<6} {'eager':>8} {'stoker':>16} {'aot_eager':>16}")
+    for r in compile_rows:
+        e = r["eager_ms"]
+        cells = []
+        for k in ("stoker_ms", "aot_eager_ms"):
+            v = r.get(k)
+            cells.append(f"{v:7.3f} ({v - e:+6.3f})" if isinstance(v, float) else "n/a")
+        print(f"{r['model']:<6} {e:8.3f} {cells[0]:>16} {cells[1]:>16}")
+    for r in compile_rows:
+        for k in ("stoker_error", "aot_eager_error"):
+            if k in r:
+                print(f"  {r['model']}: {k}: {r[k]}")
+    print("\nsaved activation bytes (not counting saved inputs), stoker's joint graph")
+    print(f"{'model':<6} {'default':>10} {'min_cut':>10} {'torch min-cut':>14} {'recomputed':>11}")
+    for r in byte_rows:
+        if "error" in r:
+            print(f"{r['model']:<6} {r['error']}")
+            continue
+        print(
+            f"{r['model']:<6} {r['default_bytes']:>10} {r['min_cut_bytes']:>10} "
+            f"{r['torch_min_cut_bytes']:>14} {r['min_cut_recomputed']:>11}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", help="write the results as JSON here")
+    ap.add_argument("--iters", type=int, default=30, help="timed steady-state calls")
+    ap.add_argument("--models", default=",".join(MODELS))
+    args = ap.parse_args(argv)
+    names = args.models.split(",")
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        ap.error(f"unknown models {unknown}; choose from {list(MODELS)}")
+    torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
+    warm_up()
+    compile_rows = [bench_compile(n, args.iters) for n in names]
+    byte_rows = [bench_bytes(n) for n in names]
+    print_tables(compile_rows, byte_rows)
+    if args.json:
+        pathlib.Path(args.json).write_text(
+            json.dumps(
+                {"torch": torch.__version__, "compile": compile_rows, "bytes": byte_rows}, indent=1
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,383 @@
+"""OpInfo sweep: every op in torch's `op_db` through `stoker_capture.aot_function`.
+
+For each op (float32, CPU) and each of its first few sample inputs, the op is
+compiled with `aot_function` (capture, partition, the aten executor or
+another compiler) and its outputs, and its input gradients if the op supports
+autograd, are compared with eager PyTorch.  Prints the pass rate among ops
+that support autograd and every failure; expected failures (with a reason
+each) live in `tools/opinfo_expected.py`.
+
+    python tools/opinfo_sweep.py                       # the whole sweep
+    python tools/opinfo_sweep.py --ops add,mul,softmax # some ops
+    python tools/opinfo_sweep.py --limit 50            # the first 50 ops
+    python tools/opinfo_sweep.py --triton              # compile with stoker_triton.compile_graph
+    python tools/opinfo_sweep.py --backend torch       # torch's own aot_function (harness check)
+
+Exit status 1 when an op fails that is not an expected failure.  The
+functions here are also used by the quick CI subset
+(packages/stoker-capture/tests/test_opinfo_quick.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import pathlib
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType, ModuleType
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+HERE = pathlib.Path(__file__).resolve().parent
+DTYPE = torch.float32
+DEVICE = "cpu"
+RTOL = 1e-4
+ATOL = 1e-4
+
+Compile = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def load_expected() -> ModuleType:
+    """tools/opinfo_expected.py, loaded by path (tools/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "stoker_opinfo_expected", HERE / "opinfo_expected.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+EXPECTED = load_expected()
+
+
+# --------------------------------------------------------------------------- ops
+
+
+def op_key(op: Any) -> str:
+    """`name` or `name.variant`, as in torch's test names."""
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+def load_ops(names: Sequence[str] | None = None, limit: int | None = None) -> list[Any]:
+    """OpInfos supporting float32 on the CPU, optionally only `names` (op or op.variant)."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    ops = [op for op in op_db if DTYPE in op.supported_dtypes(DEVICE)]
+    if names:
+        wanted = set(names)
+        ops = [op for op in ops if op_key(op) in wanted or op.name in wanted]
+        missing = wanted - {op_key(op) for op in ops} - {op.name for op in ops}
+        if missing:
+            raise SystemExit(f"opinfo_sweep: no float32 CPU OpInfo named {sorted(missing)}")
+    if limit is not None:
+        ops = ops[:limit]
+    return ops
+
+
+# --------------------------------------------------------------------------- compilers
+
+
+def stoker_compile(compiler: Any = None) -> Compile:
+    """`stoker_capture.aot_function(fn, compiler=compiler)`."""
+    import stoker_capture
+
+    aot_function = getattr(stoker_capture, "aot_function", None)
+    if aot_function is None:
+        raise SystemExit("opinfo_sweep: stoker_capture has no aot_function yet")
+    return lambda fn: aot_function(fn, compiler=compiler)
+
+
+def triton_compile() -> Compile:
+    try:
+        import stoker_triton
+    except ImportError as e:
+        raise SystemExit(f"opinfo_sweep --triton: stoker_triton is not importable ({e})") from e
+    return stoker_compile(stoker_triton.compile_graph)
+
+
+def torch_compile() -> Compile:
+    """torch's own aot_function with the nop compiler: checks the harness, not stoker."""
+    from functorch.compile import aot_function, nop
+
+    return lambda fn: aot_function(fn, fw_compiler=nop)
+
+
+# --------------------------------------------------------------------------- one sample
+
+
+@dataclasses.dataclass(slots=True)
+class OpResult:
+    key: str
+    status: str  # pass | fail | xfail | xpass | skip
+    autograd: bool  # the op supports autograd (counts towards the pass rate)
+    samples: int = 0  # samples checked
+    error: str = ""  # first failure: "sample i: Type: message"
+    reason: str = ""  # expected failure / skip reason from opinfo_expected
+    seconds: float = 0.0
+
+
+class _Timeout(Exception):
+    pass
+
+
+class EagerFailed(Exception):
+    """Eager PyTorch itself fails on this sample (e.g. a CUDA-only op): nothing to compare."""
+
+
+def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    raise _Timeout("op took longer than its time limit")
+
+
+def _split_sample(sample: Any) -> tuple[list[torch.Tensor], Callable[[list[Any]], Any]]:
+    """Tensors of (input, args, kwargs) as a flat list, and how to rebuild the call."""
+    leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
+    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+
+    def rebuild(tensors: list[Any]) -> Any:
+        new = list(leaves)
+        for pos, t in zip(positions, tensors):
+            new[pos] = t
+        return pytree.tree_unflatten(new, spec)
+
+    return [leaves[i] for i in positions], rebuild
+
+
+def _fresh(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+
+
+def _tensor_leaves(out: Any) -> list[Any]:
+    return pytree.tree_leaves(out)
+
+
+def _compare(got: Any, ref: Any, what: str, *, values: bool) -> None:
+    g_leaves, r_leaves = _tensor_leaves(got), _tensor_leaves(ref)
+    if len(g_leaves) != len(r_leaves):
+        raise AssertionError(f"{what}: {len(g_leaves)} values, eager has {len(r_leaves)}")
+    for i, (g, r) in enumerate(zip(g_leaves, r_leaves)):
+        if isinstance(r, torch.Tensor):
+            if not isinstance(g, torch.Tensor):
+                raise AssertionError(f"{what}[{i}]: got {type(g).__name__}, eager has a tensor")
+            if g.shape != r.shape or g.dtype != r.dtype:
+                raise AssertionError(
+                    f"{what}[{i}]: got {g.dtype}{list(g.shape)}, eager has {r.dtype}{list(r.shape)}"
+                )
+            if values:
+                torch.testing.assert_close(
+                    g.detach(),
+                    r.detach(),
+                    rtol=RTOL,
+                    atol=ATOL,
+                    equal_nan=True,
+                    msg=lambda m, i=i: f"{what}[{i}]: {m}",
+                )
+        elif values and g != r and not (g != g and r != r):  # nan == nan for floats
+            raise AssertionError(f"{what}[{i}]: got {g!r}, eager has {r!r}")
+
+
+def check_sample(
+    compile_fn: Compile, op: Any, sample: Any, *, grads: bool, values: bool = True
+) -> None:
+    """Compile `op` over one sample; compare outputs and (if `grads`) input gradients with eager."""
+    tensors, rebuild = _split_sample(sample)
+
+    def fn(*ts: torch.Tensor) -> Any:
+        inp, args, kwargs = rebuild(list(ts))
+        return op(inp, *args, **kwargs)
+
+    eager_in, comp_in = _fresh(tensors), _fresh(tensors)
+    with torch.enable_grad():
+        try:
+            ref = fn(*eager_in)
+        except Exception as e:
+            raise EagerFailed(_short(e)) from e
+        compiled = compile_fn(fn)
+        got = compiled(*comp_in)
+    _compare(got, ref, "output", values=values)
+    if not grads:
+        return
+    wrt = [i for i, t in enumerate(eager_in) if t.requires_grad]
+    r_outs = [o for o in _tensor_leaves(ref) if isinstance(o, torch.Tensor) and o.requires_grad]
+    g_outs = [o for o in _tensor_leaves(got) if isinstance(o, torch.Tensor) and o.requires_grad]
+    if not wrt or not r_outs:
+        return
+    if len(g_outs) != len(r_outs):
+        raise AssertionError(
+            f"{len(g_outs)} compiled outputs require grad, eager has {len(r_outs)}"
+        )
+    cot = [torch.randn_like(o) for o in r_outs]
+    try:
+        r_grads = torch.autograd.grad(r_outs, [eager_in[i] for i in wrt], cot, allow_unused=True)
+    except Exception:  # eager's backward rejects this cotangent: forward only
+        return
+    g_grads = torch.autograd.grad(g_outs, [comp_in[i] for i in wrt], cot, allow_unused=True)
+    zeros = lambda gs, ins: [  # noqa: E731 - an unused input's grad is zero
+        torch.zeros_like(ins[i]) if g is None else g for g, i in zip(gs, wrt)
+    ]
+    _compare(zeros(g_grads, comp_in), zeros(r_grads, eager_in), "grad", values=values)
+
+
+def _samples(op: Any, requires_grad: bool) -> Iterator[Any]:
+    return iter(op.sample_inputs(DEVICE, DTYPE, requires_grad=requires_grad))
+
+
+def run_op(
+    op: Any, compile_fn: Compile, *, max_samples: int = 3, time_limit: int = 120
+) -> OpResult:
+    """Check one op over its first `max_samples` samples; classify against the expected table."""
+    key = op_key(op)
+    autograd = bool(op.supports_autograd)
+    res = OpResult(key, "pass", autograd)
+    skip = EXPECTED.SKIP.get(key)
+    if skip is not None:
+        res.status, res.reason = "skip", skip
+        return res
+    values = key not in EXPECTED.RANDOM
+    t0 = time.perf_counter()
+    old = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.alarm(time_limit)
+    eager_error = ""
+    try:
+        for i, sample in enumerate(_samples(op, autograd)):
+            if i >= max_samples:
+                break
+            try:
+                check_sample(compile_fn, op, sample, grads=autograd, values=values)
+                res.samples += 1
+            except _Timeout:
+                raise
+            except EagerFailed as e:
+                eager_error = eager_error or f"sample {i}: {e}"
+                continue
+            except Exception as e:  # every failure is reported, not raised
+                res.status = "fail"
+                res.error = f"sample {i}: {_short(e)}"
+                break
+    except _Timeout as e:
+        res.status, res.error = "fail", f"timeout: {e}"
+    except Exception as e:  # sample generation itself failed
+        res.status, res.error = "fail", f"sample generation: {_short(e)}"
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    res.seconds = time.perf_counter() - t0
+    if res.status == "pass" and res.samples == 0:
+        res.status = "skip"
+        res.reason = f"eager fails on {DEVICE}: {eager_error}" if eager_error else "no samples"
+        return res
+    reason = EXPECTED.XFAIL.get(key)
+    if reason is not None:
+        res.reason = reason
+        res.status = "xfail" if res.status == "fail" else "xpass"
+    if not values and res.status == "pass":
+        res.reason = EXPECTED.RANDOM[key]
+    return res
+
+
+def _short(e: BaseException) -> str:
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    first = lines[0] if lines else ""
+    if len(first) > 300:
+        first = first[:300] + "..."
+    return f"{type(e).__name__}: {first}"
+
+
+# --------------------------------------------------------------------------- report
+
+
+def summarize(results: Sequence[OpResult]) -> dict[str, Any]:
+    ag = [r for r in results if r.autograd and r.status != "skip"]
+    passed = [r for r in ag if r.status in ("pass", "xpass")]
+    return {
+        "ops": len(results),
+        "autograd_ops": len(ag),
+        "autograd_passed": len(passed),
+        "pass_rate": len(passed) / len(ag) if ag else 1.0,
+        "passed": sum(r.status in ("pass", "xpass") for r in results),
+        "failed": [r.key for r in results if r.status == "fail"],
+        "xfail": [r.key for r in results if r.status == "xfail"],
+        "xpass": [r.key for r in results if r.status == "xpass"],
+        "skipped": [r.key for r in results if r.status == "skip"],
+    }
+
+
+def print_report(results: Sequence[OpResult], seconds: float) -> dict[str, Any]:
+    s = summarize(results)
+    print(
+        f"\nOpInfo sweep: {s['passed']}/{s['ops']} ops pass; among ops that support autograd "
+        f"{s['autograd_passed']}/{s['autograd_ops']} = {100 * s['pass_rate']:.1f}% "
+        f"({len(s['skipped'])} skipped, {len(s['xfail'])} expected failures, "
+        f"{len(s['failed'])} unexpected failures) in {seconds:.0f} s"
+    )
+    by_key = {r.key: r for r in results}
+    if s["xfail"]:
+        print("\nexpected failures:")
+        for k in s["xfail"]:
+            print(f"  {k:<40} {by_key[k].reason}")
+    if s["skipped"]:
+        print("\nskipped:")
+        for k in s["skipped"]:
+            print(f"  {k:<40} {by_key[k].reason}")
+    if s["xpass"]:
+        print("\nexpected to fail but passed (remove from tools/opinfo_expected.py):")
+        for k in s["xpass"]:
+            print(f"  {k}")
+    if s["failed"]:
+        print("\nUNEXPECTED FAILURES:")
+        for k in s["failed"]:
+            print(f"  {k:<40} {by_key[k].error}")
+    return s
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ops", help="comma-separated op names (op or op.variant)")
+    ap.add_argument("--limit", type=int, help="only the first N ops")
+    ap.add_argument("--samples", type=int, default=3, help="sample inputs per op (default 3)")
+    ap.add_argument(
+        "--triton", action="store_true", help="compile with stoker_triton.compile_graph"
+    )
+    ap.add_argument("--backend", choices=["stoker", "torch"], default="stoker")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("-v", "--verbose", action="store_true", help="one line per op")
+    args = ap.parse_args(argv)
+
+    if args.triton:
+        compile_fn = triton_compile()
+    elif args.backend == "torch":
+        compile_fn = torch_compile()
+    else:
+        compile_fn = stoker_compile()
+    ops = load_ops(args.ops.split(",") if args.ops else None, args.limit)
+    t0 = time.perf_counter()
+    results = []
+    for op in ops:
+        r = run_op(op, compile_fn, max_samples=args.samples)
+        results.append(r)
+        if args.verbose or r.status == "fail":
+            print(f"{r.status:<5} {r.key:<40} {r.seconds:6.2f}s {r.error}", flush=True)
+    s = print_report(results, time.perf_counter() - t0)
+    if args.json:
+        pathlib.Path(args.json).write_text(
+            json.dumps(
+                {"summary": s, "results": [dataclasses.asdict(r) for r in results]}, indent=1
+            )
+        )
+    return 1 if s["failed"] else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        sys.exit(130)
