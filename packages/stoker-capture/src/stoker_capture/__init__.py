@@ -14,6 +14,7 @@ from ._internal.api import AOTCompiled, aot_function, aot_module, export
 from ._internal.capture import CapturedGraph, aot_stage1_graph_capture
 from ._internal.compile import CompiledFn, aot_stage2_compile
 from ._internal.config import AOTConfig, aten_executor
+from ._internal.dynamo import dynamo_backend
 from ._internal.errors import (
     ExportFormatError,
     GraphLintError,
@@ -23,7 +24,8 @@ from ._internal.errors import (
 )
 from ._internal.export import ExportedGraph, ExportSignature, aot_stage2_export, load
 from ._internal.lint import lint_graph
-from ._internal.partition import Partition, default_partition
+from ._internal.partition import Partition, PartitionError, default_partition
+from ._internal.partition_mincut import min_cut_partition
 from ._internal.runtime_fn import AOTBackwardInfo
 from ._internal.state import (
     AOTState,
@@ -53,6 +55,7 @@ __all__ = [
     "OutputInfo",
     "OutputKind",
     "Partition",
+    "PartitionError",
     "StokerCaptureError",
     "UnsupportedError",
     "__version__",
@@ -64,7 +67,9 @@ __all__ = [
     "aten_executor",
     "create_aot_state",
     "default_partition",
+    "dynamo_backend",
     "export",
     "lint_graph",
     "load",
+    "min_cut_partition",
 ]

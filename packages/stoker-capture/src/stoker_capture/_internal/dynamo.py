@@ -1,0 +1,76 @@
+"""`dynamo_backend`: stoker's pipeline as a ``torch.compile`` backend (seed 002).
+
+The backend adopts Dynamo's fake mode and shape env and runs every stage at
+lowering time, so any guard that capture, partitioning or the compiler adds
+lands in Dynamo's shape env and is installed by Dynamo with its own guards:
+violating one recompiles, never silently reuses a wrong graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from stoker_shapes import ShapeContext
+
+from .api import compile_pipeline
+from .config import AOTConfig, Compiler
+
+
+def dynamo_backend(
+    compiler: Compiler | None = None,
+    *,
+    bw_compiler: Compiler | None = None,
+    partition: Callable[..., Any] | None = None,
+    memory_budget: float | None = None,
+    debug_checks: bool | None = None,
+) -> Callable[..., Any]:
+    """A torch.compile backend: ``torch.compile(model, backend=dynamo_backend())``.
+
+    ``compiler(gm, example_inputs)`` compiles the forward and backward graphs
+    (None: the aten executor); its example inputs are fake tensors over
+    Dynamo's symbols, so a specialization it makes becomes a Dynamo guard.
+    """
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        cfg = AOTConfig(
+            partition=partition,
+            memory_budget=memory_budget,
+            fw_compiler=compiler,
+            bw_compiler=bw_compiler,
+            dynamic="static",
+            guard_params=False,
+        )
+        if debug_checks is not None:
+            cfg.debug_checks = debug_checks
+        tc = torch._guards.TracingContext.try_get()
+        if tc is None or tc.fake_mode is None:
+            # called outside Dynamo (e.g. directly): our own shape context, static shapes
+            return compile_pipeline(gm, list(example_inputs), {}, cfg)
+        ctx = ShapeContext.adopt(tc.fake_mode)
+        fakes = _dynamo_fakes(gm, example_inputs, tc)
+        return compile_pipeline(gm, list(example_inputs), {}, cfg, ctx=ctx, fake_args=(fakes, {}))
+
+    return backend
+
+
+def _dynamo_fakes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], tc: Any) -> list[Any]:
+    """Dynamo's own fake inputs (same symbols), re-fakified from the real example inputs."""
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out: list[Any] = []
+    for node, x in zip(phs, example_inputs):
+        example = node.meta.get("example_value")
+        if isinstance(x, torch.Tensor):
+            grapharg = node.meta.get("grapharg")
+            source = getattr(grapharg, "source", None)
+            context = tc.tensor_to_context.get(x) if hasattr(tc, "tensor_to_context") else None
+            out.append(
+                tc.fake_mode.from_tensor(x, symbolic_context=context, source=source, trace=False)
+            )
+        elif isinstance(example, torch.SymInt | torch.SymFloat):
+            out.append(example)  # a symbolic number: Dynamo's own SymInt
+        else:
+            out.append(x)
+    return out
