@@ -33,13 +33,17 @@ aten = torch.ops.aten
 class CompiledGraph:
     """The callable compile_graph returns: `fn(*args)` runs the wrapper."""
 
-    def __init__(self, call: Any, report: CompileReport, wrapper_source: str) -> None:
+    def __init__(self, call: Any, report: CompileReport, wrapper_source: str, out_spec: Any = None) -> None:
         self._call = call
         self.report = report
         self.wrapper_source = wrapper_source
+        self._out_spec = out_spec  # pytree spec when the graph returns nested structures
 
     def __call__(self, *args: Any) -> Any:
-        return self._call(list(args))
+        out = self._call(list(args))
+        if self._out_spec is None:
+            return out
+        return torch.utils._pytree.tree_unflatten(out, self._out_spec)
 
 
 def compile_graph_impl(
@@ -71,7 +75,8 @@ def compile_graph_impl(
     # 3. codegen: one Triton kernel source per fused group, then the wrapper
     with report.stage("codegen"):
         kernels = {s.name: generate_kernel(s, sched, program.buffers) for s in sched.steps if isinstance(s, Kernel)}
-        wrapper_src, consts = generate_wrapper(program, sched, kernels, _output_kind(gm))
+        out_kind, out_spec = _output_kind(gm)
+        wrapper_src, consts = generate_wrapper(program, sched, kernels, out_kind)
     # 4. load: kernel modules and wrapper from the on-disk cache, launchers
     with report.stage("load"):
         launchers, paths = load_kernels(kernels)
@@ -81,7 +86,7 @@ def compile_graph_impl(
     _fill_report(report, program, sched, kernels, paths, str(wpath), ctx, shape_env, n_guards)
     if debug:
         print(_debug_text(report, wrapper_src), file=sys.stderr)
-    return CompiledGraph(call, report, wrapper_src)
+    return CompiledGraph(call, report, wrapper_src, out_spec)
 
 
 # --------------------------------------------------------------------------
@@ -165,14 +170,19 @@ def _device(inputs: Sequence[Any]) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _output_kind(gm: torch.fx.GraphModule) -> str:
+def _output_kind(gm: torch.fx.GraphModule) -> tuple[str, Any]:
+    """How the wrapper returns: a flat tuple/list, one value, or leaves to unflatten."""
     out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     a = out.args[0]
-    if isinstance(a, list):
-        return "list"
-    if isinstance(a, tuple):
-        return "tuple"
-    return "single"
+    if isinstance(a, list | tuple):
+        if all(not isinstance(x, list | tuple | dict) for x in a):
+            return ("list" if isinstance(a, list) else "tuple"), None
+        _, spec = torch.utils._pytree.tree_flatten(a, is_leaf=lambda x: x is None)
+        return "list", spec
+    if isinstance(a, dict):
+        _, spec = torch.utils._pytree.tree_flatten(a, is_leaf=lambda x: x is None)
+        return "list", spec
+    return "single", None
 
 
 # --------------------------------------------------------------------------

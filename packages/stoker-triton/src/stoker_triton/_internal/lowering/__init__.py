@@ -88,8 +88,8 @@ def lower_graph(
             )
             continue
         if node.op == "output":
-            outs = node.args[0]
-            for k, o in enumerate(outs if isinstance(outs, list | tuple) else [outs]):
+            outs = torch.utils._pytree.tree_leaves(node.args[0], is_leaf=lambda a: a is None)
+            for k, o in enumerate(outs):
                 outputs.append(_output(ctx, o, env, k, output_views))
             continue
         args = torch.fx.node.map_arg(node.args, lambda n: env[n])

@@ -1,0 +1,139 @@
+"""Reductions over any dims (persistent and looped), and the fused normalizations."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from triton_helpers import check
+
+
+@pytest.mark.parametrize("looped", [False, True], ids=["persistent", "looped"])
+def test_sum_mean_amax_amin(looped):
+    x = torch.randn(3, 5, 40)
+    opts = {"options": {"persistent_rnumel_max": 16}} if looped else {}
+    check(
+        lambda x: (x.sum(-1), x.sum((0, 2)), x.mean(1, keepdim=True), x.amax(-1), x.amin((0, 1)), x.sum(), x.mean()),
+        x,
+        rtol=1e-4,
+        atol=1e-4,
+        **opts,
+    )
+
+
+@pytest.mark.parametrize("looped", [False, True], ids=["persistent", "looped"])
+def test_arg_prod_any_all(looped):
+    x = torch.randn(4, 40)
+    x[1, 7] = 10.0  # a clear maximum
+    x[2, 3] = -10.0
+    opts = {"options": {"persistent_rnumel_max": 16}} if looped else {}
+    check(
+        lambda x: (x.argmax(1), x.argmin(1), x.argmax(), x.argmin(0, keepdim=True), (x * 0.1 + 1).prod(1), (x > 0).any(1), (x > -3).all(0), (x > 0).any()),
+        x,
+        fresh_inputs=False,
+        rtol=1e-4,
+        **opts,
+    )
+
+
+@pytest.mark.parametrize("looped", [False, True], ids=["persistent", "looped"])
+def test_var_std_one_pass(looped):
+    x = torch.randn(6, 50) * 3 + 1
+    opts = {"options": {"persistent_rnumel_max": 16}} if looped else {}
+    fn = check(
+        lambda x: (x.var(1), x.std(0, keepdim=True), torch.var_mean(x, 1, correction=0), x.var(), torch.std_mean(x, (0, 1))),
+        x,
+        rtol=1e-4,
+        atol=1e-4,
+        **opts,
+    )
+    assert "looped-reduction" in {k.kind for k in fn.report.kernels} or not looped
+
+
+def test_integer_and_bool_sums():
+    x = torch.randint(-4, 4, (5, 6))
+    check(lambda x: (x.sum(1), (x > 0).sum(0), x.amax(1), x.prod(0)), x)
+
+
+def test_reduction_over_noncontiguous_and_broadcast():
+    x = torch.randn(8, 6).t()
+    y = torch.randn(6, 1)
+    check(lambda x, y: ((x * y).sum(1), (x + y).amax(0)), x, y, rtol=1e-4)
+
+
+def test_softmax_forward_is_one_kernel():
+    check(lambda x: torch.softmax(x, -1), torch.randn(8, 33), kernels=1)
+
+
+def test_log_softmax_and_softmax_on_inner_dim():
+    x = torch.randn(3, 17, 5)
+    check(lambda x: (torch.log_softmax(x, -1), torch.softmax(x, 1)), x, rtol=1e-4, atol=1e-5)
+
+
+def test_layernorm_gelu_forward_at_most_two_kernels():
+    x, w, b = torch.randn(6, 32), torch.randn(32), torch.randn(32)
+    check(lambda x, w, b: F.gelu(F.layer_norm(x, (32,), w, b)), x, w, b, max_kernels=2, rtol=1e-4, atol=1e-5)
+
+
+def test_layernorm_training_outputs_mean_and_rstd():
+    x, w, b = torch.randn(2, 3, 16), torch.randn(16), torch.randn(16)
+    fn = check(lambda x, w, b: torch.ops.aten.native_layer_norm(x, [16], w, b, 1e-5), x, w, b, rtol=1e-4, atol=1e-5)
+    assert fn.report.n_kernels == 1, str(fn.report)
+
+
+def test_batch_norm_training_forward():
+    x = torch.randn(4, 3, 5, 5)
+    w, b = torch.randn(3), torch.randn(3)
+    rm, rv = torch.zeros(3), torch.ones(3)
+    check(
+        lambda x, w, b, rm, rv: torch.ops.aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, 0.1, 1e-5),
+        x, w, b, rm, rv, rtol=1e-4, atol=1e-5,
+    )
+
+
+def _grad_graph(f, *args):
+    def g(*a):
+        out = f(*a)
+        return torch.autograd.grad(out, [t for t in a if t.requires_grad], torch.ones_like(out))
+
+    return g
+
+
+def test_softmax_backward():
+    x = torch.randn(4, 24, requires_grad=True)
+    fn = check(_grad_graph(lambda x: torch.softmax(x, -1) * torch.arange(24.0), x), x, rtol=1e-4, atol=1e-5)
+    assert fn.report.n_kernels <= 2, str(fn.report)
+
+
+def test_layernorm_backward():
+    x = torch.randn(6, 16, requires_grad=True)
+    w = torch.randn(16, requires_grad=True)
+    b = torch.randn(16, requires_grad=True)
+    fn = check(_grad_graph(lambda x, w, b: F.layer_norm(x, (16,), w, b) ** 2, x, w, b), x, w, b, rtol=1e-4, atol=1e-4)
+    assert fn.report.n_kernels <= 4, str(fn.report)
+
+
+def test_gelu_tanh_silu_backward():
+    x = torch.randn(5, 9, requires_grad=True)
+    check(_grad_graph(lambda x: F.gelu(x) + F.silu(x) + torch.tanh(x) + F.gelu(x, approximate="tanh"), x), x, kernels=1, rtol=1e-4, atol=1e-5)
+
+
+def test_batch_norm_backward():
+    x = torch.randn(4, 3, 6, requires_grad=True)
+    w = torch.randn(3, requires_grad=True)
+    b = torch.randn(3, requires_grad=True)
+    check(_grad_graph(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True) ** 2, x, w, b), x, w, b, rtol=1e-3, atol=1e-4)
+
+
+def test_sibling_reductions_share_a_kernel():
+    x = torch.randn(8, 32)
+    check(lambda x: (x.sum(1), x.amax(1), (x * x).sum(1)), x, kernels=1, rtol=1e-4)
+
+
+def test_cross_entropy_forward_backward():
+    x = torch.randn(6, 10, requires_grad=True)
+    t = torch.randint(0, 10, (6,))
+
+    def f(x, t):
+        loss = F.cross_entropy(x, t)
+        return (loss, *torch.autograd.grad(loss, [x]))
+
+    check(f, x, t, rtol=1e-4, atol=1e-5)
