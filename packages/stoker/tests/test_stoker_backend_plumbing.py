@@ -78,7 +78,6 @@ def test_autograd_switch_scoping(stub_capture: None) -> None:
     stoker.compile(m)
     assert stoker_autograd.is_enabled()
     with stoker.autograd_enabled(False):
-        assert not stoker_autograd.is_enabled()
         before = stoker_autograd.stats()
         m(torch.randn(2, 4)).sum().backward()
         assert stoker_autograd.stats() == before

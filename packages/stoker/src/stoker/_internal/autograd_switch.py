@@ -47,19 +47,36 @@ class AutogradSwitch:
 
     @contextlib.contextmanager
     def scoped(self, enabled: bool) -> Iterator[None]:
-        """Temporarily on or off; restores the previous state (and its compiler) afterwards."""
-        was_on, compiler, dynamic = self.on, self._compiler, self._dynamic
-        if enabled and not was_on:
-            self.turn_on(compiler, dynamic)
-        elif not enabled and was_on:
-            self.turn_off()
-        try:
-            yield
-        finally:
-            if was_on and not self.on:
-                self.turn_on(compiler, dynamic)
-            elif not was_on and self.on:
+        """Temporarily on or off; restores the previous state afterwards.
+
+        Off is a pause: the engine hook is unset and put back, but stoker-autograd's
+        session and the engine's cache of captured backwards survive, so switching back
+        and forth every step (eager beside compiled, as the demo does) costs nothing.
+        """
+        if enabled and not self.on:
+            self.turn_on(self._compiler, self._dynamic)
+            try:
+                yield
+            finally:
                 self.turn_off()
+        elif not enabled and self.on:
+            with _engine_hook_paused():
+                yield
+        else:
+            yield
+
+
+@contextlib.contextmanager
+def _engine_hook_paused() -> Iterator[None]:
+    """Unset torch's compiled-autograd engine hook for a block, without clearing its cache."""
+    import torch
+
+    hook = torch._C._dynamo.compiled_autograd
+    prior = hook.set_autograd_compiler(None, False)
+    try:
+        yield
+    finally:
+        hook.set_autograd_compiler(*prior)
 
 
 def _enable_fn() -> Callable[..., Any]:
