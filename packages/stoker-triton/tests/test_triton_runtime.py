@@ -1,0 +1,99 @@
+"""Extern fallback, the report, debug output, the disk cache, buffer reuse, the light import."""
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from triton_helpers import check, trace
+
+from stoker_triton import CompileReport, compile_graph
+
+
+def test_unlowered_op_falls_back_to_aten_logged_once_and_counted(caplog):
+    x = torch.randn(4, 6)
+
+    def f(x):
+        a = torch.ops.aten.cumsum(x, 1)  # no lowering: an extern aten call
+        b = torch.ops.aten.cumsum(a * 2, 0)
+        return (a.sin(), b + 1)
+
+    with caplog.at_level(logging.INFO, logger="stoker.kernels"):
+        fn = check(f, x, rtol=1e-4)
+    assert fn.report.fallback_ops == {"aten.cumsum.default": 2}
+    msgs = [r.getMessage() for r in caplog.records if "cumsum" in r.getMessage()]
+    assert len(msgs) == 1, msgs
+
+
+def test_report_contents_and_debug_print(capsys):
+    x = torch.randn(4, 8)
+    fn = compile_graph(trace(lambda x: torch.softmax(x, -1) + x.sum(), x), [x], debug=True)
+    r = fn.report
+    assert isinstance(r, CompileReport)
+    assert set(r.timings_ms) >= {"prepare", "lower", "schedule", "codegen", "load"}
+    assert r.fusion_groups and all(r.fusion_groups)
+    err = capsys.readouterr().err
+    assert "=== stoker-triton IR ===" in err and "@triton.jit" in err and "def call(args)" in err
+    assert "kernel" in str(r)
+
+
+def test_debug_env_var(capsys, monkeypatch):
+    monkeypatch.setenv("STOKER_TRITON_DEBUG", "1")
+    x = torch.randn(3)
+    compile_graph(trace(lambda x: x + 1, x), [x])
+    assert "=== wrapper ===" in capsys.readouterr().err
+
+
+def test_sources_are_cached_on_disk_by_content():
+    x = torch.randn(5, 5)
+    fn1 = compile_graph(trace(lambda x: x.cos() * 3, x), [x])
+    fn2 = compile_graph(trace(lambda x: x.cos() * 3, x), [x])
+    p1, p2 = fn1.report.kernels[0].path, fn2.report.kernels[0].path
+    assert p1 == p2 and Path(p1).exists()
+    assert str(Path(p1)).startswith(os.environ["STOKER_CACHE_DIR"])
+    assert Path(fn1.report.wrapper_path).read_text() == fn1.wrapper_source
+
+
+def test_intermediate_buffers_freed_or_reused():
+    x = torch.randn(6, 6)
+
+    def f(x):
+        a = torch.ops.aten.cumsum(x, 0)  # extern: forces realized inputs/outputs
+        b = torch.ops.aten.cumsum(a.exp(), 0)
+        c = torch.ops.aten.cumsum(b.sin(), 0)
+        return (c.cos(),)
+
+    fn = check(f, x, rtol=1e-4, atol=1e-5)
+    src = fn.wrapper_source
+    assert "del " in src or "# reuse" in src, src
+
+
+def test_internal_buffers_never_stored():
+    x = torch.randn(4, 16)
+    fn = check(lambda x: torch.softmax(x, -1), x)
+    assert fn.report.kernels[0].source.count("tl.store") == 1
+    assert fn.wrapper_source.count("empty_strided(") == 1
+
+
+def test_wrong_input_strides_are_relaid_not_misread():
+    x = torch.randn(4, 6)
+    fn = compile_graph(trace(lambda x: x * 2, x), [x])
+    xt = torch.randn(6, 4).t()  # same shape, other strides
+    torch.testing.assert_close(fn(xt), xt * 2)
+
+
+def test_import_does_not_import_triton():
+    code = "import sys, stoker_triton; assert 'triton' not in sys.modules, 'triton imported'; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_scalar_and_none_outputs():
+    x = torch.randn(3, 4)
+    gm = trace(lambda x: (x + 1, None, 3), x)
+    fn = compile_graph(gm, [x])
+    out = fn(x)
+    torch.testing.assert_close(out[0], x + 1)
+    assert out[1] is None and out[2] == 3
