@@ -37,31 +37,53 @@ def stoker_aot_info(ctx: Any) -> Any:
 
 
 def aot_backward_prologue(
-    saved_tensors: Sequence[torch.Tensor], symints: Sequence[Any], grads: Sequence[Any]
+    saved_tensors: Sequence[torch.Tensor],
+    symints: Sequence[Any],
+    grads: Sequence[Any],
+    tangent_of: Sequence[int | None],
+    num_tangents: int,
 ) -> list[Any]:
-    """Arrange ``bw_module``'s inputs: ``(*saved_symints, *saved_tensors, *tangents)``."""
-    return [*symints, *saved_tensors, *grads]
+    """Arrange ``bw_module``'s inputs: ``(*saved_symints, *saved_tensors, *tangents)``,
+    each grad of a Function output placed at its tangent index (as the Function's
+    own backward does)."""
+    tangents: list[Any] = [None] * num_tangents
+    for g, k in zip(grads, tangent_of):
+        if k is not None:
+            tangents[k] = g.contiguous() if isinstance(g, torch.Tensor) else g
+    return [*symints, *saved_tensors, *tangents]
 
 
 def inline_aot_backward(
-    cap: CaptureInstance, info: Any, ctx: Any, pgrads: list[Any], psaved: list[Any]
+    cap: CaptureInstance,
+    info: Any,
+    ctx: Any,
+    pgrads: list[Any],
+    psaved: list[Any],
+    output_metadatas: Sequence[Any],
 ) -> list[Any] | None:
+    """Proxies of the grads for the Function's inputs, or None to proxy an opaque call."""
     bw: fx.GraphModule = info.bw_module
+    tangent_of = getattr(ctx._forward_cls, "_stoker_tangent_of", None)
     symints = list(ctx._get_compiled_autograd_symints()) if info.num_saved_symints else []
     placeholders = [n for n in bw.graph.nodes if n.op == "placeholder"]
     if (
-        len(symints) != info.num_saved_symints
+        tangent_of is None
+        or torch.is_grad_enabled()  # create_graph=True: the Function's backward says why not
+        or len(symints) != info.num_saved_symints
         or len(psaved) != info.num_saved_tensors
-        or len(pgrads) != info.num_tangents
-        or len(placeholders) != len(symints) + len(psaved) + len(pgrads)
-        or any(g is None for g in pgrads)
+        or len(pgrads) != len(tangent_of)
+        or len(placeholders) != info.num_saved_symints + info.num_saved_tensors + info.num_tangents
+        or any(g is None for g, k in zip(pgrads, tangent_of) if k is not None)
     ):
         return None  # not the layout we were promised: the opaque call is always right
     psymints = [cap.to_proxy(s) for s in symints]
 
     # 1. the prologue, as one call node (traced through at retrace time)
     pro = cap.tracer.create_proxy(
-        "call_function", aot_backward_prologue, (psaved, psymints, pgrads), {}
+        "call_function",
+        aot_backward_prologue,
+        (psaved, psymints, pgrads, tuple(tangent_of), int(info.num_tangents)),
+        {},
     )
     aot_id = int(info.aot_id)
     n = cap.aot_counts.get(aot_id, 0)
@@ -96,6 +118,12 @@ def inline_aot_backward(
                 fx.Proxy(remap[o], cap.tracer) if isinstance(o, fx.Node) else o for o in outs
             ]
         else:
-            return None
-    # 3. the epilogue: one grad per Function input
-    return outputs
+            raise NotImplementedError(f"{node.op} node in an AOT backward graph")
+    # 3. the epilogue: one grad per Function input.  The Function's inputs are
+    # (sink, *primals); the backward graph returns one grad per primal.
+    assert outputs is not None
+    extra = len(output_metadatas) - len(outputs)
+    if extra < 0 or any(m is not None for m in output_metadatas[:extra]):
+        raise NotImplementedError("AOT backward outputs do not match the Function's inputs")
+    grads = [None] * extra + outputs
+    return [None if m is None else g for g, m in zip(grads, output_metadatas)]

@@ -258,9 +258,10 @@ class CaptureInstance:
         pinputs = self.to_proxy(list(inputs))
         psaved = self.to_proxy(list(saved_tensors))
         info = stoker_aot_info(ctx)
+        proxies: Any = None
         if info is not None:
-            proxies: Any = inline_aot_backward(self, info, ctx, pinputs, psaved)
-        else:
+            proxies = inline_aot_backward(self, info, ctx, pinputs, psaved, output_metadatas)
+        if proxies is None:
             if hasattr(ctx._forward_cls, "_aot_id"):
                 raise NotImplementedError(
                     f"stoker-autograd: {ctx._forward_cls.__qualname__} is a backward compiled by "
@@ -388,6 +389,7 @@ class CaptureInstance:
             self.sym_sources,
             self.id,
         )
+        self.session.graphs.append(compiled)
         return runtime_wrapper, compiled
 
     def _annotate_origins(self, graph: fx.Graph) -> None:

@@ -91,3 +91,13 @@ def stats() -> dict[str, int]:
 def reset_stats() -> None:
     for k in STATS.as_dict():
         setattr(STATS, k, 0)
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """The eager engine inside this block, even within `enable()` (the cache is kept)."""
+    prior = _hook.set_autograd_compiler(None, False)
+    try:
+        yield
+    finally:
+        _hook.set_autograd_compiler(*prior)

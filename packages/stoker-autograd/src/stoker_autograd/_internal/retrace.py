@@ -33,7 +33,7 @@ from torch.fx.experimental.proxy_tensor import (
     track_tensor_tree,
 )
 
-from stoker_shapes import ShapeContext, Source
+from stoker_shapes import Dim, GuardSet, ShapeContext, Source
 
 from . import ops
 from .capture import PLACEHOLDERS
@@ -266,6 +266,26 @@ def _is_param(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.is_leaf and t.requires_grad
 
 
+Position = tuple[int, int, int]  # (0 inputs | 1 sizes | 2 scalars, index, dim or -1)
+
+
+def concrete_values(
+    inputs: Sequence[Any], sizes: Sequence[Any], scalars: Sequence[Any]
+) -> dict[Position, int]:
+    """Every integer a compile may specialize on, by position."""
+    out: dict[Position, int] = {}
+    for i, t in enumerate(inputs):
+        if isinstance(t, torch.Tensor):
+            for d, v in enumerate(t.shape):
+                out[(0, i, d)] = int(v)
+    for i, v in enumerate(sizes):
+        out[(1, i, -1)] = int(v)
+    for i, v in enumerate(scalars):
+        if isinstance(v, int) and not isinstance(v, bool):
+            out[(2, i, -1)] = v
+    return out
+
+
 def retrace(
     gm: fx.GraphModule,
     inputs: Sequence[Any],
@@ -273,22 +293,47 @@ def retrace(
     scalars: Sequence[Any],
     sym_sources: dict[sympy.Symbol, tuple[str, int]],
     unpack_meta: dict[str, Any],
-    dynamic: bool,
+    dynamic: frozenset[Position] = frozenset(),
 ) -> Retraced:
-    """Replay ``gm`` (a captured graph) with real input shapes into core aten."""
-    ctx = ShapeContext(policy="dynamic" if dynamic else "static")
-    # Parameters are static; other dims dynamic unless 0 or 1 (those always specialize).
+    """Replay ``gm`` (a captured graph) with real input shapes into core aten.
+
+    ``dynamic``: the positions that get a symbolic size (those seen to change
+    between calls); positions holding the same value share one symbol, as the
+    same `Dim` (a guard checks they stay equal).  Everything else is static.
+    """
+    ctx = ShapeContext(policy="static")
+    dims: dict[int, Dim] = {}
+
+    def spec(pos: Position, v: int) -> Dim | bool:
+        if pos not in dynamic or v < 2:  # 0 and 1 always specialize
+            return False
+        if v not in dims:
+            dims[v] = Dim(f"v{v}")
+        return dims[v]
+
     in_specs = [
-        False if _is_param(t) or not dynamic else [d >= 2 for d in t.shape] for t in inputs
+        [spec((0, i, d), int(n)) for d, n in enumerate(t.shape)]
+        if isinstance(t, torch.Tensor)
+        else None
+        for i, t in enumerate(inputs)
     ]
     values = {
-        "inputs": list(ctx.fakeify(list(inputs), Source.arg(0), dynamic=in_specs)),
-        "sizes": list(ctx.fakeify(list(sizes), Source.arg(1))),
+        "inputs": list(ctx.fakeify([_plain(t) for t in inputs], Source.arg(0), dynamic=in_specs)),
+        "sizes": list(
+            ctx.fakeify(
+                list(sizes),
+                Source.arg(1),
+                dynamic=[spec((1, i, -1), int(v)) for i, v in enumerate(sizes)],
+            )
+        ),
         "scalars": list(
             ctx.fakeify(
                 list(scalars),
                 Source.arg(2),
-                dynamic=[None if isinstance(s, int) else False for s in scalars],
+                dynamic=[
+                    spec((2, i, -1), v) if isinstance(v, int) and not isinstance(v, bool) else False
+                    for i, v in enumerate(scalars)
+                ],
             )
         ),
     }
@@ -315,7 +360,35 @@ def retrace(
     graph = rp.tracer.graph
     graph.eliminate_dead_code(is_impure_node=lambda n: _impure(n))
     new_gm = fx.GraphModule(rp.tracer.root, graph, gm.__class__.__name__ + "Aten")
-    return Retraced(new_gm, rp.arg_spec, ctx.produce_guards(), rp.examples)
+    return Retraced(new_gm, rp.arg_spec, _without_alias_guards(ctx.produce_guards()), rp.examples)
+
+
+def _plain(t: Any) -> Any:
+    """``t`` without its view base, ``.grad`` and storage offset (storage shared).
+
+    Saved tensors are often views of parameters, and a parameter's ``.grad`` is
+    another input: fakeified as they are, the fake converter would reuse one
+    fake for both and lose the dynamic dims of the other.
+    """
+    if not isinstance(t, torch.Tensor):
+        return t
+    d = t.detach()
+    if d.storage_offset() != 0:  # nothing reads it: offset 0 keeps it out of the guards
+        d = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+            t.untyped_storage(), 0, t.size(), t.stride()
+        )
+    if isinstance(t, torch.nn.Parameter):  # guards check the type too
+        return torch.nn.Parameter(d, requires_grad=t.requires_grad)
+    if t.requires_grad:
+        d.requires_grad_(True)
+    return d
+
+
+def _without_alias_guards(guards: GuardSet) -> GuardSet:
+    """The retraced graph reads its inputs functionally (only opaque calls write,
+    as eager would), so how inputs alias does not change what it computes."""
+    kept = [g for g in guards.guards if g.kind != "alias"]
+    return GuardSet(guards.tensors, kept, guards.bindings)
 
 
 def _impure(n: fx.Node) -> bool:

@@ -27,7 +27,7 @@ import torch
 import torch.fx as fx
 
 from . import ops
-from .retrace import Retraced, retrace
+from .retrace import Position, Retraced, concrete_values, retrace
 from .session import Session, aten_executor
 
 
@@ -63,6 +63,7 @@ class Variant:
     fn: Callable[..., Any]
     arg_spec: list[tuple[int, int]]
     gm: fx.GraphModule
+    values: dict[Position, int]  # the sizes it was compiled for
 
 
 class _Recorder(fx.Interpreter):
@@ -102,6 +103,8 @@ class CompiledBackward:
         self.calls = 0
         self.failed: str | None = None  # why compiling was given up
         self.last_retraced: Retraced | None = None
+        self.last_miss: str | None = None
+        self.dynamic: set[Position] = set()  # positions seen to change: symbolic from now on
 
     def __call__(
         self,
@@ -120,26 +123,44 @@ class CompiledBackward:
         for v in self.variants:
             if v.guards.check(gargs, {}, None):
                 return v.fn(*[lists[w][i] for w, i in v.arg_spec])
+        if self.variants:  # why the newest variant did not fit (kept for explain())
+            self.last_miss = self.variants[-1].guards.explain(gargs, {}, None)
         if self.failed is not None or len(self.variants) >= self.session.recompile_limit:
             if self.failed is None:
                 self.failed = f"recompile limit ({self.session.recompile_limit}) reached"
                 self._warn(self.failed)
             stats.eager_runs += 1
             return self.gm(inputs, sizes, scalars, hooks, packed)
+        # Automatic dynamic: a size that changed since the last compile becomes symbolic.
+        now = concrete_values(inputs, sizes, scalars)
+        if self.variants and self.session.dynamic:
+            last = self.variants[-1].values
+            self.dynamic |= {p for p, v in now.items() if p in last and last[p] != v}
         # The retrace after the run reads only metadata, which the run does not change.
         rec = _Recorder(self.gm)
         stats.eager_runs += 1
         out = rec.run(inputs, sizes, scalars, hooks, packed)
-        self._compile(inputs, list(sizes), list(scalars), rec.unpack_meta)
+        self._compile(inputs, list(sizes), list(scalars), rec.unpack_meta, now)
         return out
 
     def _compile(
-        self, inputs: list[Any], sizes: list[Any], scalars: list[Any], unpack_meta: dict[str, Any]
+        self,
+        inputs: list[Any],
+        sizes: list[Any],
+        scalars: list[Any],
+        unpack_meta: dict[str, Any],
+        values: dict[Position, int],
     ) -> None:
         stats = self.session.stats
         try:
             rt = retrace(
-                self.gm, inputs, sizes, scalars, self.sym_sources, unpack_meta, self.session.dynamic
+                self.gm,
+                inputs,
+                sizes,
+                scalars,
+                self.sym_sources,
+                unpack_meta,
+                frozenset(self.dynamic),
             )
         except Exception as e:
             self.failed = str(e)
@@ -149,7 +170,7 @@ class CompiledBackward:
         if self.session.compiler is aten_executor:
             _mark_stealable(rt.gm)
         fn = self.session.compiler(rt.gm, rt.example_inputs)
-        self.variants.append(Variant(rt.guards, fn, rt.arg_spec, rt.gm))
+        self.variants.append(Variant(rt.guards, fn, rt.arg_spec, rt.gm, values))
         stats.compiles += 1
         if len(self.variants) > 1:
             stats.recompiles += 1

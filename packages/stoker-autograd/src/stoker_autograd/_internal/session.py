@@ -46,3 +46,4 @@ class Session:
     stats: Stats = field(default_factory=Stats)
     recompile_limit: int = 8
     warned: set[str] = field(default_factory=set)
+    graphs: list[Any] = field(default_factory=list)  # CompiledBackward per capture, in order

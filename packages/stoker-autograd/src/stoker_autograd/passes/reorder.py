@@ -151,8 +151,11 @@ def reorder_post_hooks(graph: fx.Graph) -> fx.Graph:
             continue
         if is_accumulate_grad(last):
             param = last.args[0]
-            post_acc = [u for u in param.users if hook_kind(u) == "post_acc_grad_hook"] \
-                if isinstance(param, fx.Node) else []
+            post_acc = (
+                [u for u in param.users if hook_kind(u) == "post_acc_grad_hook"]
+                if isinstance(param, fx.Node)
+                else []
+            )
             if post_acc:
                 last = max(post_acc)
         if is_input_like(last) or last.next is node:

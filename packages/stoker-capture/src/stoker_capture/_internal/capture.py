@@ -10,6 +10,8 @@ tagged ``node.meta["stoker_phase"] = "forward" | "backward"``.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,7 +128,7 @@ def aot_stage1_graph_capture(state: AOTState) -> CapturedGraph:
             ]
             grads: list[Any] = [None] * len(primals)
             if diff and want:
-                with backward_meta():
+                with backward_meta(), _eager_autograd_engine():
                     got = torch.autograd.grad(
                         [v for v, _ in diff],
                         [fp[i] for i in want],
@@ -212,3 +214,15 @@ def _tag_phases(gm: fx.GraphModule, fw_names: set[str] | None) -> None:
 
 def forward_meta_of(state: AOTState) -> ForwardMeta:
     return state.meta
+
+
+@contextlib.contextmanager
+def _eager_autograd_engine() -> Iterator[None]:
+    """The joint trace's ``autograd.grad`` must run on the eager engine: a compiled-autograd
+    hook (stoker-autograd's or torch's) would otherwise capture it, on tracing tensors."""
+    hook = torch._C._dynamo.compiled_autograd
+    prior = hook.set_autograd_compiler(None, False)
+    try:
+        yield
+    finally:
+        hook.set_autograd_compiler(*prior)

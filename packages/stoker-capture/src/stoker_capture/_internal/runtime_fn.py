@@ -50,6 +50,10 @@ class FunctionPlan:
     name: str  # for messages
 
 
+def _compiled_autograd_key(ctx: Any) -> tuple[int, ...]:
+    return (ctx._autograd_function_id, *ctx._stoker_symints)
+
+
 def make_function_class(
     info: AOTBackwardInfo, plan: FunctionPlan, fw: Callable[..., Any], bw: Callable[..., Any]
 ) -> type[torch.autograd.Function]:
@@ -91,6 +95,12 @@ def make_function_class(
         (torch.autograd.Function,),
         {
             "_stoker_aot": info,
+            # stoker-autograd (compiled autograd) inlines ``info.bw_module``: it needs the
+            # grad -> tangent map, and the engine's cache key must include what the
+            # inlined graph depends on (the class, via its id, and the saved symints,
+            # which the engine then lifts as graph inputs).
+            "_stoker_tangent_of": plan.tangent_of,
+            "_compiled_autograd_key": staticmethod(_compiled_autograd_key),
             "forward": staticmethod(forward),
             "backward": staticmethod(backward),
             "__doc__": f"stoker-compiled {plan.name} (aot id {info.aot_id}).",
