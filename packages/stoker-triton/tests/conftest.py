@@ -20,7 +20,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU with native Triton (TRITON_INTERPRET=0): bf16/fp16 arithmetic is wrong in the interpreter")
+    skip = pytest.mark.skip(
+        reason="needs a CUDA GPU with native Triton (TRITON_INTERPRET=0): bf16/fp16 arithmetic is wrong in the interpreter"
+    )
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -12,7 +12,9 @@ from stoker_triton import compile_graph
 
 def _compile_dynamic(f, args, dynamic):
     ctx = ShapeContext(policy="dynamic")
-    fakes = [ctx.fakeify(a, Source.arg(i), dynamic=d) for i, (a, d) in enumerate(zip(args, dynamic))]
+    fakes = [
+        ctx.fakeify(a, Source.arg(i), dynamic=d) for i, (a, d) in enumerate(zip(args, dynamic))
+    ]
     with ctx.tracing():
         gm = make_fx(f, decomposition_table=core_aten_decompositions())(*fakes)
     fn = compile_graph(gm, fakes)
@@ -23,7 +25,9 @@ def test_pointwise_and_views_with_a_dynamic_batch():
     def f(x, b):
         return ((x * 2 + b).sin().view(-1), x.t() + 1, x[1:].sum(0))
 
-    ctx, fn = _compile_dynamic(f, [torch.randn(5, 8), torch.randn(8)], [{0: Dim("batch", max=64)}, None])
+    ctx, fn = _compile_dynamic(
+        f, [torch.randn(5, 8), torch.randn(8)], [{0: Dim("batch", max=64)}, None]
+    )
     assert any("s" in str(a) for k in fn.report.kernels for a in [k.xnumel])  # sizes are symbolic
     guards = ctx.produce_guards()
     for n in (3, 5, 17):
@@ -58,7 +62,7 @@ def test_dynamic_layernorm_backward_and_int_input():
         y = F.layer_norm(x, (16,), w)
         return torch.autograd.grad((y * y).sum(), [x, w])
 
-    ctx, fn = _compile_dynamic(f, [x, w], [{0: Dim("batch", max=64)}, None])
+    _ctx, fn = _compile_dynamic(f, [x, w], [{0: Dim("batch", max=64)}, None])
     for n in (2, 9):
         xs = torch.randn(n, 16, requires_grad=True)
         assert_same(fn(xs, w), f(xs, w), rtol=1e-4, atol=1e-4)

@@ -10,8 +10,18 @@ def test_gather_index_select_index():
     i = torch.randint(-5, 5, (6,))
     j = torch.randint(0, 8, (5, 3))
     check(
-        lambda x, i, j: (torch.gather(x, 1, j), x[i], x.index_select(1, j[0]), x[:, j[0]] * 2, x[i[:3], j[:3, 0]], x[i[:, None], j[0][None, :]]),
-        x, i, j, fresh_inputs=False,
+        lambda x, i, j: (
+            torch.gather(x, 1, j),
+            x[i],
+            x.index_select(1, j[0]),
+            x[:, j[0]] * 2,
+            x[i[:3], j[:3, 0]],
+            x[i[:, None], j[0][None, :]],
+        ),
+        x,
+        i,
+        j,
+        fresh_inputs=False,
     )
 
 
@@ -39,8 +49,14 @@ def test_index_put_accumulate_and_store():
     i = torch.tensor([0, 2, 2, 5])
     v = torch.randn(4, 4)
     check(
-        lambda x, i, v: (torch.ops.aten.index_put(x, [i], v, True), torch.ops.aten.index_put(x, [i[:2]], v[:1] * 0 + 7.0, False)),
-        x, i, v, fresh_inputs=False,
+        lambda x, i, v: (
+            torch.ops.aten.index_put(x, [i], v, True),
+            torch.ops.aten.index_put(x, [i[:2]], v[:1] * 0 + 7.0, False),
+        ),
+        x,
+        i,
+        v,
+        fresh_inputs=False,
     )
 
 
@@ -48,7 +64,13 @@ def test_scatter_add_and_scatter():
     x = torch.zeros(3, 5)
     idx = torch.tensor([[0, 1, 4], [2, 2, 2], [4, 3, 0]])
     src = torch.randn(3, 3)
-    check(lambda x, idx, src: (x.scatter_add(1, idx, src), x.scatter(1, idx[:, :1], src[:, :1])), x, idx, src, fresh_inputs=False)
+    check(
+        lambda x, idx, src: (x.scatter_add(1, idx, src), x.scatter(1, idx[:, :1], src[:, :1])),
+        x,
+        idx,
+        src,
+        fresh_inputs=False,
+    )
 
 
 def test_gather_backward():

@@ -7,11 +7,38 @@ from triton_helpers import check
 aten = torch.ops.aten
 
 UNARY = [
-    torch.neg, torch.abs, torch.exp, torch.exp2, torch.expm1, torch.log, torch.log2, torch.log10,
-    torch.log1p, torch.sqrt, torch.rsqrt, torch.sin, torch.cos, torch.tan, torch.sinh, torch.cosh,
-    torch.tanh, torch.sigmoid, torch.erf, torch.erfc, torch.reciprocal, torch.floor, torch.ceil,
-    torch.trunc, torch.round, torch.sign, torch.relu, torch.isnan, torch.isinf, torch.isfinite,
-    torch.signbit, torch.logical_not,
+    torch.neg,
+    torch.abs,
+    torch.exp,
+    torch.exp2,
+    torch.expm1,
+    torch.log,
+    torch.log2,
+    torch.log10,
+    torch.log1p,
+    torch.sqrt,
+    torch.rsqrt,
+    torch.sin,
+    torch.cos,
+    torch.tan,
+    torch.sinh,
+    torch.cosh,
+    torch.tanh,
+    torch.sigmoid,
+    torch.erf,
+    torch.erfc,
+    torch.reciprocal,
+    torch.floor,
+    torch.ceil,
+    torch.trunc,
+    torch.round,
+    torch.sign,
+    torch.relu,
+    torch.isnan,
+    torch.isinf,
+    torch.isfinite,
+    torch.signbit,
+    torch.logical_not,
 ]
 POSITIVE = {torch.log, torch.log2, torch.log10, torch.sqrt, torch.rsqrt}
 
@@ -26,9 +53,26 @@ def test_unary(op):
 
 
 BINARY = [
-    torch.add, torch.sub, torch.mul, torch.div, torch.maximum, torch.minimum, torch.remainder,
-    torch.fmod, torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge, torch.logical_and,
-    torch.logical_or, torch.logical_xor, torch.hypot, torch.copysign, torch.pow,
+    torch.add,
+    torch.sub,
+    torch.mul,
+    torch.div,
+    torch.maximum,
+    torch.minimum,
+    torch.remainder,
+    torch.fmod,
+    torch.eq,
+    torch.ne,
+    torch.lt,
+    torch.le,
+    torch.gt,
+    torch.ge,
+    torch.logical_and,
+    torch.logical_or,
+    torch.logical_xor,
+    torch.hypot,
+    torch.copysign,
+    torch.pow,
 ]
 
 
@@ -40,7 +84,17 @@ def test_binary_broadcast(op):
     check(lambda a, b: op(a, b), a, b, kernels=1, rtol=1e-4)
 
 
-@pytest.mark.parametrize("op", [torch.bitwise_and, torch.bitwise_or, torch.bitwise_xor, torch.floor_divide, torch.remainder, torch.pow])
+@pytest.mark.parametrize(
+    "op",
+    [
+        torch.bitwise_and,
+        torch.bitwise_or,
+        torch.bitwise_xor,
+        torch.floor_divide,
+        torch.remainder,
+        torch.pow,
+    ],
+)
 def test_integer_binary(op):
     a = torch.randint(-20, 20, (5, 7))
     b = torch.randint(1, 5, (7,))
@@ -48,7 +102,16 @@ def test_integer_binary(op):
 
 
 def test_scalars_and_alpha():
-    check(lambda x: (torch.add(x, x * 2, alpha=3) - 1.5, torch.sub(x, 2, alpha=2), 3 / (x.abs() + 1), x**2, x**0.5), torch.rand(4, 5))
+    check(
+        lambda x: (
+            torch.add(x, x * 2, alpha=3) - 1.5,
+            torch.sub(x, 2, alpha=2),
+            3 / (x.abs() + 1),
+            x**2,
+            x**0.5,
+        ),
+        torch.rand(4, 5),
+    )
 
 
 def test_type_promotion():
@@ -56,17 +119,54 @@ def test_type_promotion():
     f = torch.randn(6)
     b = torch.rand(4, 6) > 0.5
     h = torch.randn(4, 6).to(torch.float64)
-    check(lambda i, f, b, h: (i + f, i * 2.5, i / 2, b + b, b & (i > 0), i.to(torch.float32), f.to(torch.int32), h * f, torch.true_divide(i, i.abs() + 1)), i, f, b, h)
+    check(
+        lambda i, f, b, h: (
+            i + f,
+            i * 2.5,
+            i / 2,
+            b + b,
+            b & (i > 0),
+            i.to(torch.float32),
+            f.to(torch.int32),
+            h * f,
+            torch.true_divide(i, i.abs() + 1),
+        ),
+        i,
+        f,
+        b,
+        h,
+    )
 
 
 def test_where_clamp():
     x = torch.randn(5, 8)
-    check(lambda x: (torch.where(x > 0, x, 0.1 * x), x.clamp(-0.5, 0.5), x.clamp(min=0), x.clamp(max=0.2), torch.where(x < 0, 1.0, 2.0)), x, kernels=1)
+    check(
+        lambda x: (
+            torch.where(x > 0, x, 0.1 * x),
+            x.clamp(-0.5, 0.5),
+            x.clamp(min=0),
+            x.clamp(max=0.2),
+            torch.where(x < 0, 1.0, 2.0),
+        ),
+        x,
+        kernels=1,
+    )
 
 
 def test_creation_ops():
     x = torch.randn(3, 4)
-    check(lambda x: (x + torch.full((3, 4), 2.0), torch.zeros_like(x), torch.ones(3, 4) * x, torch.arange(12).view(3, 4) + x, torch.arange(2, 11, 3), torch.arange(0.0, 1.0, 0.25), torch.scalar_tensor(3.0) * x), x)
+    check(
+        lambda x: (
+            x + torch.full((3, 4), 2.0),
+            torch.zeros_like(x),
+            torch.ones(3, 4) * x,
+            torch.arange(12).view(3, 4) + x,
+            torch.arange(2, 11, 3),
+            torch.arange(0.0, 1.0, 0.25),
+            torch.scalar_tensor(3.0) * x,
+        ),
+        x,
+    )
 
 
 def test_noncontiguous_inputs():
@@ -103,4 +203,13 @@ def test_shared_subexpression_is_not_exponential():
 
 def test_dtype_casts_roundtrip():
     x = torch.randn(4, 8) * 100
-    check(lambda x: (x.to(torch.int64), x.to(torch.int8).to(torch.float32), x.to(torch.bool), (x > 0).to(torch.float32), x.to(torch.float64)), x)
+    check(
+        lambda x: (
+            x.to(torch.int64),
+            x.to(torch.int8).to(torch.float32),
+            x.to(torch.bool),
+            (x > 0).to(torch.float32),
+            x.to(torch.float64),
+        ),
+        x,
+    )

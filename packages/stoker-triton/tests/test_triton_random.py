@@ -33,7 +33,10 @@ def test_dropout_and_bernoulli():
     x = torch.randn(32, 64)
 
     def f(x):
-        return (torch.ops.aten.native_dropout(x, 0.25, True), torch.bernoulli(torch.full((32, 64), 0.3)))
+        return (
+            torch.ops.aten.native_dropout(x, 0.25, True),
+            torch.bernoulli(torch.full((32, 64), 0.3)),
+        )
 
     fn = _compile(f, x)
     (y, mask), bern = fn(x)

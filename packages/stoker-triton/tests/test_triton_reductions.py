@@ -11,7 +11,15 @@ def test_sum_mean_amax_amin(looped):
     x = torch.randn(3, 5, 40)
     opts = {"options": {"persistent_rnumel_max": 16}} if looped else {}
     check(
-        lambda x: (x.sum(-1), x.sum((0, 2)), x.mean(1, keepdim=True), x.amax(-1), x.amin((0, 1)), x.sum(), x.mean()),
+        lambda x: (
+            x.sum(-1),
+            x.sum((0, 2)),
+            x.mean(1, keepdim=True),
+            x.amax(-1),
+            x.amin((0, 1)),
+            x.sum(),
+            x.mean(),
+        ),
         x,
         rtol=1e-4,
         atol=1e-4,
@@ -26,7 +34,16 @@ def test_arg_prod_any_all(looped):
     x[2, 3] = -10.0
     opts = {"options": {"persistent_rnumel_max": 16}} if looped else {}
     check(
-        lambda x: (x.argmax(1), x.argmin(1), x.argmax(), x.argmin(0, keepdim=True), (x * 0.1 + 1).prod(1), (x > 0).any(1), (x > -3).all(0), (x > 0).any()),
+        lambda x: (
+            x.argmax(1),
+            x.argmin(1),
+            x.argmax(),
+            x.argmin(0, keepdim=True),
+            (x * 0.1 + 1).prod(1),
+            (x > 0).any(1),
+            (x > -3).all(0),
+            (x > 0).any(),
+        ),
         x,
         fresh_inputs=False,
         rtol=1e-4,
@@ -39,7 +56,13 @@ def test_var_std_one_pass(looped):
     x = torch.randn(6, 50) * 3 + 1
     opts = {"options": {"persistent_rnumel_max": 16}} if looped else {}
     fn = check(
-        lambda x: (x.var(1), x.std(0, keepdim=True), torch.var_mean(x, 1, correction=0), x.var(), torch.std_mean(x, (0, 1))),
+        lambda x: (
+            x.var(1),
+            x.std(0, keepdim=True),
+            torch.var_mean(x, 1, correction=0),
+            x.var(),
+            torch.std_mean(x, (0, 1)),
+        ),
         x,
         rtol=1e-4,
         atol=1e-4,
@@ -70,12 +93,27 @@ def test_log_softmax_and_softmax_on_inner_dim():
 
 def test_layernorm_gelu_forward_at_most_two_kernels():
     x, w, b = torch.randn(6, 32), torch.randn(32), torch.randn(32)
-    check(lambda x, w, b: F.gelu(F.layer_norm(x, (32,), w, b)), x, w, b, max_kernels=2, rtol=1e-4, atol=1e-5)
+    check(
+        lambda x, w, b: F.gelu(F.layer_norm(x, (32,), w, b)),
+        x,
+        w,
+        b,
+        max_kernels=2,
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 def test_layernorm_training_outputs_mean_and_rstd():
     x, w, b = torch.randn(2, 3, 16), torch.randn(16), torch.randn(16)
-    fn = check(lambda x, w, b: torch.ops.aten.native_layer_norm(x, [16], w, b, 1e-5), x, w, b, rtol=1e-4, atol=1e-5)
+    fn = check(
+        lambda x, w, b: torch.ops.aten.native_layer_norm(x, [16], w, b, 1e-5),
+        x,
+        w,
+        b,
+        rtol=1e-4,
+        atol=1e-5,
+    )
     assert fn.report.n_kernels == 1, str(fn.report)
 
 
@@ -84,8 +122,16 @@ def test_batch_norm_training_forward():
     w, b = torch.randn(3), torch.randn(3)
     rm, rv = torch.zeros(3), torch.ones(3)
     check(
-        lambda x, w, b, rm, rv: torch.ops.aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, 0.1, 1e-5),
-        x, w, b, rm, rv, rtol=1e-4, atol=1e-5,
+        lambda x, w, b, rm, rv: torch.ops.aten._native_batch_norm_legit_functional(
+            x, w, b, rm, rv, True, 0.1, 1e-5
+        ),
+        x,
+        w,
+        b,
+        rm,
+        rv,
+        rtol=1e-4,
+        atol=1e-5,
     )
 
 
@@ -99,7 +145,9 @@ def _grad_graph(f, *args):
 
 def test_softmax_backward():
     x = torch.randn(4, 24, requires_grad=True)
-    fn = check(_grad_graph(lambda x: torch.softmax(x, -1) * torch.arange(24.0), x), x, rtol=1e-4, atol=1e-5)
+    fn = check(
+        _grad_graph(lambda x: torch.softmax(x, -1) * torch.arange(24.0), x), x, rtol=1e-4, atol=1e-5
+    )
     assert fn.report.n_kernels <= 2, str(fn.report)
 
 
@@ -107,20 +155,42 @@ def test_layernorm_backward():
     x = torch.randn(6, 16, requires_grad=True)
     w = torch.randn(16, requires_grad=True)
     b = torch.randn(16, requires_grad=True)
-    fn = check(_grad_graph(lambda x, w, b: F.layer_norm(x, (16,), w, b) ** 2, x, w, b), x, w, b, rtol=1e-4, atol=1e-4)
+    fn = check(
+        _grad_graph(lambda x, w, b: F.layer_norm(x, (16,), w, b) ** 2, x, w, b),
+        x,
+        w,
+        b,
+        rtol=1e-4,
+        atol=1e-4,
+    )
     assert fn.report.n_kernels <= 4, str(fn.report)
 
 
 def test_gelu_tanh_silu_backward():
     x = torch.randn(5, 9, requires_grad=True)
-    check(_grad_graph(lambda x: F.gelu(x) + F.silu(x) + torch.tanh(x) + F.gelu(x, approximate="tanh"), x), x, kernels=1, rtol=1e-4, atol=1e-5)
+    check(
+        _grad_graph(
+            lambda x: F.gelu(x) + F.silu(x) + torch.tanh(x) + F.gelu(x, approximate="tanh"), x
+        ),
+        x,
+        kernels=1,
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 def test_batch_norm_backward():
     x = torch.randn(4, 3, 6, requires_grad=True)
     w = torch.randn(3, requires_grad=True)
     b = torch.randn(3, requires_grad=True)
-    check(_grad_graph(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True) ** 2, x, w, b), x, w, b, rtol=1e-3, atol=1e-4)
+    check(
+        _grad_graph(lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True) ** 2, x, w, b),
+        x,
+        w,
+        b,
+        rtol=1e-3,
+        atol=1e-4,
+    )
 
 
 def test_sibling_reductions_share_a_kernel():

@@ -7,17 +7,38 @@ from triton_helpers import check
 
 def test_permute_transpose_expand():
     x = torch.randn(2, 3, 4)
-    check(lambda x: (x.permute(2, 0, 1) + 1, x.transpose(0, 2) * 2, x[:, :1].expand(2, 5, 4) - 1), x)
+    check(
+        lambda x: (x.permute(2, 0, 1) + 1, x.transpose(0, 2) * 2, x[:, :1].expand(2, 5, 4) - 1), x
+    )
 
 
 def test_slice_select_squeeze_unsqueeze():
     x = torch.randn(4, 1, 6)
-    check(lambda x: (x[1:3, :, ::2] + 1, x[:, 0, -2] * 2, x.squeeze(1).exp(), x.unsqueeze(0).unsqueeze(-1).sin(), x[..., -3:] + 0), x)
+    check(
+        lambda x: (
+            x[1:3, :, ::2] + 1,
+            x[:, 0, -2] * 2,
+            x.squeeze(1).exp(),
+            x.unsqueeze(0).unsqueeze(-1).sin(),
+            x[..., -3:] + 0,
+        ),
+        x,
+    )
 
 
 def test_view_reshape_groups():
     x = torch.randn(2, 3, 4)
-    check(lambda x: (x.view(6, 4) + 1, x.reshape(2, 12) * 2, x.reshape(24).cos(), x.view(2, 3, 2, 2) - 1, x.permute(1, 0, 2).reshape(3, 8) + 1, x.view(4, 6) * 3), x)
+    check(
+        lambda x: (
+            x.view(6, 4) + 1,
+            x.reshape(2, 12) * 2,
+            x.reshape(24).cos(),
+            x.view(2, 3, 2, 2) - 1,
+            x.permute(1, 0, 2).reshape(3, 8) + 1,
+            x.view(4, 6) * 3,
+        ),
+        x,
+    )
 
 
 def test_view_of_noncontiguous_input():
@@ -27,12 +48,28 @@ def test_view_of_noncontiguous_input():
 
 def test_as_strided():
     x = torch.randn(16)
-    check(lambda x: (torch.as_strided(x, (3, 3), (4, 1), 2) + 1, torch.as_strided(x + 1, (2, 4), (1, 2)) * 2), x)
+    check(
+        lambda x: (
+            torch.as_strided(x, (3, 3), (4, 1), 2) + 1,
+            torch.as_strided(x + 1, (2, 4), (1, 2)) * 2,
+        ),
+        x,
+    )
 
 
 def test_cat_and_pad():
     a, b = torch.randn(3, 4), torch.randn(2, 4)
-    check(lambda a, b: (torch.cat([a, b]) + 1, torch.cat([a, a * 2], 1), F.pad(a, (1, 2)), F.pad(a, (0, 1, 2, 0), value=3.0), F.pad(a, (-1, 1))), a, b)
+    check(
+        lambda a, b: (
+            torch.cat([a, b]) + 1,
+            torch.cat([a, a * 2], 1),
+            F.pad(a, (1, 2)),
+            F.pad(a, (0, 1, 2, 0), value=3.0),
+            F.pad(a, (-1, 1)),
+        ),
+        a,
+        b,
+    )
 
 
 def test_split():
@@ -42,8 +79,16 @@ def test_split():
 
 def test_extern_matmul_takes_strided_view_without_copy():
     x, w, b = torch.randn(4, 8), torch.randn(6, 8), torch.randn(6)
-    fn = check(lambda x, w, b: (F.linear(x, w, b).relu(), x @ w.t() + 1, torch.bmm(x[None], w.t()[None])), x, w, b)
-    assert "aten.mm.default" in fn.report.extern_calls or "aten.addmm.default" in fn.report.extern_calls
+    fn = check(
+        lambda x, w, b: (F.linear(x, w, b).relu(), x @ w.t() + 1, torch.bmm(x[None], w.t()[None])),
+        x,
+        w,
+        b,
+    )
+    assert (
+        "aten.mm.default" in fn.report.extern_calls
+        or "aten.addmm.default" in fn.report.extern_calls
+    )
     assert not fn.report.fallback_ops  # mm/addmm/bmm are extern by design, not fallbacks
     assert "as_strided(arg1" in fn.wrapper_source  # w.t() reaches mm as a view
 

@@ -15,7 +15,9 @@ from stoker_triton import compile_graph
 def device() -> str:
     import os
 
-    return "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+    return (
+        "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+    )
 
 
 def trace(f: Callable[..., Any], *args: Any) -> torch.fx.GraphModule:

@@ -34,7 +34,16 @@ from .ir import (
     Value,
     iter_values,
 )
-from .scheduler import RINDEX, XINDEX, Kernel, Placement, Schedule, load_index, simplify_index, store_index
+from .scheduler import (
+    RINDEX,
+    XINDEX,
+    Kernel,
+    Placement,
+    Schedule,
+    load_index,
+    simplify_index,
+    store_index,
+)
 
 TL_DTYPE = {
     torch.float32: "tl.float32",
@@ -50,7 +59,7 @@ TL_DTYPE = {
 }
 
 # Helpers every kernel module defines once (plain @triton.jit functions).
-PRELUDE = '''
+PRELUDE = """
 @triton.jit
 def _prod_combine(a, b):
     return a * b
@@ -147,14 +156,16 @@ def _pow_int(a, b):
         base = base * base
         e = e >> 1
     return r
-'''
+"""
 
 
 def _f(template: str) -> Callable[[Sequence[str], Sequence[torch.dtype], torch.dtype], str]:
     return lambda a, dts, out: template.format(*a)
 
 
-def _float_or_int(f_tpl: str, i_tpl: str) -> Callable[[Sequence[str], Sequence[torch.dtype], torch.dtype], str]:
+def _float_or_int(
+    f_tpl: str, i_tpl: str
+) -> Callable[[Sequence[str], Sequence[torch.dtype], torch.dtype], str]:
     def gen(a: Sequence[str], dts: Sequence[torch.dtype], out: torch.dtype) -> str:
         is_float = any(d.is_floating_point for d in dts)
         return (f_tpl if is_float else i_tpl).format(*a)
@@ -168,7 +179,9 @@ def _cast(a: Sequence[str], dts: Sequence[torch.dtype], out: torch.dtype) -> str
     return f"{a[0]}.to({TL_DTYPE[out]})"
 
 
-def _maxmin(fn: str, cmp: str) -> Callable[[Sequence[str], Sequence[torch.dtype], torch.dtype], str]:
+def _maxmin(
+    fn: str, cmp: str
+) -> Callable[[Sequence[str], Sequence[torch.dtype], torch.dtype], str]:
     def gen(a: Sequence[str], dts: Sequence[torch.dtype], out: torch.dtype) -> str:
         if out.is_floating_point:  # torch propagates NaN
             return f"tl.where(({a[0]} {cmp} {a[1]}) | ({a[0]} != {a[0]}), {a[0]}, {a[1]})"
@@ -279,14 +292,14 @@ class IndexPrinter(StrPrinter):  # type: ignore[misc]
         out = a[0]
         for x in a[1:]:
             out = f"tl.maximum({out}, {x})"
-        return out
+        return str(out)
 
     def _print_Min(self, e: Any) -> str:
         a = [self._print(x) for x in e.args]
         out = a[0]
         for x in a[1:]:
             out = f"tl.minimum({out}, {x})"
-        return out
+        return str(out)
 
 
 _printer = IndexPrinter()
@@ -341,7 +354,9 @@ class _Scope:
 
 
 class KernelCodegen:
-    def __init__(self, kernel: Kernel, sched: Schedule, buffers: dict[str, Buffer], int64: bool) -> None:
+    def __init__(
+        self, kernel: Kernel, sched: Schedule, buffers: dict[str, Buffer], int64: bool
+    ) -> None:
         self.k = kernel
         self.sched = sched
         self.buffers = buffers
@@ -419,7 +434,9 @@ class KernelCodegen:
         if v.name == "masked":
             cond = self.value(v.args[0], p, mask, shape_r)
             inner = self.value(v.args[1], p, f"{mask} & {cond}", shape_r)
-            return self.assign(f"tl.where({cond}, {inner}, {self.value(v.args[2], p, mask, shape_r)})", key)
+            return self.assign(
+                f"tl.where({cond}, {inner}, {self.value(v.args[2], p, mask, shape_r)})", key
+            )
         args = [self.value(a, p, mask, shape_r) for a in v.args]
         code = OPS[v.name](args, [a.dtype for a in v.args], v.dtype)
         return self.assign(code, key)
@@ -446,14 +463,15 @@ class KernelCodegen:
         idx = self.index_code(e)
         idx = self._broadcast(idx, e, shape_r)
         ptr = self.ptr(v.buf)
-        other = ", other=0" if v.dtype != torch.bool else ", other=0"
-        return self.assign(f"tl.load({ptr} + ({idx}), {mask}{other})", key)
+        return self.assign(f"tl.load({ptr} + ({idx}), {mask}, other=0)", key)
 
     # -- kernel body -----------------------------------------------------
     def generate(self) -> KernelSource:
         k = self.k
         red = k.is_reduction
-        xoff = "tl.program_id(0).to(tl.int64) * XBLOCK" if self.int64 else "tl.program_id(0) * XBLOCK"
+        xoff = (
+            "tl.program_id(0).to(tl.int64) * XBLOCK" if self.int64 else "tl.program_id(0) * XBLOCK"
+        )
         self.line(f"xoffset = {xoff}")
         if red:
             self.line("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
@@ -539,7 +557,11 @@ class KernelCodegen:
         e = store_index(buf, n, p)
         idx = self._broadcast(self.index_code(e), e, self.k.is_reduction and p.reduced_space)
         if val[0].isdigit() or val.startswith("float(") or val.startswith("-"):
-            val = f"tl.full([XBLOCK], {val}, {TL_DTYPE[buf.dtype]})" if not self.k.is_reduction else f"tl.full([XBLOCK, 1], {val}, {TL_DTYPE[buf.dtype]})"
+            val = (
+                f"tl.full([XBLOCK], {val}, {TL_DTYPE[buf.dtype]})"
+                if not self.k.is_reduction
+                else f"tl.full([XBLOCK, 1], {val}, {TL_DTYPE[buf.dtype]})"
+            )
         self.line(f"tl.store({self.ptr(n.name)} + ({idx}), {val}, {mask})")
 
     def scatter(self, n: ScatterNode, p: Placement, val: str) -> None:
@@ -569,9 +591,17 @@ class KernelCodegen:
         if t in ("prod", "all"):
             return "1"
         if t in ("max", "argmax"):
-            return "float('-inf')" if dt.is_floating_point else str(torch.iinfo(dt).min if dt != torch.bool else 0)
+            return (
+                "float('-inf')"
+                if dt.is_floating_point
+                else str(torch.iinfo(dt).min if dt != torch.bool else 0)
+            )
         if t in ("min", "argmin"):
-            return "float('inf')" if dt.is_floating_point else str(torch.iinfo(dt).max if dt != torch.bool else 1)
+            return (
+                "float('inf')"
+                if dt.is_floating_point
+                else str(torch.iinfo(dt).max if dt != torch.bool else 1)
+            )
         raise ValueError(t)
 
     def persistent_reduction(self, n: ReductionNode, p: Placement) -> None:
@@ -594,7 +624,9 @@ class KernelCodegen:
         elif t in ("argmax", "argmin"):
             best = self.assign(f"tl.{t[3:]}({masked}, 1)[:, None]")
             big = "9223372036854775807"
-            cand = self.assign(f"tl.where(xrmask & ({masked} == {best}), (rindex + 0 * xindex).to(tl.int64), {big})")
+            cand = self.assign(
+                f"tl.where(xrmask & ({masked} == {best}), (rindex + 0 * xindex).to(tl.int64), {big})"
+            )
             res = self.assign(f"tl.min({cand}, 1)[:, None]")
         elif t in ("welford_mean", "welford_m2"):
             mean = self.assign(f"(tl.sum({masked}, 1)[:, None] / rnumel)", key=("wmean", masked))
@@ -606,7 +638,12 @@ class KernelCodegen:
         else:
             raise ValueError(t)
         self.registers[n.name] = res
-        self.store(n, Placement({k: e for k, e in p.varmap.items() if str(k).startswith("x")}, False), res, "xmask")
+        self.store(
+            n,
+            Placement({k: e for k, e in p.varmap.items() if str(k).startswith("x")}, False),
+            res,
+            "xmask",
+        )
 
     def acc_init(self, n: ReductionNode) -> Any:
         t = n.reduce_type
@@ -700,7 +737,12 @@ class KernelCodegen:
         var = self.new_var("red")
         self.line(f"{var} = {res}")
         self.registers[n.name] = var
-        self.store(n, Placement({k: e for k, e in p.varmap.items() if str(k).startswith("x")}, False), var, "xmask")
+        self.store(
+            n,
+            Placement({k: e for k, e in p.varmap.items() if str(k).startswith("x")}, False),
+            var,
+            "xmask",
+        )
 
     def finish(self) -> KernelSource:
         k = self.k
@@ -711,7 +753,11 @@ class KernelCodegen:
             for s in sympy.sympify(e).free_symbols:
                 if s not in syms:
                     syms.append(s)
-        params = [self.ptr_args[b] for b in reads + writes] + ["xnumel", "rnumel"] + [str(s) for s in syms]
+        params = (
+            [self.ptr_args[b] for b in reads + writes]
+            + ["xnumel", "rnumel"]
+            + [str(s) for s in syms]
+        )
         if self.uses_seed:
             params.append("seed")
         params += ["XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
@@ -744,7 +790,9 @@ def generate_kernel(kernel: Kernel, sched: Schedule, buffers: dict[str, Buffer])
     for n in kernel.nodes:
         for b in {n.name} | {ld.buf for ld in _loads(n)}:
             buf = buffers[b]
-            extent = sum(((s - 1) * abs(st) for s, st in zip(buf.size, buf.stride)), sympy.Integer(1))
+            extent = sum(
+                ((s - 1) * abs(st) for s, st in zip(buf.size, buf.stride)), sympy.Integer(1)
+            )
             if not (extent.is_number and extent < 2**31):
                 int64 = True
     for e in (kernel.xnumel, kernel.rnumel):
@@ -753,4 +801,4 @@ def generate_kernel(kernel: Kernel, sched: Schedule, buffers: dict[str, Buffer])
     return KernelCodegen(kernel, sched, buffers, int64).generate()
 
 
-_ = (PointwiseNode, load_index)
+__all__ = ["PointwiseNode", "generate_kernel", "load_index"]

@@ -39,7 +39,9 @@ def _tuple(xs: Any) -> str:
 
 
 class WrapperCodegen:
-    def __init__(self, program: Program, sched: Schedule, kernels: dict[str, KernelSource], output_kind: str) -> None:
+    def __init__(
+        self, program: Program, sched: Schedule, kernels: dict[str, KernelSource], output_kind: str
+    ) -> None:
         self.p = program
         self.s = sched
         self.kernels = kernels
@@ -114,21 +116,43 @@ class WrapperCodegen:
         pool: dict[tuple[str, str, str], list[str]] = {}
         protected = set(s.outputs) | {n for n in p.inputs if isinstance(n, str)} | set(p.constants)
         protected |= {v.buf for v in p.output_views.values()}
+        # allocation keys still to come after each step: a freed buffer is kept
+        # for reuse only when a later allocation can take it, else deleted
+        alloc_keys: list[set[tuple[str, str, str]]] = []
+        for step in s.steps:
+            keys: set[tuple[str, str, str]] = set()
+            if isinstance(step, Kernel):
+                for node in step.nodes:
+                    b0 = p.buffers[node.name]
+                    keys.add((_tuple(b0.size), _tuple(b0.stride), str(b0.dtype)))
+            alloc_keys.append(keys)
+        future: list[set[tuple[str, str, str]]] = [set() for _ in s.steps]
+        acc: set[tuple[str, str, str]] = set()
+        for i in range(len(s.steps) - 1, -1, -1):
+            future[i] = set(acc)
+            acc |= alloc_keys[i]
         for i, step in enumerate(s.steps):
             if isinstance(step, Kernel):
                 ks = self.kernels[step.name]
-                for n in step.nodes:
-                    if n.name in s.internal or n.name in p.buffers and p.buffers[n.name].kind != "kernel":
+                for node in step.nodes:
+                    if node.name in s.internal or p.buffers[node.name].kind != "kernel":
                         continue
-                    if isinstance(n, ScatterNode):
+                    if isinstance(node, ScatterNode):
                         continue  # mutates the buffer its init node allocated
-                    b = p.buffers[n.name]
-                    key = (_tuple(b.size), _tuple(b.stride), str(b.dtype))
-                    if pool.get(key) and n.name not in self.extern_args:
-                        self.emit(f"{n.name} = {pool[key].pop()}  # reuse")
+                    nb = p.buffers[node.name]
+                    key = (_tuple(nb.size), _tuple(nb.stride), str(nb.dtype))
+                    if pool.get(key) and node.name not in self.extern_args:
+                        self.emit(f"{node.name} = {pool[key].pop()}  # reuse")
                     else:
-                        self.emit(f"{n.name} = empty_strided({key[0]}, {key[1]}, dtype={self.const(b.dtype)}, device={dev})")
-                call_args = [*ks.pointer_args, py(ks.xnumel), py(ks.rnumel), *[str(x) for x in ks.size_args]]
+                        self.emit(
+                            f"{node.name} = empty_strided({key[0]}, {key[1]}, dtype={self.const(nb.dtype)}, device={dev})"
+                        )
+                call_args = [
+                    *ks.pointer_args,
+                    py(ks.xnumel),
+                    py(ks.rnumel),
+                    *[str(x) for x in ks.size_args],
+                ]
                 if ks.uses_seed:
                     call_args.append("seed")
                 self.emit(f"{step.name}({', '.join(call_args)})")
@@ -146,18 +170,27 @@ class WrapperCodegen:
                     src = o if step.single else f"_r[{k}]"
                     self.emit(f"{o} = ensure_layout({src}, {_tuple(b.size)}, {_tuple(b.stride)})")
             # free what this step read last
-            for b, last in s.last_use.items():
-                if last == i and b not in protected and b in p.buffers and p.buffers[b].kind in ("kernel", "extern"):
-                    buf = p.buffers[b]
-                    if buf.kind == "kernel" and b not in self.extern_args:
-                        pool.setdefault((_tuple(buf.size), _tuple(buf.stride), str(buf.dtype)), []).append(b)
+            for bname, last in s.last_use.items():
+                if (
+                    last == i
+                    and bname not in protected
+                    and bname not in s.internal
+                    and bname in p.buffers
+                    and p.buffers[bname].kind in ("kernel", "extern")
+                ):
+                    buf = p.buffers[bname]
+                    bkey = (_tuple(buf.size), _tuple(buf.stride), str(buf.dtype))
+                    if buf.kind == "kernel" and bname not in self.extern_args and bkey in future[i]:
+                        pool.setdefault(bkey, []).append(bname)
                     else:
-                        self.emit(f"del {b}")
+                        self.emit(f"del {bname}")
         rets = []
         for k, o in enumerate(p.outputs):
             if k in p.output_views:
                 r = p.output_views[k]
-                rets.append(f"as_strided({r.buf}, {_tuple(r.size)}, {_tuple(r.stride)}, {r.buf}.storage_offset() + {py(r.offset)})")
+                rets.append(
+                    f"as_strided({r.buf}, {_tuple(r.size)}, {_tuple(r.stride)}, {r.buf}.storage_offset() + {py(r.offset)})"
+                )
             elif isinstance(o, str):
                 rets.append(o)
             elif isinstance(o, SymRef):
@@ -186,7 +219,9 @@ def _refs(x: Any) -> set[str]:
     return set()
 
 
-def generate_wrapper(program: Program, sched: Schedule, kernels: dict[str, KernelSource], output_kind: str) -> tuple[str, dict[str, Any]]:
+def generate_wrapper(
+    program: Program, sched: Schedule, kernels: dict[str, KernelSource], output_kind: str
+) -> tuple[str, dict[str, Any]]:
     g = WrapperCodegen(program, sched, kernels, output_kind)
     src = g.generate()
     consts = {f"C{i}": c for i, c in enumerate(g.consts)}

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import sympy
 import torch
 
-Expr = sympy.Expr
+Expr: TypeAlias = sympy.Expr
 
 
 def index_var(prefix: str, i: int) -> sympy.Symbol:

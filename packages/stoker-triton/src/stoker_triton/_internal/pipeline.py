@@ -1,10 +1,10 @@
 """The pipeline, as one function: `compile_graph_impl`.
 
-    prepare    fake inputs + shape env; composite ops decomposed; every node has meta["val"]
-    lower      each aten op -> loop-level IR by the rule table      (lowering/)
-    schedule   IR nodes -> fused kernels, buffer lifetimes           (scheduler.py)
-    codegen    one Triton source per kernel + the Python wrapper     (codegen_*.py)
-    load       kernels and wrapper from the disk cache -> a callable (runtime.py)
+prepare    fake inputs + shape env; composite ops decomposed; every node has meta["val"]
+lower      each aten op -> loop-level IR by the rule table      (lowering/)
+schedule   IR nodes -> fused kernels, buffer lifetimes           (scheduler.py)
+codegen    one Triton source per kernel + the Python wrapper     (codegen_*.py)
+load       kernels and wrapper from the disk cache -> a callable (runtime.py)
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ aten = torch.ops.aten
 class CompiledGraph:
     """The callable compile_graph returns: `fn(*args)` runs the wrapper."""
 
-    def __init__(self, call: Any, report: CompileReport, wrapper_source: str, out_spec: Any = None) -> None:
+    def __init__(
+        self, call: Any, report: CompileReport, wrapper_source: str, out_spec: Any = None
+    ) -> None:
         self._call = call
         self.report = report
         self.wrapper_source = wrapper_source
@@ -56,7 +58,9 @@ def compile_graph_impl(
     options = dict(options or {})
     persistent_max = int(options.pop("persistent_rnumel_max", PERSISTENT_RNUMEL_MAX))
     if options:
-        raise TypeError(f"compile_graph: unknown options {sorted(options)}; known: persistent_rnumel_max")
+        raise TypeError(
+            f"compile_graph: unknown options {sorted(options)}; known: persistent_rnumel_max"
+        )
     if debug is None:
         debug = os.environ.get("STOKER_TRITON_DEBUG", "0") == "1"
     report = CompileReport()
@@ -74,7 +78,11 @@ def compile_graph_impl(
         sched = schedule(program, ctx)
     # 3. codegen: one Triton kernel source per fused group, then the wrapper
     with report.stage("codegen"):
-        kernels = {s.name: generate_kernel(s, sched, program.buffers) for s in sched.steps if isinstance(s, Kernel)}
+        kernels = {
+            s.name: generate_kernel(s, sched, program.buffers)
+            for s in sched.steps
+            if isinstance(s, Kernel)
+        }
         out_kind, out_spec = _output_kind(gm)
         wrapper_src, consts = generate_wrapper(program, sched, kernels, out_kind)
     # 4. load: kernel modules and wrapper from the on-disk cache, launchers
@@ -100,14 +108,21 @@ def prepare_inputs(example_inputs: Sequence[Any]) -> tuple[Any, Any, list[Any]]:
     fake_mode = detect_fake_mode(list(example_inputs))
     if fake_mode is None:
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-        fakes = [fake_mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t for t in example_inputs]
+        fakes = [
+            fake_mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t
+            for t in example_inputs
+        ]
         return fake_mode, None, fakes
     fakes = []
     tc = torch._guards.TracingContext.try_get()
     for t in example_inputs:
         if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor):
             # a frontend (Dynamo) hands real tensors with its fake mode: reuse its symbols
-            ctx = tc.tensor_to_context.get(t) if tc is not None and hasattr(tc, "tensor_to_context") else None
+            ctx = (
+                tc.tensor_to_context.get(t)  # type: ignore[no-untyped-call]
+                if tc is not None and hasattr(tc, "tensor_to_context")
+                else None
+            )
             if ctx is not None:
                 fakes.append(fake_mode.from_tensor(t, symbolic_context=ctx))
             else:
@@ -120,18 +135,59 @@ def prepare_inputs(example_inputs: Sequence[Any]) -> tuple[Any, Any, list[Any]]:
 # Composite ops that arrive undecomposed in core aten (layer_norm, softmax,
 # gelu, batch_norm, ...): decomposed here into what the rule table fuses.
 _DECOMPOSE = [
-    "native_layer_norm", "native_layer_norm_backward", "_softmax", "_log_softmax",
-    "_softmax_backward_data", "_log_softmax_backward_data", "gelu", "gelu_backward",
-    "_native_batch_norm_legit_functional", "_native_batch_norm_legit",
-    "_native_batch_norm_legit_no_training", "native_batch_norm", "native_batch_norm_backward",
-    "embedding", "embedding_dense_backward", "native_dropout", "native_dropout_backward",
-    "silu", "silu_backward", "sigmoid_backward", "tanh_backward", "threshold_backward",
-    "hardtanh", "hardtanh_backward", "leaky_relu", "leaky_relu_backward", "elu", "elu_backward",
-    "softplus", "softplus_backward", "native_group_norm", "native_group_norm_backward",
-    "addcmul", "addcdiv", "lerp", "logsumexp", "mish", "hardsigmoid", "hardswish",
-    "nll_loss_forward", "nll_loss_backward", "mse_loss", "mse_loss_backward", "logit",
-    "_unsafe_index", "rsub", "glu", "hardsigmoid_backward", "hardswish_backward",
-    "log_sigmoid_forward", "log_sigmoid_backward", "masked_fill", "bernoulli",
+    "native_layer_norm",
+    "native_layer_norm_backward",
+    "_softmax",
+    "_log_softmax",
+    "_softmax_backward_data",
+    "_log_softmax_backward_data",
+    "gelu",
+    "gelu_backward",
+    "_native_batch_norm_legit_functional",
+    "_native_batch_norm_legit",
+    "_native_batch_norm_legit_no_training",
+    "native_batch_norm",
+    "native_batch_norm_backward",
+    "embedding",
+    "embedding_dense_backward",
+    "native_dropout",
+    "native_dropout_backward",
+    "silu",
+    "silu_backward",
+    "sigmoid_backward",
+    "tanh_backward",
+    "threshold_backward",
+    "hardtanh",
+    "hardtanh_backward",
+    "leaky_relu",
+    "leaky_relu_backward",
+    "elu",
+    "elu_backward",
+    "softplus",
+    "softplus_backward",
+    "native_group_norm",
+    "native_group_norm_backward",
+    "addcmul",
+    "addcdiv",
+    "lerp",
+    "logsumexp",
+    "mish",
+    "hardsigmoid",
+    "hardswish",
+    "nll_loss_forward",
+    "nll_loss_backward",
+    "mse_loss",
+    "mse_loss_backward",
+    "logit",
+    "_unsafe_index",
+    "rsub",
+    "glu",
+    "hardsigmoid_backward",
+    "hardswish_backward",
+    "log_sigmoid_forward",
+    "log_sigmoid_backward",
+    "masked_fill",
+    "bernoulli",
 ]
 _table: dict[Any, Any] | None = None
 
@@ -146,7 +202,9 @@ def decomposition_table() -> dict[Any, Any]:
     return _table
 
 
-def decompose(gm: torch.fx.GraphModule, fake_inputs: Sequence[Any], fake_mode: Any) -> torch.fx.GraphModule:
+def decompose(
+    gm: torch.fx.GraphModule, fake_inputs: Sequence[Any], fake_mode: Any
+) -> torch.fx.GraphModule:
     """Retrace through the decomposition table when a composite op or a node
     without `meta["val"]` is present (a no-op for most graphs)."""
     table = decomposition_table()
@@ -160,7 +218,9 @@ def decompose(gm: torch.fx.GraphModule, fake_inputs: Sequence[Any], fake_mode: A
     from torch.fx.experimental.proxy_tensor import make_fx
 
     with fake_mode:
-        return make_fx(torch.fx.Interpreter(gm).run, decomposition_table=table, _allow_non_fake_inputs=True)(*fake_inputs)
+        return make_fx(
+            torch.fx.Interpreter(gm).run, decomposition_table=table, _allow_non_fake_inputs=True
+        )(*fake_inputs)
 
 
 def _device(inputs: Sequence[Any]) -> torch.device:
@@ -191,7 +251,12 @@ def _output_kind(gm: torch.fx.GraphModule) -> tuple[str, Any]:
 
 def kernel_module_source(ks: KernelSource) -> str:
     body = ks.source.replace(f"def {ks.name}(", "def kernel(", 1)
-    return "# stoker-triton kernel\nimport triton\nimport triton.language as tl\n" + PRELUDE + "\n\n" + body
+    return (
+        "# stoker-triton kernel\nimport triton\nimport triton.language as tl\n"
+        + PRELUDE
+        + "\n\n"
+        + body
+    )
 
 
 def load_kernels(kernels: dict[str, KernelSource]) -> tuple[dict[str, Launcher], dict[str, str]]:
@@ -210,13 +275,39 @@ def load_kernels(kernels: dict[str, KernelSource]) -> tuple[dict[str, Launcher],
     return launchers, paths
 
 
-def _fill_report(report: CompileReport, program: Any, sched: Any, kernels: dict[str, KernelSource], paths: dict[str, str], wpath: str, ctx: Any, shape_env: Any, n_guards: int) -> None:
+def _fill_report(
+    report: CompileReport,
+    program: Any,
+    sched: Any,
+    kernels: dict[str, KernelSource],
+    paths: dict[str, str],
+    wpath: str,
+    ctx: Any,
+    shape_env: Any,
+    n_guards: int,
+) -> None:
     for step in sched.steps:
         if isinstance(step, Kernel):
             ks = kernels[step.name]
             scatter = any(type(n).__name__ == "ScatterNode" for n in step.nodes)
-            kind = "scatter" if scatter else "pointwise" if not step.is_reduction else ("persistent-reduction" if step.persistent else "looped-reduction")
-            report.kernels.append(KernelInfo(step.name, kind, [n.name for n in step.nodes], str(step.xnumel), str(step.rnumel), paths[step.name], ks.source))
+            kind = (
+                "scatter"
+                if scatter
+                else "pointwise"
+                if not step.is_reduction
+                else ("persistent-reduction" if step.persistent else "looped-reduction")
+            )
+            report.kernels.append(
+                KernelInfo(
+                    step.name,
+                    kind,
+                    [n.name for n in step.nodes],
+                    str(step.xnumel),
+                    str(step.rnumel),
+                    paths[step.name],
+                    ks.source,
+                )
+            )
         else:
             report.extern_calls.append(str(step.op))
     report.fallback_ops = dict(ctx.fallbacks)

@@ -24,10 +24,16 @@ class CompileReport:
     """Kernels, fusion groups, extern/fallback ops, guards and per-stage timings."""
 
     kernels: list[KernelInfo] = dataclasses.field(default_factory=list)
-    extern_calls: list[str] = dataclasses.field(default_factory=list)  # every aten call the wrapper makes
-    fallback_ops: dict[str, int] = dataclasses.field(default_factory=dict)  # op -> count (no lowering)
+    extern_calls: list[str] = dataclasses.field(
+        default_factory=list
+    )  # every aten call the wrapper makes
+    fallback_ops: dict[str, int] = dataclasses.field(
+        default_factory=dict
+    )  # op -> count (no lowering)
     fallback_reasons: dict[str, str] = dataclasses.field(default_factory=dict)
-    guards_added: list[str] = dataclasses.field(default_factory=list)  # added to the shape env by codegen
+    guards_added: list[str] = dataclasses.field(
+        default_factory=list
+    )  # added to the shape env by codegen
     timings_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # stage -> milliseconds
     wrapper_path: str = ""
     ir_text: str = ""
@@ -47,19 +53,28 @@ class CompileReport:
         try:
             yield
         finally:
-            self.timings_ms[name] = self.timings_ms.get(name, 0.0) + (time.perf_counter() - t0) * 1e3
+            self.timings_ms[name] = (
+                self.timings_ms.get(name, 0.0) + (time.perf_counter() - t0) * 1e3
+            )
 
     def __str__(self) -> str:
-        lines = [f"stoker-triton: {self.n_kernels} kernel(s), {len(self.extern_calls)} extern call(s)"]
+        lines = [
+            f"stoker-triton: {self.n_kernels} kernel(s), {len(self.extern_calls)} extern call(s)"
+        ]
         for k in self.kernels:
             lines.append(f"  {k.name} [{k.kind}] {k.xnumel} x {k.rnumel}: {', '.join(k.nodes)}")
         if self.extern_calls:
             lines.append(f"  extern: {', '.join(self.extern_calls)}")
         if self.fallback_ops:
-            lines.append("  fallback (no lowering): " + ", ".join(f"{k} x{v}" for k, v in self.fallback_ops.items()))
+            lines.append(
+                "  fallback (no lowering): "
+                + ", ".join(f"{k} x{v}" for k, v in self.fallback_ops.items())
+            )
         if self.guards_added:
             lines.append(f"  guards added: {'; '.join(self.guards_added)}")
-        lines.append("  timings: " + ", ".join(f"{k} {v:.1f} ms" for k, v in self.timings_ms.items()))
+        lines.append(
+            "  timings: " + ", ".join(f"{k} {v:.1f} ms" for k, v in self.timings_ms.items())
+        )
         if self.wrapper_path:
             lines.append(f"  wrapper: {self.wrapper_path}")
         return "\n".join(lines)

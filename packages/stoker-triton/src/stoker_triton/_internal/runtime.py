@@ -24,7 +24,9 @@ import torch
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("STOKER_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "stoker")
+    root = os.environ.get("STOKER_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "stoker"
+    )
     path = Path(root) / "triton"
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -95,7 +97,9 @@ class Launcher:
     """Launches one generated kernel: picks XBLOCK/RBLOCK/num_warps for the
     sizes at hand (cached per size), autotuning on a GPU."""
 
-    def __init__(self, fn: Any, sha: str, is_reduction: bool, persistent: bool, has_atomics: bool) -> None:
+    def __init__(
+        self, fn: Any, sha: str, is_reduction: bool, persistent: bool, has_atomics: bool
+    ) -> None:
         self.fn = fn
         self.sha = sha
         self.is_reduction = is_reduction
@@ -121,12 +125,14 @@ class Launcher:
                 xb = max(1, min(xp, elems // rb))
                 out.append((xb, rb, 4 if rb * xb <= 2048 else 8))
             return list(dict.fromkeys(out))
-        return [(min(xp, x), r, w) for x, r, w in ((1, 2048, 8), (1, 1024, 4), (4, 512, 4), (8, 256, 4))]
+        return [
+            (min(xp, x), r, w) for x, r, w in ((1, 2048, 8), (1, 1024, 4), (4, 512, 4), (8, 256, 4))
+        ]
 
     def __call__(self, *args: Any) -> None:
         # args: pointers..., xnumel, rnumel, sizes..., [seed]; xnumel/rnumel are found by position
         xnumel, rnumel = self._numels(args)
-        if xnumel == 0 or rnumel == 0 and not self.is_reduction:
+        if xnumel == 0 or (rnumel == 0 and not self.is_reduction):
             return
         cfg = self.configs.get((xnumel, rnumel))
         if cfg is None:
@@ -154,7 +160,9 @@ class Launcher:
         for xb, rb, w in cands:
             try:
                 t = do_bench(
-                    lambda xb=xb, rb=rb, w=w: self.fn[(cdiv(xnumel, xb),)](*args, XBLOCK=xb, RBLOCK=rb, num_warps=w),
+                    lambda xb=xb, rb=rb, w=w: self.fn[(cdiv(xnumel, xb),)](
+                        *args, XBLOCK=xb, RBLOCK=rb, num_warps=w
+                    ),
                     warmup=3,
                     rep=10,
                 )

@@ -69,10 +69,14 @@ class Kernel:
 
     @property
     def is_reduction(self) -> bool:
-        return self.rnumel != 1
+        return bool(self.rnumel != 1)
 
     def __str__(self) -> str:
-        kind = "pointwise" if not self.is_reduction else ("persistent" if self.persistent else "looped")
+        kind = (
+            "pointwise"
+            if not self.is_reduction
+            else ("persistent" if self.persistent else "looped")
+        )
         names = ", ".join(n.name for n in self.nodes)
         return f"{self.name}: {kind} [{self.xnumel} x {self.rnumel}] <- {names}"
 
@@ -135,7 +139,12 @@ def simplify_index(e: Expr) -> Expr:
                     r2 = fl[0]
                 else:
                     mult = c2
-                if isinstance(r2, FloorDiv) and r2.args[0] == base and sympy.simplify(r2.args[1] - div * mod) == 0 and sympy.simplify(mult - coeff * mod) == 0:
+                if (
+                    isinstance(r2, FloorDiv)
+                    and r2.args[0] == base
+                    and sympy.simplify(r2.args[1] - div * mod) == 0
+                    and sympy.simplify(mult - coeff * mod) == 0
+                ):
                     new = coeff * (base if div == 1 else FloorDiv(base, div))
                     terms = [x for k, x in enumerate(terms) if k not in (i, j)] + [new]
                     changed = True
@@ -148,7 +157,9 @@ def simplify_index(e: Expr) -> Expr:
     return e
 
 
-def place(node: PointwiseNode | ReductionNode | ScatterNode, xnumel: Expr, rnumel: Expr) -> Placement | None:
+def place(
+    node: PointwiseNode | ReductionNode | ScatterNode, xnumel: Expr, rnumel: Expr
+) -> Placement | None:
     """Fit `node` into the (xnumel, rnumel) space, or None."""
 
     def eq(a: Expr, b: Expr) -> bool:
@@ -165,7 +176,9 @@ def place(node: PointwiseNode | ReductionNode | ScatterNode, xnumel: Expr, rnume
         return Placement(vm, True)
     size = node.size
     if eq(product(size), xnumel):
-        return Placement({index_var("x", k): e for k, e in enumerate(decompose(XINDEX, size))}, False)
+        return Placement(
+            {index_var("x", k): e for k, e in enumerate(decompose(XINDEX, size))}, False
+        )
     if rnumel == 1 or isinstance(node, ScatterNode):
         return None
     for k in range(len(size) + 1):
@@ -200,7 +213,11 @@ def _fits(
         if isinstance(prod, ScatterNode) or ld.indirect:
             return False
         pp = kernel.placements[prod.name]
-        if isinstance(prod, PointwiseNode) and pp.reduced_space and (not kernel.persistent or not p.reduced_space):
+        if (
+            isinstance(prod, PointwiseNode)
+            and pp.reduced_space
+            and (not kernel.persistent or not p.reduced_space)
+        ):
             return False
         if isinstance(prod, ReductionNode) or not pp.reduced_space:
             pass
@@ -252,7 +269,9 @@ def schedule(program: Program, ctx: LoweringContext) -> Schedule:
         if not isinstance(node, ScatterNode):
             for si in range(max(dep, 0), len(steps)):
                 step = steps[si]
-                if not isinstance(step, Kernel) or any(isinstance(n, ScatterNode) for n in step.nodes):
+                if not isinstance(step, Kernel) or any(
+                    isinstance(n, ScatterNode) for n in step.nodes
+                ):
                     continue
                 if _try_add(step, node, program.buffers):
                     writer[node.name] = si
@@ -262,7 +281,9 @@ def schedule(program: Program, ctx: LoweringContext) -> Schedule:
                 if isinstance(node, ReductionNode) and not step.is_reduction:
                     cand = new_kernel(node)
                     cand.name = step.name
-                    if all(_try_add(cand, n, program.buffers) for n in step.nodes) and _try_add(cand, node, program.buffers):
+                    if all(_try_add(cand, n, program.buffers) for n in step.nodes) and _try_add(
+                        cand, node, program.buffers
+                    ):
                         steps[si] = cand
                         writer[node.name] = si
                         placed = True
@@ -302,7 +323,9 @@ def schedule(program: Program, ctx: LoweringContext) -> Schedule:
     return Schedule(steps, internal, last_use, out_bufs)
 
 
-def _try_add(kernel: Kernel, node: PointwiseNode | ReductionNode | ScatterNode, buffers: dict[str, Buffer]) -> bool:
+def _try_add(
+    kernel: Kernel, node: PointwiseNode | ReductionNode | ScatterNode, buffers: dict[str, Buffer]
+) -> bool:
     if isinstance(node, ScatterNode):
         if kernel.nodes:
             return False

@@ -98,7 +98,9 @@ def lower_graph(
             env[node] = args[0][args[1]]
             continue
         val = node.meta.get("val")
-        if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool | int | float | bool) and not isinstance(val, torch.Tensor):
+        if isinstance(
+            val, torch.SymInt | torch.SymFloat | torch.SymBool | int | float | bool
+        ) and not isinstance(val, torch.Tensor):
             env[node] = ctx.expr(val)
             continue
         env[node] = _lower_call(ctx, node, args, kwargs)
@@ -130,7 +132,9 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, args: Any, kwargs: An
         return extern_call(ctx, node, args, kwargs, f"{type(e).__name__}: {e}")
 
 
-def _maybe_realize_shared(ctx: LoweringContext, node: torch.fx.Node, env: dict[torch.fx.Node, Any]) -> None:
+def _maybe_realize_shared(
+    ctx: LoweringContext, node: torch.fx.Node, env: dict[torch.fx.Node, Any]
+) -> None:
     """Store a value used more than once when recomputing it would be costly."""
     tv = env[node]
     if not isinstance(tv, TensorValue) or tv.layout is not None or len(node.users) < 2:
@@ -142,7 +146,9 @@ def _maybe_realize_shared(ctx: LoweringContext, node: torch.fx.Node, env: dict[t
         env[node] = ctx.realize(tv)
 
 
-def _output(ctx: LoweringContext, o: Any, env: dict[torch.fx.Node, Any], k: int, views: dict[int, BufferRef]) -> Any:
+def _output(
+    ctx: LoweringContext, o: Any, env: dict[torch.fx.Node, Any], k: int, views: dict[int, BufferRef]
+) -> Any:
     if not isinstance(o, torch.fx.Node):
         return o
     v = env[o]
@@ -163,6 +169,3 @@ def _output(ctx: LoweringContext, o: Any, env: dict[torch.fx.Node, Any], k: int,
     r = ctx.realize(v, stride)
     assert r.layout is not None
     return r.layout.buf
-
-
-_ = LoweringError

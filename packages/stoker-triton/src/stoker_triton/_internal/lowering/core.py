@@ -31,6 +31,8 @@ from ..ir import (
 
 log = logging.getLogger("stoker.kernels")
 
+ZERO = sympy.Integer(0)
+
 Loader = Callable[[tuple[Expr, ...]], Value]
 
 # A realized pointwise value read by more than one consumer is stored once
@@ -165,7 +167,7 @@ class LoweringContext:
         stride: Sequence[Expr] | None,
         dtype: torch.dtype,
         kind: str,
-        offset: Expr = sympy.Integer(0),
+        offset: Expr = ZERO,
     ) -> Buffer:
         size_t = tuple(sympy.sympify(s) for s in size)
         stride_t = tuple(stride) if stride is not None else contiguous_strides(size_t)
@@ -250,7 +252,7 @@ def register(kind: str, *ops: Any) -> Callable[[Rule], Rule]:
     def deco(fn: Rule) -> Rule:
         for op in ops:
             overloads = (
-                [getattr(op, o) for o in op.overloads()]
+                [getattr(op, o) for o in op.overloads()]  # type: ignore[no-untyped-call]
                 if isinstance(op, torch._ops.OpOverloadPacket)
                 else [op]
             )

@@ -45,7 +45,9 @@ def extern_call(ctx: LoweringContext, node: Any, args: Any, kwargs: Any, reason:
             assert tv.layout is not None
             return tv.layout
         if isinstance(a, sympy.Basic):
-            return int(a) if a.is_number and a.is_integer else (float(a) if a.is_number else SymRef(a))
+            return (
+                int(a) if a.is_number and a.is_integer else (float(a) if a.is_number else SymRef(a))
+            )
         return a
 
     xargs = tree_map(arg, tuple(args), is_leaf=lambda a: isinstance(a, TensorValue))
@@ -71,7 +73,9 @@ def extern_call(ctx: LoweringContext, node: Any, args: Any, kwargs: Any, reason:
         else:
             outs.append(None)
             results.append(None)
-    ctx.nodes.append(ExternNode(ctx.new_name("extern"), node.target, xargs, xkwargs, tuple(outs), single))
+    ctx.nodes.append(
+        ExternNode(ctx.new_name("extern"), node.target, xargs, xkwargs, tuple(outs), single)
+    )
     if single:
         return results[0]
     return tuple(results) if not isinstance(val, list) else results

@@ -30,10 +30,16 @@ def _wrapped(v: Value, n: Expr) -> Value:
     from ..ir import IndexValue
 
     nv: Value = Const(int(n), torch.int64) if n.is_number else IndexValue(n, torch.int64)
-    return Op("where", (Op("lt", (v, Const(0, torch.int64)), torch.bool), Op("add", (v, nv), torch.int64), v), torch.int64)
+    return Op(
+        "where",
+        (Op("lt", (v, Const(0, torch.int64)), torch.bool), Op("add", (v, nv), torch.int64), v),
+        torch.int64,
+    )
 
 
-def _load_indirect(ctx: LoweringContext, x: TensorValue, sub: list[Any], binds: list[tuple[sympy.Symbol, Value]]) -> Value:
+def _load_indirect(
+    ctx: LoweringContext, x: TensorValue, sub: list[Any], binds: list[tuple[sympy.Symbol, Value]]
+) -> Value:
     v = x.load(tuple(sub))
     for sym, b in binds:
         v = bind_indirect(v, sym, b)
@@ -41,7 +47,14 @@ def _load_indirect(ctx: LoweringContext, x: TensorValue, sub: list[Any], binds: 
 
 
 @register("indexing", aten.gather)
-def gather(ctx: LoweringContext, node: Any, x: TensorValue, dim: int, index: TensorValue, sparse_grad: bool = False) -> TensorValue:
+def gather(
+    ctx: LoweringContext,
+    node: Any,
+    x: TensorValue,
+    dim: int,
+    index: TensorValue,
+    sparse_grad: bool = False,
+) -> TensorValue:
     dim = dim + x.ndim if dim < 0 else dim
 
     def loader(idx: tuple[Expr, ...]) -> Value:
@@ -55,7 +68,9 @@ def gather(ctx: LoweringContext, node: Any, x: TensorValue, dim: int, index: Ten
 
 
 @register("indexing", aten.index_select)
-def index_select(ctx: LoweringContext, node: Any, x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
+def index_select(
+    ctx: LoweringContext, node: Any, x: TensorValue, dim: int, index: TensorValue
+) -> TensorValue:
     dim = dim + x.ndim if dim < 0 else dim
 
     def loader(idx: tuple[Expr, ...]) -> Value:
@@ -68,7 +83,9 @@ def index_select(ctx: LoweringContext, node: Any, x: TensorValue, dim: int, inde
     return TensorValue(out_size(ctx, node), x.dtype, ctx.device, loader)
 
 
-def _index_plan(x: TensorValue, indices: Sequence[TensorValue | None], out_nd: int) -> tuple[list[int], int, int]:
+def _index_plan(
+    x: TensorValue, indices: Sequence[TensorValue | None], out_nd: int
+) -> tuple[list[int], int, int]:
     """Indexed dims, where the broadcast index dims start in the output, and their count."""
     pos = [i for i, t in enumerate(indices) if t is not None]
     nb = max(t.ndim for t in indices if t is not None)
@@ -77,7 +94,9 @@ def _index_plan(x: TensorValue, indices: Sequence[TensorValue | None], out_nd: i
     return pos, start, nb
 
 
-def _indexed_loader(ctx: LoweringContext, x: TensorValue, indices: Sequence[TensorValue | None], out_nd: int) -> Any:
+def _indexed_loader(
+    ctx: LoweringContext, x: TensorValue, indices: Sequence[TensorValue | None], out_nd: int
+) -> Any:
     pos, start, nb = _index_plan(x, indices, out_nd)
     rest = [d for d in range(x.ndim) if d not in pos]
 
@@ -102,7 +121,9 @@ def _indexed_loader(ctx: LoweringContext, x: TensorValue, indices: Sequence[Tens
 
 
 @register("indexing", aten.index)
-def index(ctx: LoweringContext, node: Any, x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
+def index(
+    ctx: LoweringContext, node: Any, x: TensorValue, indices: Sequence[TensorValue | None]
+) -> TensorValue:
     indices = list(indices) + [None] * (x.ndim - len(indices))
     size = out_size(ctx, node)
     source_index = _indexed_loader(ctx, x, indices, len(size))
@@ -122,7 +143,15 @@ def _fresh_copy(ctx: LoweringContext, x: TensorValue) -> str:
     return r.layout.buf
 
 
-def _scatter(ctx: LoweringContext, target: str, size: Sequence[Expr], index_fn: Any, value_fn: Any, mode: str, dtype: torch.dtype) -> TensorValue:
+def _scatter(
+    ctx: LoweringContext,
+    target: str,
+    size: Sequence[Expr],
+    index_fn: Any,
+    value_fn: Any,
+    mode: str,
+    dtype: torch.dtype,
+) -> TensorValue:
     from ..ir import index_var
 
     idx = tuple(index_var("x", i) for i in range(len(size)))
@@ -135,7 +164,14 @@ def _scatter(ctx: LoweringContext, target: str, size: Sequence[Expr], index_fn: 
 
 
 @register("indexing", aten.index_put, aten._unsafe_index_put)
-def index_put(ctx: LoweringContext, node: Any, x: TensorValue, indices: Sequence[TensorValue | None], values: TensorValue | Any, accumulate: bool = False) -> TensorValue:
+def index_put(
+    ctx: LoweringContext,
+    node: Any,
+    x: TensorValue,
+    indices: Sequence[TensorValue | None],
+    values: TensorValue | Any,
+    accumulate: bool = False,
+) -> TensorValue:
     indices = list(indices) + [None] * (x.ndim - len(indices))
     if any(t is not None and t.dtype == torch.bool for t in indices):
         raise LoweringError("boolean mask index_put")
@@ -160,11 +196,22 @@ def index_put(ctx: LoweringContext, node: Any, x: TensorValue, indices: Sequence
             return broadcast_load(values, idx)
         return Const(values, x.dtype)
 
-    return _scatter(ctx, target, size, source_index, value_fn, "add" if accumulate else "store", x.dtype)
+    return _scatter(
+        ctx, target, size, source_index, value_fn, "add" if accumulate else "store", x.dtype
+    )
 
 
 @register("indexing", aten.scatter_add, aten.scatter)
-def scatter_add(ctx: LoweringContext, node: Any, x: TensorValue, dim: int, index: TensorValue, src: Any, *, reduce: str | None = None) -> TensorValue:
+def scatter_add(
+    ctx: LoweringContext,
+    node: Any,
+    x: TensorValue,
+    dim: int,
+    index: TensorValue,
+    src: Any,
+    *,
+    reduce: str | None = None,
+) -> TensorValue:
     if reduce is not None and reduce != "add":
         raise LoweringError(f"scatter reduce={reduce}")
     mode = "add" if node.target == aten.scatter_add.default or reduce == "add" else "store"

@@ -70,7 +70,9 @@ def promote(node: Any, kind: str) -> torch.dtype:
             if isinstance(v, torch.Tensor | bool | int | float):
                 vals.append(v)
         dtype = (
-            elementwise_dtypes(*vals, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[0]
+            elementwise_dtypes(*vals, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[
+                0
+            ]
             if vals
             else out
         )
@@ -177,9 +179,28 @@ BINARY: dict[Any, tuple[str, str]] = {
 
 
 BOOL_SAFE = {
-    "logical_not", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or",
-    "bitwise_xor", "bitwise_not", "eq", "ne", "lt", "le", "gt", "ge", "where", "identity",
-    "isnan", "isinf", "isfinite", "maximum", "minimum", "abs",
+    "logical_not",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
+    "bitwise_not",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "where",
+    "identity",
+    "isnan",
+    "isinf",
+    "isfinite",
+    "maximum",
+    "minimum",
+    "abs",
 }
 
 # pow with a constant exponent: exact cheap forms
@@ -188,7 +209,13 @@ POW_CONST = {2: "square", 1: "identity", 0.5: "sqrt", -0.5: "rsqrt", -1: "recipr
 
 @register("pointwise", aten.pow)
 def pow_(ctx: LoweringContext, node: Any, a: Any, b: Any) -> TensorValue:
-    if isinstance(a, TensorValue) and isinstance(b, int | float) and not isinstance(b, bool) and b in POW_CONST and (meta_val(node).dtype.is_floating_point or b in (1, 2)):
+    if (
+        isinstance(a, TensorValue)
+        and isinstance(b, int | float)
+        and not isinstance(b, bool)
+        and b in POW_CONST
+        and (meta_val(node).dtype.is_floating_point or b in (1, 2))
+    ):
         name = POW_CONST[b]
         if name == "square":
             val = meta_val(node)
@@ -244,7 +271,9 @@ def add_sub(ctx: LoweringContext, node: Any, a: Any, b: Any, alpha: Any = 1) -> 
 
 
 @register("pointwise", aten.div)
-def div(ctx: LoweringContext, node: Any, a: Any, b: Any, rounding_mode: str | None = None) -> TensorValue:
+def div(
+    ctx: LoweringContext, node: Any, a: Any, b: Any, rounding_mode: str | None = None
+) -> TensorValue:
     if rounding_mode is None:
         return make_pointwise(ctx, node, [a, b], "truediv", "int_to_float")
     if rounding_mode == "floor":
@@ -266,7 +295,10 @@ def where(ctx: LoweringContext, node: Any, c: Any, a: Any, b: Any) -> TensorValu
 
     def loader(idx: tuple[Expr, ...]) -> Value:
         vc = to_value(ctx, c, idx, torch.bool)
-        return cast(Op("where", (vc, to_value(ctx, a, idx, cdt), to_value(ctx, b, idx, cdt)), cdt), val.dtype)
+        return cast(
+            Op("where", (vc, to_value(ctx, a, idx, cdt), to_value(ctx, b, idx, cdt)), cdt),
+            val.dtype,
+        )
 
     return TensorValue(size, val.dtype, ctx.device, loader)
 
@@ -295,7 +327,16 @@ def clamp(ctx: LoweringContext, node: Any, x: Any, lo: Any = None, hi: Any = Non
 # -- casts and copies ------------------------------------------------------
 
 
-@register("pointwise", aten._to_copy, aten.clone, aten.alias, aten.detach, aten.lift_fresh_copy, prims.convert_element_type, aten.contiguous)
+@register(
+    "pointwise",
+    aten._to_copy,
+    aten.clone,
+    aten.alias,
+    aten.detach,
+    aten.lift_fresh_copy,
+    prims.convert_element_type,
+    aten.contiguous,
+)
 def to_copy(ctx: LoweringContext, node: Any, x: Any, *args: Any, **kwargs: Any) -> TensorValue:
     if not isinstance(x, TensorValue):
         raise LoweringError("copy of a non-tensor")
@@ -318,7 +359,9 @@ def _fill(ctx: LoweringContext, node: Any, value: Any) -> TensorValue:
     val = meta_val(node)
     size = out_size(ctx, node)
     if isinstance(value, sympy.Basic) and not value.is_number:
-        return TensorValue(size, val.dtype, ctx.device, lambda idx: cast(IndexValue(value, torch.int64), val.dtype))
+        return TensorValue(
+            size, val.dtype, ctx.device, lambda idx: cast(IndexValue(value, torch.int64), val.dtype)
+        )
     if isinstance(value, sympy.Basic):
         value = int(value) if value.is_integer else float(value)
     if val.dtype == torch.bool:
@@ -341,7 +384,18 @@ def scalar_tensor(ctx: LoweringContext, node: Any, value: Any, **kwargs: Any) ->
     return _fill(ctx, node, value)
 
 
-@register("creation", aten.zeros, aten.zeros_like, aten.new_zeros, aten.empty, aten.empty_like, aten.empty_strided, aten.empty_permuted, aten.new_empty, aten.new_empty_strided)
+@register(
+    "creation",
+    aten.zeros,
+    aten.zeros_like,
+    aten.new_zeros,
+    aten.empty,
+    aten.empty_like,
+    aten.empty_strided,
+    aten.empty_permuted,
+    aten.new_empty,
+    aten.new_empty_strided,
+)
 def zeros(ctx: LoweringContext, node: Any, *args: Any, **kwargs: Any) -> TensorValue:
     # empty* gives zeros: any value is allowed and zeros are reproducible
     return _fill(ctx, node, 0)
@@ -353,7 +407,9 @@ def ones(ctx: LoweringContext, node: Any, *args: Any, **kwargs: Any) -> TensorVa
 
 
 @register("creation", aten.new_full)
-def new_full(ctx: LoweringContext, node: Any, x: Any, size: Any, value: Any, **kwargs: Any) -> TensorValue:
+def new_full(
+    ctx: LoweringContext, node: Any, x: Any, size: Any, value: Any, **kwargs: Any
+) -> TensorValue:
     return _fill(ctx, node, value)
 
 
@@ -361,25 +417,31 @@ def new_full(ctx: LoweringContext, node: Any, x: Any, size: Any, value: Any, **k
 def arange(ctx: LoweringContext, node: Any, *args: Any, **kwargs: Any) -> TensorValue:
     nums = [a for a in args if not isinstance(a, torch.dtype | torch.device | torch.layout)]
     if node.target == aten.arange.default:
-        start, end, step = 0, nums[0], 1
+        start, _end, step = 0, nums[0], 1
     elif node.target == aten.arange.start:
-        start, end, step = nums[0], nums[1], 1
+        start, _end, step = nums[0], nums[1], 1
     else:
-        start, end, step = nums[0], nums[1], nums[2] if len(nums) > 2 else 1
+        start, _end, step = nums[0], nums[1], nums[2] if len(nums) > 2 else 1
     val = meta_val(node)
     dt = val.dtype
     cdt = torch.float64 if dt.is_floating_point else torch.int64
 
     def loader(idx: tuple[Expr, ...]) -> Value:
         i = cast(IndexValue(idx[0], torch.int64), cdt)
-        v = Op("add", (to_value(ctx, start, idx, cdt), Op("mul", (i, to_value(ctx, step, idx, cdt)), cdt)), cdt)
+        v = Op(
+            "add",
+            (to_value(ctx, start, idx, cdt), Op("mul", (i, to_value(ctx, step, idx, cdt)), cdt)),
+            cdt,
+        )
         return cast(v, dt)
 
     return TensorValue(out_size(ctx, node), dt, ctx.device, loader)
 
 
 @register("creation", prims.iota)
-def iota(ctx: LoweringContext, node: Any, length: Any, *, start: Any, step: Any, dtype: Any, **kw: Any) -> TensorValue:
+def iota(
+    ctx: LoweringContext, node: Any, length: Any, *, start: Any, step: Any, dtype: Any, **kw: Any
+) -> TensorValue:
     def loader(idx: tuple[Expr, ...]) -> Value:
         return cast(IndexValue(start + idx[0] * step, torch.int64), dtype)
 

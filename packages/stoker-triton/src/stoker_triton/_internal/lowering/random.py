@@ -47,12 +47,18 @@ def randn(ctx: LoweringContext, node: Any, *args: Any, **kwargs: Any) -> TensorV
 
 
 @register("random", aten.bernoulli)
-def bernoulli(ctx: LoweringContext, node: Any, x: TensorValue, p: Any = None, **kwargs: Any) -> TensorValue:
+def bernoulli(
+    ctx: LoweringContext, node: Any, x: TensorValue, p: Any = None, **kwargs: Any
+) -> TensorValue:
     u = _random(ctx, node, "rand")
     dt = meta_val(node).dtype
 
     def loader(idx: tuple[Expr, ...]) -> Value:
-        prob = to_value(ctx, p, idx, torch.float32) if p is not None else cast(broadcast_load(x, idx), torch.float32)
+        prob = (
+            to_value(ctx, p, idx, torch.float32)
+            if p is not None
+            else cast(broadcast_load(x, idx), torch.float32)
+        )
         return cast(Op("lt", (u.load(idx), prob), torch.bool), dt)
 
     return TensorValue(u.size, dt, ctx.device, loader)

@@ -69,12 +69,16 @@ def reduce(
     return _keep(ctx, out, x.ndim, dims, keepdim)
 
 
-def _keep(ctx: LoweringContext, out: TensorValue, ndim: int, dims: Sequence[int], keepdim: bool) -> TensorValue:
+def _keep(
+    ctx: LoweringContext, out: TensorValue, ndim: int, dims: Sequence[int], keepdim: bool
+) -> TensorValue:
     if not keepdim:
         return out
     kept = [d for d in range(ndim) if d not in dims]
     size = [out.size[kept.index(d)] if d in kept else sympy.Integer(1) for d in range(ndim)]
-    return TensorValue(size, out.dtype, ctx.device, lambda idx: out.load(tuple(idx[d] for d in kept)))
+    return TensorValue(
+        size, out.dtype, ctx.device, lambda idx: out.load(tuple(idx[d] for d in kept))
+    )
 
 
 def _finish(ctx: LoweringContext, node: Any, out: TensorValue) -> TensorValue:
@@ -85,7 +89,16 @@ def _finish(ctx: LoweringContext, node: Any, out: TensorValue) -> TensorValue:
 
 
 @register("reduction", aten.sum, prims.sum)
-def sum_(ctx: LoweringContext, node: Any, x: TensorValue, dims: Any = None, keepdim: bool = False, *, dtype: Any = None, **kw: Any) -> TensorValue:
+def sum_(
+    ctx: LoweringContext,
+    node: Any,
+    x: TensorValue,
+    dims: Any = None,
+    keepdim: bool = False,
+    *,
+    dtype: Any = None,
+    **kw: Any,
+) -> TensorValue:
     if node.target == aten.sum.default:
         dims, keepdim = None, False
     out = reduce(ctx, x, _dims(dims, x.ndim), keepdim, "sum", meta_val(node).dtype)
@@ -93,7 +106,15 @@ def sum_(ctx: LoweringContext, node: Any, x: TensorValue, dims: Any = None, keep
 
 
 @register("reduction", aten.prod)
-def prod(ctx: LoweringContext, node: Any, x: TensorValue, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> TensorValue:
+def prod(
+    ctx: LoweringContext,
+    node: Any,
+    x: TensorValue,
+    dim: Any = None,
+    keepdim: bool = False,
+    *,
+    dtype: Any = None,
+) -> TensorValue:
     if node.target == aten.prod.default:
         dim, keepdim = None, False
     out = reduce(ctx, x, _dims(dim, x.ndim), keepdim, "prod", meta_val(node).dtype)
@@ -101,7 +122,15 @@ def prod(ctx: LoweringContext, node: Any, x: TensorValue, dim: Any = None, keepd
 
 
 @register("reduction", aten.mean)
-def mean(ctx: LoweringContext, node: Any, x: TensorValue, dims: Any = None, keepdim: bool = False, *, dtype: Any = None) -> TensorValue:
+def mean(
+    ctx: LoweringContext,
+    node: Any,
+    x: TensorValue,
+    dims: Any = None,
+    keepdim: bool = False,
+    *,
+    dtype: Any = None,
+) -> TensorValue:
     if node.target == aten.mean.default:
         dims, keepdim = None, False
     d = _dims(dims, x.ndim)
@@ -109,7 +138,12 @@ def mean(ctx: LoweringContext, node: Any, x: TensorValue, dims: Any = None, keep
     acc = torch.float32 if dt in LOW_PRECISION else dt
     s = reduce(ctx, x, d, keepdim, "sum", acc)
     n = product([x.size[i] for i in d])
-    return TensorValue(s.size, dt, ctx.device, lambda idx: cast(Op("truediv", (s.load(idx), _num(n, acc)), acc), dt))
+    return TensorValue(
+        s.size,
+        dt,
+        ctx.device,
+        lambda idx: cast(Op("truediv", (s.load(idx), _num(n, acc)), acc), dt),
+    )
 
 
 def _num(n: Expr, dtype: torch.dtype) -> Value:
@@ -119,13 +153,17 @@ def _num(n: Expr, dtype: torch.dtype) -> Value:
 
 
 @register("reduction", aten.amax, aten.amin, prims.amax, prims.amin)
-def amax(ctx: LoweringContext, node: Any, x: TensorValue, dims: Any = None, keepdim: bool = False) -> TensorValue:
+def amax(
+    ctx: LoweringContext, node: Any, x: TensorValue, dims: Any = None, keepdim: bool = False
+) -> TensorValue:
     kind = "max" if node.target in (aten.amax.default, prims.amax.default) else "min"
     return reduce(ctx, x, _dims(dims, x.ndim), keepdim, kind, x.dtype)
 
 
 @register("reduction", aten.max.dim, aten.min.dim)
-def max_dim(ctx: LoweringContext, node: Any, x: TensorValue, dim: int, keepdim: bool = False) -> tuple[TensorValue, TensorValue]:
+def max_dim(
+    ctx: LoweringContext, node: Any, x: TensorValue, dim: int, keepdim: bool = False
+) -> tuple[TensorValue, TensorValue]:
     kind = "max" if node.target == aten.max.dim else "min"
     d = _dims(dim, x.ndim)
     return (
@@ -135,7 +173,9 @@ def max_dim(ctx: LoweringContext, node: Any, x: TensorValue, dim: int, keepdim: 
 
 
 @register("reduction", aten.argmax, aten.argmin)
-def argmax(ctx: LoweringContext, node: Any, x: TensorValue, dim: Any = None, keepdim: bool = False) -> TensorValue:
+def argmax(
+    ctx: LoweringContext, node: Any, x: TensorValue, dim: Any = None, keepdim: bool = False
+) -> TensorValue:
     kind = "argmax" if node.target == aten.argmax.default else "argmin"
     if dim is None:
         # over the flattened tensor: reduce all dims (flat r index = row-major position)
@@ -147,7 +187,9 @@ def argmax(ctx: LoweringContext, node: Any, x: TensorValue, dim: Any = None, kee
 
 
 @register("reduction", aten.any, aten.all)
-def any_all(ctx: LoweringContext, node: Any, x: TensorValue, dims: Any = None, keepdim: bool = False) -> TensorValue:
+def any_all(
+    ctx: LoweringContext, node: Any, x: TensorValue, dims: Any = None, keepdim: bool = False
+) -> TensorValue:
     kind = "any" if node.target in (aten.any.default, aten.any.dim, aten.any.dims) else "all"
     if node.target in (aten.any.default, aten.all.default):
         dims = None
@@ -155,7 +197,9 @@ def any_all(ctx: LoweringContext, node: Any, x: TensorValue, dims: Any = None, k
     return _finish(ctx, node, out)
 
 
-def _var_mean(ctx: LoweringContext, x: TensorValue, dims: Any, correction: Any, keepdim: bool, dt: torch.dtype) -> tuple[TensorValue, TensorValue]:
+def _var_mean(
+    ctx: LoweringContext, x: TensorValue, dims: Any, correction: Any, keepdim: bool, dt: torch.dtype
+) -> tuple[TensorValue, TensorValue]:
     d = _dims(dims, x.ndim)
     acc = torch.float32 if dt in LOW_PRECISION else dt
     m = reduce(ctx, x, d, keepdim, "welford_mean", acc)
@@ -166,7 +210,11 @@ def _var_mean(ctx: LoweringContext, x: TensorValue, dims: Any, correction: Any, 
 
     def var_loader(idx: tuple[Expr, ...]) -> Value:
         d = sympy.sympify(denom)
-        den = Const(max(float(d), 0.0), acc) if d.is_number else Op("maximum", (_num(d, acc), Const(0.0, acc)), acc)
+        den = (
+            Const(max(float(d), 0.0), acc)
+            if d.is_number
+            else Op("maximum", (_num(d, acc), Const(0.0, acc)), acc)
+        )
         return cast(Op("truediv", (m2.load(idx), den), acc), dt)
 
     var = TensorValue(m.size, dt, ctx.device, var_loader)
@@ -202,7 +250,12 @@ def var(ctx: LoweringContext, node: Any, x: TensorValue, *args: Any, **kw: Any) 
     if name.startswith("std"):
         acc = torch.float32 if dt in LOW_PRECISION else dt
         vv = v
-        v = TensorValue(v.size, dt, ctx.device, lambda idx: cast(Op("sqrt", (cast(vv.load(idx), acc),), acc), dt))
+        v = TensorValue(
+            v.size,
+            dt,
+            ctx.device,
+            lambda idx: cast(Op("sqrt", (cast(vv.load(idx), acc),), acc), dt),
+        )
     if name.endswith("_mean"):
         return (v, m)
     return v

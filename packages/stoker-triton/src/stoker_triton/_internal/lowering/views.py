@@ -51,22 +51,34 @@ def permute(ctx: LoweringContext, node: Any, x: TensorValue, dims: Sequence[int]
     inv = [dims.index(i) for i in range(x.ndim)]
     lay = None
     if x.layout is not None:
-        lay = BufferRef(x.layout.buf, tuple(x.size[d] for d in dims), tuple(x.layout.stride[d] for d in dims), x.layout.offset)
-    return _view(ctx, x, [x.size[d] for d in dims], lambda idx: [idx[inv[i]] for i in range(x.ndim)], lay)
+        lay = BufferRef(
+            x.layout.buf,
+            tuple(x.size[d] for d in dims),
+            tuple(x.layout.stride[d] for d in dims),
+            x.layout.offset,
+        )
+    return _view(
+        ctx, x, [x.size[d] for d in dims], lambda idx: [idx[inv[i]] for i in range(x.ndim)], lay
+    )
 
 
 @register("view", aten.t, aten.transpose, aten.numpy_T)
-def transpose(ctx: LoweringContext, node: Any, x: TensorValue, d0: int = 0, d1: int = 1) -> TensorValue:
+def transpose(
+    ctx: LoweringContext, node: Any, x: TensorValue, d0: int = 0, d1: int = 1
+) -> TensorValue:
     if x.ndim < 2:
         return x
     dims = list(range(x.ndim))
     d0, d1 = _dim(d0, x.ndim), _dim(d1, x.ndim)
     dims[d0], dims[d1] = dims[d1], dims[d0]
-    return permute(ctx, node, x, dims)
+    out: TensorValue = permute(ctx, node, x, dims)
+    return out
 
 
 @register("view", aten.expand, prims.broadcast_in_dim)
-def expand(ctx: LoweringContext, node: Any, x: TensorValue, sizes: Any, bdims: Any = None) -> TensorValue:
+def expand(
+    ctx: LoweringContext, node: Any, x: TensorValue, sizes: Any, bdims: Any = None
+) -> TensorValue:
     size = out_size(ctx, node)
     n = len(size)
     if bdims is None:
@@ -112,12 +124,25 @@ def squeeze(ctx: LoweringContext, node: Any, x: TensorValue, dims: Any = None) -
 
     lay = None
     if x.layout is not None:
-        lay = BufferRef(x.layout.buf, tuple(x.size[i] for i in keep), tuple(x.layout.stride[i] for i in keep), x.layout.offset)
+        lay = BufferRef(
+            x.layout.buf,
+            tuple(x.size[i] for i in keep),
+            tuple(x.layout.stride[i] for i in keep),
+            x.layout.offset,
+        )
     return _view(ctx, x, [x.size[i] for i in keep], remap, lay)
 
 
 @register("view", aten.slice)
-def slice_(ctx: LoweringContext, node: Any, x: TensorValue, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> TensorValue:
+def slice_(
+    ctx: LoweringContext,
+    node: Any,
+    x: TensorValue,
+    dim: int = 0,
+    start: Any = None,
+    end: Any = None,
+    step: int = 1,
+) -> TensorValue:
     dim = _dim(dim, x.ndim)
     size = out_size(ctx, node)
     start_e = sympy.Integer(0) if start is None else sympy.sympify(start)
@@ -190,7 +215,16 @@ def _groups(old: Sequence[Expr], new: Sequence[Expr]) -> list[tuple[list[int], l
     return groups
 
 
-@register("view", aten.view, aten.reshape, aten._unsafe_view, aten.view_copy, prims.reshape, aten.flatten, aten.unflatten)
+@register(
+    "view",
+    aten.view,
+    aten.reshape,
+    aten._unsafe_view,
+    aten.view_copy,
+    prims.reshape,
+    aten.flatten,
+    aten.unflatten,
+)
 def view(ctx: LoweringContext, node: Any, x: TensorValue, *args: Any) -> TensorValue:
     size = out_size(ctx, node)
     if meta_val(node).dtype != x.dtype:
@@ -221,13 +255,17 @@ def view(ctx: LoweringContext, node: Any, x: TensorValue, *args: Any) -> TensorV
         return out
 
     lay = None
-    if x.layout is not None and all(_same(a, b) for a, s, b in zip(x.layout.stride, old, contiguous_strides(old)) if s != 1):
+    if x.layout is not None and all(
+        _same(a, b) for a, s, b in zip(x.layout.stride, old, contiguous_strides(old)) if s != 1
+    ):
         lay = BufferRef(x.layout.buf, size, contiguous_strides(size), x.layout.offset)
     return _view(ctx, x, size, remap, lay)
 
 
 @register("view", aten.as_strided, aten.as_strided_copy)
-def as_strided(ctx: LoweringContext, node: Any, x: TensorValue, size: Any, stride: Any, offset: Any = None) -> TensorValue:
+def as_strided(
+    ctx: LoweringContext, node: Any, x: TensorValue, size: Any, stride: Any, offset: Any = None
+) -> TensorValue:
     if x.layout is None:
         x = ctx.realize(x)
     assert x.layout is not None
@@ -264,10 +302,16 @@ def cat(ctx: LoweringContext, node: Any, xs: Sequence[TensorValue], dim: int = 0
             if out is None:
                 out = v
                 continue
-            end = Const(int(st + x.size[dim]), torch.int64) if (st + x.size[dim]).is_number else None
+            end = (
+                Const(int(st + x.size[dim]), torch.int64) if (st + x.size[dim]).is_number else None
+            )
             lim: Value = end if end is not None else IndexValue(st + x.size[dim], torch.int64)
             inside = Op("lt", (pos, lim), torch.bool)
-            out = Op("where", (inside, Op("masked", (inside, v, Const(0, val.dtype)), val.dtype), out), val.dtype)
+            out = Op(
+                "where",
+                (inside, Op("masked", (inside, v, Const(0, val.dtype)), val.dtype), out),
+                val.dtype,
+            )
         assert out is not None
         return out
 
@@ -275,7 +319,9 @@ def cat(ctx: LoweringContext, node: Any, xs: Sequence[TensorValue], dim: int = 0
 
 
 @register("view", aten.constant_pad_nd)
-def constant_pad_nd(ctx: LoweringContext, node: Any, x: TensorValue, pad: Sequence[Any], value: Any = 0) -> TensorValue:
+def constant_pad_nd(
+    ctx: LoweringContext, node: Any, x: TensorValue, pad: Sequence[Any], value: Any = 0
+) -> TensorValue:
     from ..ir import IndexValue
 
     val = meta_val(node)
@@ -305,7 +351,9 @@ def constant_pad_nd(ctx: LoweringContext, node: Any, x: TensorValue, pad: Sequen
 
 
 @register("view", aten.split_with_sizes, aten.split)
-def split(ctx: LoweringContext, node: Any, x: TensorValue, sizes: Any, dim: int = 0) -> list[TensorValue]:
+def split(
+    ctx: LoweringContext, node: Any, x: TensorValue, sizes: Any, dim: int = 0
+) -> list[TensorValue]:
     dim = _dim(dim, x.ndim)
     outs = []
     start: Expr = sympy.Integer(0)
@@ -321,8 +369,9 @@ def split(ctx: LoweringContext, node: Any, x: TensorValue, sizes: Any, dim: int 
         vsize = tuple(ctx.expr(s) for s in v.shape)
         lay = None
         if x.layout is not None:
-            lay = BufferRef(x.layout.buf, vsize, x.layout.stride, x.layout.offset + st * x.layout.stride[dim])
+            lay = BufferRef(
+                x.layout.buf, vsize, x.layout.stride, x.layout.offset + st * x.layout.stride[dim]
+            )
         outs.append(_view(ctx, x, vsize, remap, lay))
         start = start + n
     return outs
-
