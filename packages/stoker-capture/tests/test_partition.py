@@ -94,6 +94,24 @@ def cnn() -> tuple[Callable[..., Any], Callable[[int], list[torch.Tensor]]]:
     return f, make
 
 
+def batchnorm() -> tuple[Callable[..., Any], Callable[[int], list[torch.Tensor]]]:
+    """Training BatchNorm (no running stats): its backward divides by N*H*W (a SymFloat)."""
+
+    def f(w, g, b, x):  # type: ignore[no-untyped-def]
+        h = F.conv2d(x, w, padding=1)
+        return F.silu(F.batch_norm(h, None, None, g, b, training=True)).mean(dim=(2, 3))
+
+    def make(batch: int) -> list[torch.Tensor]:
+        return [
+            0.3 * torch.randn(4, 3, 3, 3, requires_grad=True),
+            1 + 0.1 * torch.randn(4, requires_grad=True),
+            torch.randn(4, requires_grad=True),
+            torch.randn(batch, 3, 6, 6),
+        ]
+
+    return f, make
+
+
 def pointwise_heavy() -> tuple[Callable[..., Any], Callable[[int], list[torch.Tensor]]]:
     def f(w, x):  # type: ignore[no-untyped-def]
         h = x @ w
@@ -107,7 +125,13 @@ def pointwise_heavy() -> tuple[Callable[..., Any], Callable[[int], list[torch.Te
     return f, make
 
 
-MODELS = {"mlp": mlp, "attention": attention, "cnn": cnn, "pointwise": pointwise_heavy}
+MODELS = {
+    "mlp": mlp,
+    "attention": attention,
+    "cnn": cnn,
+    "batchnorm": batchnorm,
+    "pointwise": pointwise_heavy,
+}
 PARTITIONERS = {
     "default": lambda gm, n: default_partition(gm, num_fw_outputs=n),
     "min_cut": lambda gm, n: min_cut_partition(gm, num_fw_outputs=n),
@@ -126,7 +150,7 @@ def test_matches_eager(model: str, partitioner: str) -> None:
     assert part.report().startswith("Partition (")
 
 
-@pytest.mark.parametrize("model", ["mlp", "attention", "pointwise"])
+@pytest.mark.parametrize("model", ["mlp", "attention", "batchnorm", "pointwise"])
 @pytest.mark.parametrize("partitioner", ["default", "min_cut"])
 def test_dynamic_batch(model: str, partitioner: str) -> None:
     """Traced with a symbolic batch: saved symints carry the batch to the backward."""

@@ -100,6 +100,8 @@ def run_partition(
         saved_tensors = list(fw_out[n : n + ns])
         saved_symints = list(fw_out[n + ns :])
         assert len(saved_symints) == len(part.saved_symints)
+        # only integers cross (a SymFloat is recomputed from them in the backward)
+        assert all(type(s) is int for s in saved_symints), saved_symints
         grads = part.bw(*saved_symints, *saved_tensors, *tangents)
     return outs, list(grads)
 

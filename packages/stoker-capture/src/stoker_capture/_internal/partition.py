@@ -99,6 +99,16 @@ def is_sym_node(node: fx.Node) -> bool:
     return isinstance(val, (*_SYM_TYPES, int, float, bool)) and not isinstance(val, torch.Tensor)
 
 
+def is_symint_node(node: fx.Node) -> bool:
+    """A node whose value is a SymInt or int: the only scalars a partition saves.
+
+    SymFloats and SymBools (e.g. ``1 / (N * H * W)`` in BatchNorm's backward)
+    are recomputed in the backward from saved SymInts instead.
+    """
+    val = node.meta.get("val")
+    return isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool)
+
+
 def is_tensor_node(node: fx.Node) -> bool:
     return isinstance(node.meta.get("val"), torch.Tensor)
 
@@ -357,7 +367,7 @@ def build_partition(
     for n in saved_list:
         if n in info.tangent_dependent:
             raise PartitionError(f"internal error: saved value {n.name!r} depends on a tangent")
-        if not (is_tensor_node(n) or is_sym_node(n)):
+        if not (is_tensor_node(n) or is_symint_node(n)):
             raise PartitionError(
                 f"internal error: saved value {n.name!r} is neither a tensor nor a SymInt "
                 f"(meta val {type(n.meta.get('val')).__name__})"
@@ -464,7 +474,7 @@ def default_partition(
     for n in info.graph.nodes:
         if n in info.tangent_dependent or n in fw_set or n not in info.needed_bw:
             continue
-        if is_sym_node(n):
+        if is_symint_node(n):
             # sizes the backward needs: computed in the forward, saved as symints
             fw_set.add(n)
         elif (
@@ -475,9 +485,18 @@ def default_partition(
         ):
             # an item of a forward multi-output op (a tuple cannot be saved)
             fw_set.add(n)
-    bw_needed = info.needed_bw - fw_set
-    saved = {
-        a for n in bw_needed for a in n.all_input_nodes if a in fw_set and n.op != "placeholder"
-    }
-    saved |= {g for g in info.grads if isinstance(g, fx.Node) and g in fw_set}
+    # Walk back from the grads; a forward value stops the walk and is saved,
+    # except SymFloat/SymBool scalars, which the backward recomputes.
+    saved: set[fx.Node] = set()
+    seen: set[fx.Node] = set()
+    stack = [g for g in info.grads if isinstance(g, fx.Node)]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in fw_set and not (is_sym_node(n) and not is_symint_node(n)):
+            saved.add(n)
+            continue
+        stack.extend(n.all_input_nodes)
     return build_partition(joint, info, saved, kind="default")

@@ -35,6 +35,7 @@ from .partition import (
     build_partition,
     default_partition,
     is_sym_node,
+    is_symint_node,
     is_tensor_node,
     node_bytes,
 )
@@ -108,9 +109,10 @@ def _save_cost(n: fx.Node, info: JointInfo) -> float:
         # backward-only work into the forward.
         extra = 1 if n in info.required_fw else 2
         return float(node_bytes(n) * _SCALE + extra)
-    if is_sym_node(n):
+    if is_symint_node(n):
         return 1.0
-    return _INF  # tuples and other non-values cannot cross to the backward
+    # tuples cannot cross to the backward; SymFloats/SymBools are recomputed there
+    return _INF
 
 
 def _solve(
@@ -131,7 +133,7 @@ def _solve(
         kind = kinds[n]
         n_in, n_out = n.name + "_in", n.name + "_out"
         g.add_edge(n_in, n_out, capacity=_save_cost(n, info))
-        pinned = kind == "input" or is_sym_node(n)
+        pinned = kind == "input" or is_symint_node(n)
         if n in info.required_fw and not is_recomputable(kind):
             pinned = True
         if pinned:

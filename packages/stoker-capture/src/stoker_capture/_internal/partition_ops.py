@@ -195,7 +195,9 @@ def classify(node: fx.Node) -> OpKind:
 
 
 def _is_sym_value(node: fx.Node) -> bool:
-    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool, int))
+    return isinstance(
+        node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
+    )
 
 
 _RECOMPUTABLE: frozenset[str] = frozenset({"constant", "getitem", "view", "pointwise", "cheap"})
