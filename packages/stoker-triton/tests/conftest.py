@@ -17,6 +17,11 @@ os.environ.setdefault("STOKER_CACHE_DIR", tempfile.mkdtemp(prefix="stoker-triton
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+# A native GPU run (TRITON_INTERPRET=0 with CUDA): the same tests on the device.
+if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") == "0":
+    torch.set_default_device("cuda")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         return
