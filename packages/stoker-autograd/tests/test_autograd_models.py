@@ -376,7 +376,7 @@ def test_stoker_capture_aot_backward_is_inlined() -> None:
     ref = copy.deepcopy(m)
     cm = stoker_capture.aot_module(m)
     with stoker_autograd.enable() as session:
-        for i in range(3):
+        for _ in range(3):
             m.zero_grad()
             ref.zero_grad()
             x = torch.randn(5, 6)

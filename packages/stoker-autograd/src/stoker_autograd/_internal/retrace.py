@@ -49,8 +49,12 @@ class RetraceError(RuntimeError):
 class Retraced:
     gm: fx.GraphModule  # flat placeholders, core aten + opaque calls
     arg_spec: list[tuple[int, int]]  # per placeholder: (which list, index)
-    guards: Any  # stoker_shapes.GuardSet over (inputs, sizes, scalars)
+    ctx: ShapeContext  # read its guards only after the compiler ran (it may add some)
     example_inputs: list[Any]
+
+    def guards(self) -> GuardSet:
+        """The guards of every stage so far, over ``(inputs, sizes, scalars)``."""
+        return _without_alias_guards(self.ctx.produce_guards())
 
 
 def check_sizes(t: torch.Tensor | None, expected: Sequence[int], what: str) -> torch.Tensor | None:
@@ -360,7 +364,7 @@ def retrace(
     graph = rp.tracer.graph
     graph.eliminate_dead_code(is_impure_node=lambda n: _impure(n))
     new_gm = fx.GraphModule(rp.tracer.root, graph, gm.__class__.__name__ + "Aten")
-    return Retraced(new_gm, rp.arg_spec, _without_alias_guards(ctx.produce_guards()), rp.examples)
+    return Retraced(new_gm, rp.arg_spec, ctx, rp.examples)
 
 
 def _plain(t: Any) -> Any:

@@ -27,6 +27,7 @@ import torch
 import torch.fx as fx
 
 from . import ops
+from .segments import SegmentedBackward
 from .retrace import Position, Retraced, concrete_values, retrace
 from .session import Session, aten_executor
 
@@ -167,10 +168,18 @@ class CompiledBackward:
             self._warn(f"could not compile it ({e})")
             return
         self.last_retraced = rt
-        if self.session.compiler is aten_executor:
-            _mark_stealable(rt.gm)
-        fn = self.session.compiler(rt.gm, rt.example_inputs)
-        self.variants.append(Variant(rt.guards, fn, rt.arg_spec, rt.gm, values))
+        try:
+            if self.session.compiler is aten_executor:
+                _mark_stealable(rt.gm)
+                fn: Callable[..., Any] = rt.gm
+            else:  # the compiler sees only pure aten segments
+                fn = SegmentedBackward(rt.gm, self.session.compiler)
+            guards = rt.guards()  # after the compiler: it may have added guards
+        except Exception as e:
+            self.failed = f"the compiler failed: {e}"
+            self._warn(self.failed)
+            return
+        self.variants.append(Variant(guards, fn, rt.arg_spec, rt.gm, values))
         stats.compiles += 1
         if len(self.variants) > 1:
             stats.recompiles += 1

@@ -7,6 +7,8 @@ every input of the moved node is already defined.  See README.md for the rules.
 
 from __future__ import annotations
 
+import itertools
+
 import torch.fx as fx
 
 from ._common import (
@@ -109,7 +111,7 @@ def place_pre_hooks_before_node(graph: fx.Graph) -> fx.Graph:
             continue
         registered = min(consumers)
         block = [*_hook_getitem(node), node, *sorted(users)]
-        if block[-1].next is registered and all(a.next is b for a, b in zip(block, block[1:])):
+        if block[-1].next is registered and all(a.next is b for a, b in itertools.pairwise(block)):
             continue
         for n in block:
             registered.prepend(n)
