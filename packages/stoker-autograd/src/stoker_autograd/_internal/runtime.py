@@ -27,8 +27,8 @@ import torch
 import torch.fx as fx
 
 from . import ops
-from .segments import SegmentedBackward
 from .retrace import Position, Retraced, concrete_values, retrace
+from .segments import SegmentedBackward
 from .session import Session, aten_executor
 
 
