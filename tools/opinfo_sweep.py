@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import os
 import pathlib
 import signal
 import sys
@@ -97,6 +98,9 @@ def stoker_compile(compiler: Any = None) -> Compile:
 
 
 def triton_compile() -> Compile:
+    if DEVICE == "cpu":
+        # CPU tensors run Triton kernels only under the interpreter; set before triton loads.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     try:
         import stoker_triton
     except ImportError as e:
@@ -347,9 +351,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--triton", action="store_true", help="compile with stoker_triton.compile_graph"
     )
     ap.add_argument("--backend", choices=["stoker", "torch"], default="stoker")
+    ap.add_argument("--device", default="cpu", help="device of the samples (default cpu)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per op")
     args = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
 
     if args.triton:
         compile_fn = triton_compile()

@@ -155,6 +155,11 @@ CHEAP_OPS: frozenset[object] = _ops(
 )
 
 
+# Tags this torch may lack are None (branch on what exists, not on versions).
+_TAG_REDUCTION = getattr(torch.Tag, "reduction", None)
+_TAG_VIEW_COPY = getattr(torch.Tag, "view_copy", None)
+
+
 def _is_view_op(target: torch._ops.OpOverload) -> bool:
     returns = target._schema.returns
     return bool(returns) and all(
@@ -181,13 +186,13 @@ def classify(node: fx.Node) -> OpKind:
         return "random"
     if target in EXTERN_OPS:
         return "extern"
-    if torch.Tag.reduction in tags or target in REDUCTION_OPS:
+    if (_TAG_REDUCTION is not None and _TAG_REDUCTION in tags) or target in REDUCTION_OPS:
         return "reduction"
     if _is_view_op(target):
         return "view"
     if torch.Tag.pointwise in tags:
         return "pointwise"
-    if target in CHEAP_OPS or torch.Tag.view_copy in tags:
+    if target in CHEAP_OPS or (_TAG_VIEW_COPY is not None and _TAG_VIEW_COPY in tags):
         return "cheap"
     if target is aten.sym_size.int or target is aten.sym_numel.default:
         return "cheap"
