@@ -32,12 +32,24 @@ def _hook_getitem(hook: fx.Node) -> list[fx.Node]:
 
 def reorder_accumulate_grad(graph: fx.Graph) -> fx.Graph:
     """Each accumulate-grad right after its last input (eager runs it as soon as its
-    gradient is ready).  Not moved when its inputs are all graph inputs."""
+    gradient is ready).  When the gradient is an item of a multi-output node, the
+    item moves along, so the accumulate can follow the node itself.  Not moved when
+    its inputs are all graph inputs."""
     g, _ = copy_graph(graph)
     for node in [n for n in g.nodes if is_accumulate_grad(n)]:
-        last = max(node.all_input_nodes)
-        if last is not node.prev and not is_input_like(last):
-            last.append(node)
+        grad = node.args[2]
+        item = None
+        if isinstance(grad, fx.Node) and is_getitem(grad) and len(grad.users) == 1:
+            item = grad
+        deps = [a for a in node.all_input_nodes if a is not item]
+        if item is not None:
+            deps += item.all_input_nodes
+        last = max(deps)
+        if is_input_like(last):
+            continue
+        block = [item, node] if item is not None else [node]
+        if last.next is not block[0] or (item is not None and item.next is not node):
+            move_after(last, *block)
     return g
 
 

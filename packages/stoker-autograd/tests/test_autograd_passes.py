@@ -1,0 +1,245 @@
+"""Each reordering pass on small hand-built graphs: where it moves a node, where it
+must not, that it never edits its argument, and that the result stays well formed."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from stoker_autograd import passes
+from stoker_autograd._internal import ops
+
+aten = torch.ops.aten
+
+
+class B:
+    """Builds a captured-backward-shaped graph: inputs/hooks placeholders and items."""
+
+    def __init__(self) -> None:
+        self.g = fx.Graph()
+        self.inputs = self.g.placeholder("inputs")
+        self.hooks = self.g.placeholder("hooks")
+
+    def item(self, ph: fx.Node, i: int, name: str) -> fx.Node:
+        n = self.g.call_function(operator.getitem, (ph, i))
+        n.name = name
+        return n
+
+    def op(self, target: object, *args: object, name: str, **kwargs: object) -> fx.Node:
+        n = self.g.call_function(target, args, kwargs)  # type: ignore[arg-type]
+        n.name = name
+        return n
+
+    def hook(self, i: int, *args: object, kind: str, name: str) -> fx.Node:
+        h = self.item(self.hooks, i, f"{name}_fn")
+        return self.op(ops.call_hook, h, *args, name=name, hook_type=kind)
+
+    def acc(self, param: fx.Node, grad: fx.Node, name: str) -> fx.Node:
+        return self.op(ops.accumulate_grad, param, None, grad, False, name=name)
+
+    def done(self, *outs: fx.Node) -> fx.Graph:
+        self.g.output(list(outs))
+        self.g.lint()
+        return self.g
+
+
+def order(g: fx.Graph) -> list[str]:
+    return [n.name for n in g.nodes]
+
+
+def pos(g: fx.Graph, name: str) -> int:
+    return order(g).index(name)
+
+
+def check_pure(p: passes.Pass, g: fx.Graph) -> fx.Graph:
+    before = order(g)
+    out = p(g)
+    assert order(g) == before, "a pass must not edit its argument"
+    assert out is not g
+    out.lint()
+    assert sorted(order(out)) == sorted(before) or p is passes.dce
+    return out
+
+
+# --------------------------------------------------------------- accumulate-grad
+def test_accumulate_grad_moves_right_after_its_last_input() -> None:
+    b = B()
+    x, w = b.item(b.inputs, 0, "x"), b.item(b.inputs, 1, "w")
+    g1 = b.op(aten.mul.Tensor, x, 2.0, name="g1")
+    other = b.op(aten.sin.default, x, name="other")
+    more = b.op(aten.cos.default, other, name="more")
+    b.acc(w, g1, "acc_w")
+    out = check_pure(passes.reorder_accumulate_grad, b.done(more))
+    assert pos(out, "acc_w") == pos(out, "g1") + 1
+    assert pos(out, "other") > pos(out, "acc_w")
+
+
+def test_accumulate_grad_not_moved_when_inputs_are_graph_inputs_or_adjacent() -> None:
+    b = B()
+    x, w = b.item(b.inputs, 0, "x"), b.item(b.inputs, 1, "w")
+    other = b.op(aten.sin.default, x, name="other")
+    b.acc(w, x, "acc_inputs_only")  # grad is a graph input: stays where it is
+    g2 = b.op(aten.cos.default, other, name="g2")
+    b.acc(w, g2, "acc_adjacent")  # already right after its input
+    g = b.done(other)
+    out = check_pure(passes.reorder_accumulate_grad, g)
+    assert order(out) == order(g)
+
+
+# ---------------------------------------------------------------- unpack hooks
+def test_unpack_hook_delayed_to_its_first_user() -> None:
+    b = B()
+    packed = b.item(b.inputs, 0, "packed")
+    un = b.hook(0, packed, kind="unpack_hook", name="unpack")
+    a = b.op(aten.sin.default, packed, name="a")
+    c = b.op(aten.cos.default, a, name="c")
+    use = b.op(aten.mul.Tensor, c, un, name="use")
+    out = check_pure(passes.delay_unpack_hooks, b.done(use))
+    assert pos(out, "unpack") == pos(out, "use") - 1
+    assert pos(out, "unpack_fn") < pos(out, "unpack")  # its input still comes first
+
+
+def test_unpack_hook_without_users_not_moved() -> None:
+    b = B()
+    packed = b.item(b.inputs, 0, "packed")
+    b.hook(0, packed, kind="unpack_hook", name="unpack")
+    a = b.op(aten.sin.default, packed, name="a")
+    g = b.done(a)
+    assert order(check_pure(passes.delay_unpack_hooks, g)) == order(g)
+
+
+# ------------------------------------------------------------ tensor pre-hooks
+def test_tensor_pre_hook_right_after_its_gradient() -> None:
+    b = B()
+    x = b.item(b.inputs, 0, "x")
+    grad = b.op(aten.mul.Tensor, x, 3.0, name="grad")
+    later = b.op(aten.sin.default, x, name="later")
+    h = b.hook(0, grad, kind="tensor_pre_hook", name="th")
+    use = b.op(aten.add.Tensor, h, later, name="use")
+    out = check_pure(passes.reorder_tensor_pre_hooks, b.done(use))
+    assert order(out).index("th_fn") == pos(out, "grad") + 1
+    assert pos(out, "th") == pos(out, "grad") + 2
+    assert pos(out, "later") > pos(out, "th")
+
+
+def test_tensor_pre_hook_on_graph_input_not_moved() -> None:
+    b = B()
+    x = b.item(b.inputs, 0, "x")
+    later = b.op(aten.sin.default, x, name="later")
+    h = b.hook(0, x, kind="tensor_pre_hook", name="th")
+    g = b.done(b.op(aten.add.Tensor, h, later, name="use"))
+    assert order(check_pure(passes.reorder_tensor_pre_hooks, g)) == order(g)
+
+
+# ------------------------------------------------------------------ pre-hooks
+def _pre_hook_graph() -> fx.Graph:
+    b = B()
+    x, w = b.item(b.inputs, 0, "x"), b.item(b.inputs, 1, "w")
+    grad = b.op(aten.mul.Tensor, x, 2.0, name="grad")
+    unrelated = b.op(aten.sin.default, x, name="unrelated")
+    unrelated2 = b.op(aten.cos.default, unrelated, name="unrelated2")
+    pre = b.hook(0, [grad], kind="pre_hook", name="pre")
+    item = b.op(operator.getitem, pre, 0, name="pre_out")
+    b.acc(w, item, "acc_w")
+    return b.done(unrelated2)
+
+
+def test_pre_hook_scheduled_early_then_before_its_node() -> None:
+    g = _pre_hook_graph()
+    early = check_pure(passes.schedule_pre_hooks_early, g)
+    assert pos(early, "pre") < pos(early, "unrelated")  # as early as its input allows
+    acc = check_pure(passes.reorder_accumulate_grad, early)
+    assert pos(acc, "acc_w") < pos(acc, "unrelated")  # so the accumulate can follow
+    final = check_pure(passes.place_pre_hooks_before_node, acc)
+    names = order(final)
+    i = names.index("acc_w")
+    assert names[i - 3 : i] == ["pre_fn", "pre", "pre_out"]  # right before its node
+
+
+def test_pre_hook_already_before_its_node_not_moved() -> None:
+    b = B()
+    x, w = b.item(b.inputs, 0, "x"), b.item(b.inputs, 1, "w")
+    grad = b.op(aten.mul.Tensor, x, 2.0, name="grad")
+    pre = b.hook(0, [grad], kind="pre_hook", name="pre")
+    item = b.op(operator.getitem, pre, 0, name="pre_out")
+    b.acc(w, item, "acc_w")
+    g = b.done(grad)
+    for p in (passes.schedule_pre_hooks_early, passes.place_pre_hooks_before_node):
+        assert order(check_pure(p, g)) == order(g)
+
+
+# ------------------------------------------------- post-accumulate-grad hooks
+def test_post_acc_grad_hooks_follow_their_accumulate_in_order() -> None:
+    b = B()
+    x, w = b.item(b.inputs, 0, "x"), b.item(b.inputs, 1, "w")
+    grad = b.op(aten.mul.Tensor, x, 2.0, name="grad")
+    b.acc(w, grad, "acc_w")
+    other = b.op(aten.sin.default, x, name="other")
+    b.hook(0, w, kind="post_acc_grad_hook", name="first")
+    b.hook(1, w, kind="post_acc_grad_hook", name="second")
+    out = check_pure(passes.reorder_post_acc_grad_hooks, b.done(other))
+    names = order(out)
+    i = names.index("acc_w")
+    assert names[i + 1 : i + 5] == ["first_fn", "first", "second_fn", "second"]
+
+
+def test_post_acc_grad_hook_without_accumulate_not_moved() -> None:
+    b = B()
+    x, w = b.item(b.inputs, 0, "x"), b.item(b.inputs, 1, "w")
+    other = b.op(aten.sin.default, x, name="other")
+    b.hook(0, w, kind="post_acc_grad_hook", name="lonely")
+    g = b.done(other)
+    assert order(check_pure(passes.reorder_post_acc_grad_hooks, g)) == order(g)
+
+
+# ------------------------------------------------------------------ post-hooks
+def test_post_hook_without_outputs_follows_its_inputs() -> None:
+    b = B()
+    x = b.item(b.inputs, 0, "x")
+    gin = b.op(aten.mul.Tensor, x, 2.0, name="gin")
+    user = b.op(aten.neg.default, gin, name="user")
+    other = b.op(aten.sin.default, x, name="other")
+    other2 = b.op(aten.cos.default, other, name="other2")
+    b.hook(0, [], [gin], kind="post_hook", name="post")
+    out = check_pure(passes.reorder_post_hooks, b.done(user, other2))
+    assert pos(out, "post") == pos(out, "user") + 2  # after its input's users (and its fn)
+    assert pos(out, "post") < pos(out, "other")
+
+
+def test_post_hook_with_outputs_not_moved() -> None:
+    b = B()
+    x = b.item(b.inputs, 0, "x")
+    gout = b.op(aten.mul.Tensor, x, 2.0, name="gout")
+    other = b.op(aten.sin.default, x, name="other")
+    post = b.hook(0, [gout], [x], kind="post_hook", name="post")
+    use = b.op(operator.getitem, post, 0, name="use")
+    g = b.done(use, other)
+    assert order(check_pure(passes.reorder_post_hooks, g)) == order(g)
+
+
+# ------------------------------------------------------------------------- DCE
+def test_dce_keeps_side_effects() -> None:
+    b = B()
+    x, w = b.item(b.inputs, 0, "x"), b.item(b.inputs, 1, "w")
+    b.op(aten.sin.default, x, name="dead")
+    b.op(aten.sym_size.int, x, 0, name="dead_size")
+    b.hook(0, x, kind="tensor_pre_hook", name="unused_hook")
+    buf = b.op(aten.empty.memory_format, [3], name="buf")
+    b.op(aten.copy_.default, buf, x, name="inplace")
+    g1 = b.op(aten.mul.Tensor, x, 2.0, name="g1")
+    b.acc(w, g1, "acc_w")
+    b.op(ops.call_backward, None, [], g1, name="custom_bw")
+    out = check_pure(passes.dce, b.done())
+    names = set(order(out))
+    assert "dead" not in names and "dead_size" not in names
+    assert {"unused_hook", "inplace", "acc_w", "custom_bw", "inputs", "hooks"} <= names
+
+
+def test_run_all_applies_every_pass_and_keeps_the_graph_well_formed() -> None:
+    g = _pre_hook_graph()
+    out = passes.run_all(g)
+    out.lint()
+    assert pos(out, "acc_w") < pos(out, "unrelated")
+    assert len(passes.PIPELINE) == 8
