@@ -391,3 +391,35 @@ def test_stoker_capture_aot_backward_is_inlined() -> None:
     aot_nodes = [n for n in captured.nodes if n.name.startswith("aot")]
     assert any(n.meta.get("stoker_aot") for n in aot_nodes)
     assert stoker_autograd.stats()["cache_hits"] >= 2
+
+
+class BoxedSquare(torch.autograd.Function):
+    boxed_grads_call = True  # torch 2.13: grads arrive boxed in one list
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx: Any, *args: Any) -> torch.Tensor:
+        grads = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
+        (x,) = ctx.saved_tensors
+        g = grads.pop()  # frees the grad early, as boxed Functions may
+        return 2 * x * g
+
+
+def test_boxed_grads_call_function() -> None:
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(6, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return BoxedSquare.apply(self.lin(x))
+
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        m(torch.randn(3, 6)).sum().backward()
+
+    compare(M, step, steps=3)

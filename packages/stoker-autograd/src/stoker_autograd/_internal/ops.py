@@ -126,15 +126,21 @@ class _BackwardCtx:
         setattr(self._real, name, value)
 
 
+# torch 2.13 added boxed_grads_call; on releases without it the flag means nothing.
+_HAS_BOXED = hasattr(torch.autograd.Function, "boxed_grads_call")
+
+
 def call_backward(ctx: Any, saved_tensors: Sequence[torch.Tensor], *grads: Any) -> tuple[Any, ...]:
-    """Run a custom ``autograd.Function``'s Python backward with its real ctx."""
+    """Run a custom ``autograd.Function``'s Python backward (or vjp) with its real ctx."""
     fwd_cls = ctx._forward_cls
     proxy_ctx = _BackwardCtx(ctx, saved_tensors)
-    if getattr(fwd_cls, "boxed_grads_call", False):
-        # torch 2.13: such Functions take their grads boxed in one list (and may free them).
-        out = fwd_cls.backward(proxy_ctx, list(grads))
+    get_user_fn = getattr(ctx, "_get_user_fn", None)
+    user_fn = get_user_fn() if get_user_fn is not None else fwd_cls.backward
+    if _HAS_BOXED and getattr(fwd_cls, "boxed_grads_call", False):
+        # Such Functions take their grads boxed in one list (and may free them).
+        out = user_fn(proxy_ctx, list(grads))
     else:
-        out = fwd_cls.backward(proxy_ctx, *grads)
+        out = user_fn(proxy_ctx, *grads)
     if not isinstance(out, tuple):
         out = (out,)
     return out

@@ -1,0 +1,131 @@
+"""Registration with torch's engine hook, cache hygiene, fallbacks and errors."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+
+import stoker_autograd
+
+hook = torch._C._dynamo.compiled_autograd
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def test_on_off_restores_what_was_registered_before() -> None:
+    def other_factory() -> Any:
+        raise AssertionError("never called in this test")
+
+    hook.set_autograd_compiler(other_factory, False)
+    try:
+        stoker_autograd.on()
+        assert stoker_autograd.is_enabled()
+        stoker_autograd.off()
+        prior, prior_dynamic = hook.set_autograd_compiler(None, False)
+        assert prior is other_factory and prior_dynamic is False
+    finally:
+        hook.set_autograd_compiler(None, False)
+    with pytest.raises(RuntimeError, match="without a matching on"):
+        stoker_autograd.off()
+
+
+def test_nested_enable_and_exit_clear_the_engine_cache() -> None:
+    m = _mlp()
+    with stoker_autograd.enable():
+        m(torch.randn(3, 4)).sum().backward()
+        assert not hook.is_cache_empty()
+        with stoker_autograd.enable(dynamic=False):
+            assert hook.is_cache_empty()  # switching instances: nothing replays across
+            m(torch.randn(3, 4)).sum().backward()
+        assert hook.is_cache_empty()
+    assert hook.is_cache_empty()
+    assert not stoker_autograd.is_enabled()
+    assert stoker_autograd.stats()["captures"] == 2
+
+
+def test_disabled_block_runs_eager_and_keeps_the_cache() -> None:
+    m = _mlp()
+    with stoker_autograd.enable():
+        m(torch.randn(3, 4)).sum().backward()
+        with stoker_autograd.disabled():
+            m(torch.randn(3, 4)).sum().backward()
+        m.zero_grad()
+        m(torch.randn(3, 4)).sum().backward()
+    st = stoker_autograd.stats()
+    # the eager backward in between neither captured nor replayed anything
+    assert st["captures"] == 1 and st["cache_hits"] == 1, st
+    assert st["eager_runs"] == 1 and st["compiles"] == 1, st
+
+
+def test_compiler_failure_warns_once_and_gradients_stay_right() -> None:
+    def broken(gm: Any, example_inputs: Any) -> Any:
+        raise ValueError("boom")
+
+    m = _mlp()
+    x = torch.randn(3, 4)
+    expected = torch.autograd.grad(m(x).sum(), list(m.parameters()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with stoker_autograd.enable(compiler=broken):
+            for _ in range(3):
+                m.zero_grad()
+                m(x).sum().backward()
+                for p, e in zip(m.parameters(), expected):
+                    torch.testing.assert_close(p.grad, e)
+    msgs = [str(w.message) for w in caught if "stoker-autograd" in str(w.message)]
+    assert len(msgs) == 1 and "boom" in msgs[0], msgs
+    assert stoker_autograd.stats()["eager_runs"] == 3
+
+
+def test_custom_compiler_sees_only_aten_segments() -> None:
+    seen: list[torch.fx.GraphModule] = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        seen.append(gm)
+        return gm
+
+    m = _mlp()
+    for p in m.parameters():
+        p.register_hook(lambda g: g * 2)
+    x = torch.randn(3, 4)
+    expected = torch.autograd.grad(m(x).sum(), list(m.parameters()))
+    with stoker_autograd.enable(compiler=record):
+        for _ in range(3):
+            m.zero_grad()
+            m(x).sum().backward()
+            for p, e in zip(m.parameters(), expected):
+                torch.testing.assert_close(p.grad, e)
+    assert seen
+    for gm in seen:
+        for n in gm.graph.nodes:
+            if n.op == "call_function":
+                assert isinstance(n.target, torch._ops.OpOverload) or n.target.__module__ in (
+                    "_operator",
+                    "operator",
+                ), n.format_node()
+
+
+def test_hook_returning_wrong_size_is_an_error_not_a_wrong_gradient() -> None:
+    m = _mlp()
+    m[2].weight.register_hook(lambda g: g[:1])
+    with stoker_autograd.enable(), pytest.raises(RuntimeError):
+        for _ in range(2):
+            m.zero_grad()
+            m(torch.randn(3, 4)).sum().backward()
+
+
+def test_create_graph_backward_is_differentiable() -> None:
+    """create_graph=True: the captured graph is differentiable in eager order too."""
+    x = torch.randn(5, requires_grad=True)
+    with stoker_autograd.enable():
+        y = (x**3).sum()
+        (gx,) = torch.autograd.grad(y, [x], create_graph=True)
+    (ggx,) = torch.autograd.grad(gx.sum(), [x])
+    torch.testing.assert_close(ggx, 6 * x.detach())
