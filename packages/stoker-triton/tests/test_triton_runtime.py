@@ -97,3 +97,25 @@ def test_scalar_and_none_outputs():
     out = fn(x)
     torch.testing.assert_close(out[0], x + 1)
     assert out[1] is None and out[2] == 3
+
+
+def test_autotune_results_persist_on_disk(tmp_path, monkeypatch):
+    from stoker_triton._internal import runtime
+
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(runtime._Tuned, "data", None)
+    runtime._Tuned.put("abc", "1024,1", [512, 1, 4])
+    monkeypatch.setattr(runtime._Tuned, "data", None)  # as a new process would
+    assert runtime._Tuned.get("abc", "1024,1") == [512, 1, 4]
+    assert (tmp_path / "triton" / "autotune.json").exists()
+
+
+def test_block_choice_under_the_interpreter_is_one_config():
+    from stoker_triton._internal.runtime import Launcher
+
+    lau = Launcher(None, "sha", is_reduction=True, persistent=True, has_atomics=False)
+    cands = lau.candidates(100, 300)
+    assert len(cands) == 1 and cands[0][1] == 512  # RBLOCK holds the whole row
+    lau2 = Launcher(None, "sha", is_reduction=False, persistent=True, has_atomics=False)
+    lau2.interpret = False
+    assert len(lau2.candidates(1 << 20, 1)) > 1  # on a GPU: configs to tune over

@@ -72,21 +72,25 @@ class _Tuned:
     data: dict[str, dict[str, list[int]]] | None = None
 
     @classmethod
+    def _load(cls) -> dict[str, dict[str, list[int]]]:
+        if cls.data is None:
+            p = cache_dir() / "autotune.json"
+            try:
+                cls.data = json.loads(p.read_text()) if p.exists() else {}
+            except (OSError, ValueError):
+                cls.data = {}
+        assert cls.data is not None
+        return cls.data
+
+    @classmethod
     def get(cls, sha: str, key: str) -> list[int] | None:
         with cls.lock:
-            if cls.data is None:
-                p = cache_dir() / "autotune.json"
-                try:
-                    cls.data = json.loads(p.read_text()) if p.exists() else {}
-                except (OSError, ValueError):
-                    cls.data = {}
-            return cls.data.get(sha, {}).get(key)
+            return cls._load().get(sha, {}).get(key)
 
     @classmethod
     def put(cls, sha: str, key: str, cfg: list[int]) -> None:
         with cls.lock:
-            assert cls.data is not None
-            cls.data.setdefault(sha, {})[key] = cfg
+            cls._load().setdefault(sha, {})[key] = cfg
             p = cache_dir() / "autotune.json"
             tmp = p.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(cls.data))
