@@ -79,7 +79,7 @@ def inline_aot_backward(
     psymints = [cap.to_proxy(s) for s in symints]
 
     # 1. the prologue, as one call node (traced through at retrace time)
-    pro = cap.tracer.create_proxy(
+    pro: Any = cap.tracer.create_proxy(
         "call_function",
         aot_backward_prologue,
         (psaved, psymints, pgrads, tuple(tangent_of), int(info.num_tangents)),

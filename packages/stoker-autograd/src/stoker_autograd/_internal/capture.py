@@ -88,14 +88,15 @@ class CaptureInstance:
         self.tracer.root = torch.nn.Module()
         self.tracer.graph = fx.Graph(tracer_cls=PythonKeyTracer)
         self.tracer.tensor_attrs = {}
-        args_p, sizes_p, scalars_p, hooks_p, packed_p = (
+        phs: list[Any] = [
             self.tracer.create_proxy("placeholder", name, (), {}) for name in PLACEHOLDERS
-        )
+        ]
+        args_p, sizes_p, scalars_p, hooks_p, packed_p = phs
         self.sizes_proxy, self.scalars_proxy = sizes_p, scalars_p
         self.hooks_proxy, self.packed_proxy = hooks_p, packed_p
         self.stack.enter_context(enable_python_dispatcher())
 
-        fakes = [self.fake_mode.from_tensor(x) for x in inputs]
+        fakes: list[torch.Tensor] = [self.fake_mode.from_tensor(x) for x in inputs]
         self._bind(fakes, [args_p[i] for i in range(len(fakes))])
 
         sym_sizes: list[Any] = []
@@ -106,8 +107,8 @@ class CaptureInstance:
                 self.sym_proxies[s.node] = p = sizes_p[i]
                 self._bind([s], [p])  # the engine's own size arithmetic is traced too
         sym_scalars: list[Any] = []
-        for i, v in enumerate(scalars):
-            s = self._symbol(v, "scalars", i)
+        for i, sv in enumerate(scalars):
+            s = self._symbol(sv, "scalars", i)
             sym_scalars.append(s)
             if isinstance(s, torch.SymInt | torch.SymFloat):
                 self.sym_proxies[s.node] = p = scalars_p[i]
@@ -125,6 +126,7 @@ class CaptureInstance:
         src = GetItemSource(LocalSource(where), i)
         if isinstance(v, bool):
             raise TypeError(f"stoker-autograd: unexpected bool in {where}[{i}]")
+        s: Any
         if isinstance(v, int):
             s = self.shape_env.create_unspecified_symint_and_symbol(v, src, DimDynamic.DYNAMIC)
         elif isinstance(v, float):
@@ -172,7 +174,7 @@ class CaptureInstance:
         self, fn: Callable[..., Any], args: Any, n_out: int, kwargs: dict[str, Any] | None = None
     ) -> list[torch.Tensor]:
         pargs = pytree.tree_map(self.to_proxy, args)
-        pout = self.tracer.create_proxy("call_function", fn, pargs, kwargs or {})
+        pout: Any = self.tracer.create_proxy("call_function", fn, pargs, kwargs or {})
         result = [self._dummy() for _ in range(n_out)]
         self._bind(result, [pout[i] for i in range(n_out)])
         return result
@@ -197,12 +199,12 @@ class CaptureInstance:
     ) -> Sequence[Any]:
         op = ops.REGISTRY.get(fn_name)
         pargs = pytree.tree_map(self.to_proxy, (outputs, *args))
-        pout = self.tracer.create_proxy("call_function", op, pargs, {})
+        pout: Any = self.tracer.create_proxy("call_function", op, pargs, {})
         self._bind(outputs, [pout[i] for i in range(len(outputs))])
         return outputs
 
     def accumulate(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        pout = self.tracer.create_proxy(
+        pout: Any = self.tracer.create_proxy(
             "call_function", torch.add, (self.to_proxy(old), self.to_proxy(new)), {}
         )
         result = self._dummy()
@@ -219,7 +221,7 @@ class CaptureInstance:
         else:
             grad, has_post_hooks = rest
             variable_grad, returns = None, False
-        pout = self.tracer.create_proxy(
+        pout: Any = self.tracer.create_proxy(
             "call_function",
             ops.accumulate_grad,
             (
@@ -307,7 +309,7 @@ class CaptureInstance:
         )
 
     # ----------------------------------------------------------------- hooks
-    def _hook(self, hook_id: int, *args: Any, hook_type: str) -> fx.Proxy:
+    def _hook(self, hook_id: int, *args: Any, hook_type: str) -> Any:
         hook = self.hooks_proxy[hook_id]
         pargs = [self.to_proxy(a) for a in args]
         return self.tracer.create_proxy(
@@ -326,7 +328,7 @@ class CaptureInstance:
     def cpp_tensor_pre_hook(
         self, inputs: list[torch.Tensor], hook_id: int, i: int
     ) -> list[torch.Tensor]:
-        proxy = self.tracer.create_proxy(
+        proxy: Any = self.tracer.create_proxy(
             "call_function", ops.call_cpp_tensor_pre_hooks, (hook_id, self.to_proxy(inputs[i])), {}
         )
         with disable_proxy_modes_tracing():
@@ -358,7 +360,7 @@ class CaptureInstance:
     def unpack_hook(self, hook_id: int, data_id: int) -> torch.Tensor:
         hook = self.hooks_proxy[hook_id]
         data = self.packed_proxy[data_id]
-        proxy = self.tracer.create_proxy(
+        proxy: Any = self.tracer.create_proxy(
             "call_function", ops.call_hook, (hook, data), {"hook_type": "unpack_hook"}
         )
         out = self._dummy()

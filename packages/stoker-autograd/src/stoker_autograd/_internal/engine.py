@@ -45,7 +45,7 @@ def on(compiler: Compiler | None = None, dynamic: bool = True, recompile_limit: 
     # The engine's cache is process-global and not keyed by factory: clear it whenever
     # the instance changes, so neither stoker's nor torch's graphs replay for the other.
     _hook.clear_cache()
-    prior_factory, prior_dynamic = _hook.set_autograd_compiler(factory, bool(dynamic))
+    prior_factory, prior_dynamic = _hook.set_autograd_compiler(factory, bool(dynamic))  # type: ignore[arg-type]
     multithreading = torch.autograd.set_multithreading_enabled(False)
     multithreading.__enter__()
     _STATE.stack.append((session, (prior_factory, prior_dynamic), multithreading))

@@ -143,7 +143,7 @@ def call_backward(ctx: Any, saved_tensors: Sequence[torch.Tensor], *grads: Any) 
         out = user_fn(proxy_ctx, *grads)
     if not isinstance(out, tuple):
         out = (out,)
-    return out
+    return tuple(out)
 
 
 def call_hook(hook: Callable[..., Any], *args: Any, hook_type: str) -> Any:
@@ -183,7 +183,7 @@ def accumulate_grad(
         )
         if steal:
             new = grad.detach()
-        elif variable.is_contiguous() or not variable.is_non_overlapping_and_dense():
+        elif variable.is_contiguous() or not variable.is_non_overlapping_and_dense():  # type: ignore[attr-defined]
             new = grad.detach().clone(memory_format=torch.contiguous_format)
         else:  # keep the parameter's layout, as eager does
             new = torch.empty_strided(

@@ -124,7 +124,7 @@ class _Replayer:
 
     def placeholder(self, which: int, index: int) -> Any:
         name = f"{LISTS[which]}_{index}"
-        p = self.tracer.create_proxy("placeholder", name, (), {})
+        p: Any = self.tracer.create_proxy("placeholder", name, (), {})
         self.arg_spec.append((which, index))
         if which >= 3:  # hooks / packed data: Python objects, only passed to opaque calls
             self.examples.append(None)
@@ -155,7 +155,7 @@ class _Replayer:
     def opaque(self, node: fx.Node) -> Any:
         args = pytree.tree_map_only(fx.Node, lambda n: self.env[n], node.args)
         pargs = self.proxy(args)
-        out = self.tracer.create_proxy("call_function", node.target, pargs, dict(node.kwargs))
+        out: Any = self.tracer.create_proxy("call_function", node.target, pargs, dict(node.kwargs))
         out.node.meta.update(
             {k: v for k, v in node.meta.items() if k.startswith(("autograd", "stoker"))}
         )
@@ -195,7 +195,7 @@ class _Replayer:
             if target is ops.call_backward:
                 what = f"{node.meta.get('stoker_fn', 'autograd.Function')}.backward"
                 results: list[Any] = []
-                for j, m in enumerate(metas):
+                for j, m in enumerate(metas or []):
                     if m is None:
                         results.append(None)
                         continue
@@ -214,7 +214,7 @@ class _Replayer:
 
     def _check(self, p: fx.Proxy, fake: torch.Tensor, what: str) -> torch.Tensor:
         sizes = [self.proxy(s) for s in fake.shape]
-        chk = self.tracer.create_proxy("call_function", check_sizes, (p, sizes, what), {})
+        chk: Any = self.tracer.create_proxy("call_function", check_sizes, (p, sizes, what), {})
         self.bind(fake, chk)
         return fake
 
@@ -224,7 +224,7 @@ class _Replayer:
         )
         return self._check(out, fake, what)
 
-    def checked_list(self, out: fx.Proxy, templates: Sequence[Any], what: str) -> list[Any]:
+    def checked_list(self, out: Any, templates: Sequence[Any], what: str) -> list[Any]:
         res: list[Any] = []
         for j, t in enumerate(templates):
             if t is None:
@@ -315,7 +315,7 @@ def retrace(
             dims[v] = Dim(f"v{v}")
         return dims[v]
 
-    in_specs = [
+    in_specs: list[Any] = [
         [spec((0, i, d), int(n)) for d, n in enumerate(t.shape)]
         if isinstance(t, torch.Tensor)
         else None
@@ -350,7 +350,7 @@ def retrace(
         stack.enter_context(ctx.tracing())
         stack.enter_context(enable_python_dispatcher())
         stack.enter_context(rp.mode)
-        stack.enter_context(decompose(core_aten_decompositions()))
+        stack.enter_context(decompose(core_aten_decompositions()))  # type: ignore[arg-type]
         for node in gm.graph.nodes:
             try:
                 _replay_node(rp, node, placeholders)
@@ -415,7 +415,7 @@ def _replay_node(rp: _Replayer, node: fx.Node, placeholders: dict[fx.Node, int])
         if not isinstance(const, torch.Tensor):
             raise RetraceError(f"get_attr {node.target} of type {type(const).__name__}")
         setattr(rp.tracer.root, str(node.target), const)
-        p = rp.tracer.create_proxy("get_attr", str(node.target), (), {})
+        p: Any = rp.tracer.create_proxy("get_attr", str(node.target), (), {})
         with disable_proxy_modes_tracing():
             fake = rp.ctx.fake_mode.from_tensor(const, static_shapes=True)
         rp.bind(fake, p)
