@@ -8,7 +8,12 @@ backward really runs through stoker-autograd (its counters move).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,20 +78,55 @@ def test_dynamic_true_compiles_once(train_and_compare: Callable[..., Any]) -> No
     assert shape_guards, "a dynamic batch should leave shape guards in the report"
 
 
-def test_interpret_backend_tiny_mlp(train_and_compare: Callable[..., Any]) -> None:
-    """Triton kernels under the interpreter, at tiny sizes (needs stoker_triton.compile_graph)."""
+_INTERPRET_SCRIPT = """
+import copy, json, torch, stoker, stoker_autograd
+from stoker._internal.models import get_model
+spec = get_model("mlp")
+b = {"d_in": 8, "hidden": 16, "d_out": 4, "depth": 1}
+model = spec.build(seed=0, **b)
+eager = copy.deepcopy(model)
+c = stoker.compile(model, backend="interpret")
+opt_c = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-6)
+opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-3, eps=1e-6)
+gen = torch.Generator().manual_seed(1)
+worst = {"loss": 0.0, "grad": 0.0, "param": 0.0}
+for step in range(2):
+    inputs, target = spec.batch(4, gen, **b)
+    with stoker.autograd_enabled(False):
+        le = spec.loss(eager(*inputs), target); opt_e.zero_grad(); le.backward()
+    lc = spec.loss(c(*inputs), target); opt_c.zero_grad(); lc.backward()
+    worst["loss"] = max(worst["loss"], abs(float(lc) - float(le)))
+    worst["grad"] = max([worst["grad"]] + [(p.grad - q.grad).abs().max().item()
+                         for p, q in zip(model.parameters(), eager.parameters())])
+    opt_c.step(); opt_e.step()
+    worst["param"] = max([worst["param"]] + [(p - q).abs().max().item()
+                          for p, q in zip(model.parameters(), eager.parameters())])
+rep = c.stoker_report
+print(json.dumps({"worst": worst, "executors": sorted({r.executor for r in rep.compiles}),
+                  "kernels": rep.n_kernels, "autograd": stoker_autograd.stats()}))
+"""
+
+
+def test_interpret_backend_tiny_mlp(tmp_path: Path) -> None:
+    """Triton kernels under the interpreter, at tiny sizes, forward and backward.
+
+    In a fresh process: TRITON_INTERPRET=1 must be set before triton is first imported,
+    which an earlier test in this process may already have done."""
     import stoker_triton
 
     assert hasattr(stoker_triton, "compile_graph"), "stoker-triton has no compile_graph yet"
-    build = {"d_in": 8, "hidden": 16, "d_out": 4, "depth": 1}
-    compiled = train_and_compare(
-        "mlp",
-        lambda m: stoker.compile(m, backend="interpret"),
-        batch_sizes=(4, 4),
-        build=build,
-        rtol=1e-4,
-        atol=1e-5,
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    p = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _INTERPRET_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
-    rep = compiled.stoker_report
-    assert all(c.executor == "interpret" for c in rep.compiles)
-    assert rep.n_kernels >= 1, "no Triton kernels were recorded"
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    assert res["executors"] == ["interpret"]
+    assert res["kernels"] >= 1, "no Triton kernels were recorded"
+    assert res["autograd"]["captures"] >= 1 and res["autograd"]["compiles"] >= 1
+    assert res["worst"]["loss"] < 1e-5 and res["worst"]["grad"] < 1e-5, res["worst"]
+    assert res["worst"]["param"] < 5e-5, res["worst"]

@@ -108,11 +108,13 @@ def reset() -> None:
 
     SWITCH.turn_off()
     _LAST.clear()
-    _DEFAULT_BACKEND.clear()
+    if _DEFAULT_BACKEND:
+        # Keep the object: Dynamo's backend registry holds on to what the entry point loaded.
+        _DEFAULT_BACKEND[0].forget()
     import sys
 
     if "torch._dynamo" in sys.modules:
         sys.modules["torch._dynamo"].reset()
     ag = sys.modules.get("stoker_autograd")
-    if ag is not None and hasattr(ag, "reset"):
-        ag.reset()
+    if ag is not None and hasattr(ag, "reset_stats"):
+        ag.reset_stats()

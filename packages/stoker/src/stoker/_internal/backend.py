@@ -16,6 +16,7 @@ captured.  Per graph, it
 from __future__ import annotations
 
 import re
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -26,7 +27,7 @@ from torch import fx
 
 from . import logs
 from .autograd_switch import AutogradSwitch
-from .config import CompileOptions, resolve_backend
+from .config import CompileOptions, StokerConfigError, resolve_backend
 from .errors import missing_piece
 from .report import (
     CompileRecord,
@@ -60,6 +61,11 @@ class StokerBackend:
         self._input_desc: dict[str, str] = {}
         self.exports_guards = False  # True when Dynamo calls on_guards (stoker.compile sets it)
         self.name_hint: str | None = None  # what stoker.compile was given, for graph labels
+
+    def forget(self) -> None:
+        """Start a fresh report (`stoker.reset()` calls this on the default backend)."""
+        self.report = Report(path=self.options.report, options=_public_options(self.options))
+        self._seen_failures = _failure_counts() if "torch._dynamo" in sys.modules else {}
 
     def with_options(self, **kwargs: Any) -> StokerBackend:
         """A new backend with these options changed (a fresh report)."""
@@ -229,7 +235,7 @@ def compile_with_executor(
         raise missing_piece("stoker_triton", "compile_graph", f"backend={executor!r}")
     fn = compile_graph(gm, list(example_inputs))
     if rec is not None:
-        _record_kernels(rec, getattr(fn, "report", None))
+        _record_kernels(rec, getattr(fn, "report", None), _stage_of(gm))
     return fn  # type: ignore[no-any-return]
 
 
@@ -265,45 +271,63 @@ def _capture_backend(compiler: Callable[..., Any], opts: CompileOptions) -> Call
     import inspect
 
     params = inspect.signature(make).parameters
+    partition = getattr(stoker_capture, f"{opts.partitioner}_partition", None)
+    if partition is None:
+        raise missing_piece(
+            "stoker_capture", f"{opts.partitioner}_partition", f"partitioner={opts.partitioner!r}"
+        )
     wanted: dict[str, Any] = {
         "compiler": compiler,
-        "partitioner": opts.partitioner,
+        "partition": partition,
         "memory_budget": opts.memory_budget,
         **opts.extra,
     }
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    unknown = [k for k in opts.extra if not takes_any and k not in params]
+    if unknown:
+        raise StokerConfigError(
+            f"extra={{{', '.join(map(repr, unknown))}: ...}}: stoker_capture.dynamo_backend takes "
+            f"no such option; it takes {', '.join(params)}"
+        )
     kwargs = {k: v for k, v in wanted.items() if takes_any or k in params}
     return make(**kwargs)  # type: ignore[no-any-return]
 
 
 def _record_capture_result(rec: CompileRecord, compiled: Any) -> None:
-    """Fill in what stoker-capture exposes on its result (partition, stage timings)."""
+    """Fill in what stoker-capture exposes on its `CompiledFn` (the partition's decisions)."""
     partition = getattr(compiled, "partition", None)
     if partition is not None and rec.partition is not None:
         rec.partition.recomputed = [str(x) for x in getattr(partition, "recomputed", [])]
-    timings = getattr(compiled, "timings", None) or getattr(compiled, "timings_ms", None)
-    if isinstance(timings, dict):
-        for stage, value in timings.items():
-            rec.timings_ms[str(stage)] = float(value) * (
-                1e3 if isinstance(value, float) and value < 1e-1 else 1
-            )
+    codegen = sum(v for k, v in rec.timings_ms.items() if k.startswith("codegen"))
+    if "total" in rec.timings_ms:
+        rec.timings_ms["capture + partition"] = max(0.0, rec.timings_ms["total"] - codegen)
 
 
-def _record_kernels(rec: CompileRecord, report: Any) -> None:
+def _record_kernels(rec: CompileRecord, report: Any, stage: str) -> None:
+    """stoker-triton's `CompileReport`: kernels, fallbacks to aten, its own stage timings."""
     if report is None:
         return
     for k in getattr(report, "kernels", None) or []:
-        name = getattr(k, "name", None) or str(k)
-        kind = getattr(k, "kind", "") or ""
-        ops = getattr(k, "ops", None)
-        detail = ", ".join(map(str, ops)) if ops else str(getattr(k, "detail", "") or "")
-        rec.kernels.append(KernelRecord(str(name), str(kind), detail))
-    for f in getattr(report, "fallbacks", None) or []:
-        rec.fallbacks.append(str(f))
+        nodes = getattr(k, "nodes", None) or []
+        size = (
+            f" [{getattr(k, 'xnumel', '?')} x {getattr(k, 'rnumel', '?')}]"
+            if hasattr(k, "xnumel")
+            else ""
+        )
+        detail = ", ".join(map(str, nodes)) + size
+        name = f"{stage}/{getattr(k, 'name', k)}"
+        rec.kernels.append(KernelRecord(name, str(getattr(k, "kind", "")), detail))
+    reasons = getattr(report, "fallback_reasons", None) or {}
+    for op, count in (getattr(report, "fallback_ops", None) or {}).items():
+        why = reasons.get(op, "no lowering")
+        rec.fallbacks.append(f"{op} ×{count}: {why}")
+    rec.externs += [f"{stage}: {x}" for x in getattr(report, "extern_calls", None) or []]
+    for name, ms in (getattr(report, "timings_ms", None) or {}).items():
+        rec.time(f"triton {name}", float(ms))
     log = logs.logger("kernels")
     log.info("%s: %d kernels, %d fallbacks", _label(rec), len(rec.kernels), len(rec.fallbacks))
-    for k in rec.kernels:
-        log.info("  %s [%s] %s", k.name, k.kind, k.detail)
+    for kr in rec.kernels:
+        log.info("  %s [%s] %s", kr.name, kr.kind, kr.detail)
     for f in rec.fallbacks:
         log.info("  fallback: %s", f)
 
