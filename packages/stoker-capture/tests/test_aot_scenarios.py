@@ -180,3 +180,13 @@ def test_transformer_encoder_layer() -> None:
     assert_same(
         grads_of(out_c, [xc, *params]), grads_of(out_e, [xe, *params]), atol=1e-4, rtol=1e-4
     )
+
+
+def test_symbolic_number_outputs_under_dynamic_shapes() -> None:
+    def f(x):
+        return x.sin(), x.shape[0] * 2
+
+    compiled = aot_function(f, dynamic="dynamic")
+    for n in (3, 5):
+        check_fn(f, compiled, lambda n=n: [torch.randn(n, 2, requires_grad=True)])
+    assert compiled.cache_stats()["misses"] == 1

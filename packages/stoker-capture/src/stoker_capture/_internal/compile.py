@@ -34,17 +34,14 @@ class CompiledFn:
     partition: Any  # the `Partition` of a joint graph (None for inference)
     runtime: Runtime  # runs the compiled graph(s) with eager semantics
     function_class: type[torch.autograd.Function] | None  # stoker's Function (joint only)
+    params: Callable[[], list[Any]]  # reads the parameters and buffers at call time
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.runtime(self.primals(args, kwargs))
 
     def primals(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
         """The flat inputs of a call: parameters and buffers, then the user's tensors."""
-        state = self.state
-        pb: list[Any] = []
-        if state.module is not None:
-            pb = [*state.module.parameters(), *state.module.buffers()]
-        return [*pb, *state.flat_user_inputs(args, kwargs)]
+        return [*self.params(), *self.state.flat_user_inputs(args, kwargs)]
 
     def as_text(self) -> str:
         kind = "joint" if self.graph.joint else "inference"
@@ -98,7 +95,7 @@ def aot_stage2_compile(
         # inference: one graph, no autograd
         fw = run_compiler(fw_compiler, graph.gm, state)
         rt = Runtime(state.meta, state.fake_primals, env, fw, None, None, state.name)
-        return CompiledFn(state, graph, None, rt, None)
+        return CompiledFn(state, graph, None, rt, None, state.param_getter())
     # partition the joint graph into forward and backward
     part_fn = partition or cfg.partition or _default_partition()
     extra = {} if cfg.memory_budget is None else {"memory_budget": cfg.memory_budget}
@@ -119,7 +116,7 @@ def aot_stage2_compile(
     plan = function_plan(state.meta, graph.num_fw_outputs, state.name)
     fn_cls = make_function_class(info, plan, fw, bw)
     rt = Runtime(state.meta, state.fake_primals, env, None, fn_cls, plan, state.name)
-    return CompiledFn(state, graph, part, rt, fn_cls)
+    return CompiledFn(state, graph, part, rt, fn_cls, state.param_getter())
 
 
 class _LazyBackward:

@@ -17,8 +17,8 @@ Mode = Literal["auto", "joint", "inference"]
 
 
 def aten_executor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-    """The default compiler: run the graph module as it is."""
-    return gm
+    """The default compiler: run the graph module as it is (its forward: no Module call)."""
+    return gm.forward
 
 
 @dataclass(slots=True)

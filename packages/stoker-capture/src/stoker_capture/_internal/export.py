@@ -25,7 +25,7 @@ from stoker_shapes import GuardSet
 from .capture import CapturedGraph
 from .errors import ExportFormatError, GuardViolationError, UnsupportedError
 from .serialize import graph_from_json, graph_to_json
-from .state import AOTState, InputKind, OutputKind
+from .state import AOTState, InputKind, OutputKind, qualname
 
 MAGIC = b"STOKER-EXPORT\x00"
 FORMAT_VERSION = 1
@@ -227,8 +227,8 @@ def aot_stage2_export(state: AOTState, graph: CapturedGraph) -> ExportedGraph:
         inputs=[(inp.name, inp.kind.value, inp.source.name) for inp in meta.inputs],
         mutated_inputs=meta.mutated_inputs,
         mutated_buffers=[
-            inp.source.name.removeprefix("self.")
-            for i, inp in enumerate(meta.inputs)
+            qualname(inp.source)
+            for inp in meta.inputs
             if inp.mutated and inp.kind == InputKind.BUFFER
         ],
         user_positions=list(state.user_positions),

@@ -58,7 +58,16 @@ class _LayoutSlot:
 class Runtime:
     """Runs one compiled artifact (joint or inference) with eager input/output semantics."""
 
-    __slots__ = ("_ev", "_slots", "forward", "function_class", "meta", "num_mutated", "plan")
+    __slots__ = (
+        "_ev",
+        "_out_kind",
+        "_slots",
+        "forward",
+        "function_class",
+        "meta",
+        "num_mutated",
+        "plan",
+    )
 
     def __init__(
         self,
@@ -91,6 +100,9 @@ class Runtime:
             self._slots[key] = _LayoutSlot(len(exprs), len(lay.size))
             exprs += [*lay.size, *lay.stride, lay.offset]
         self._ev = build_evaluator(env, fake_primals, exprs, name)
+        spec = meta.out_spec
+        flat_tuple = spec.type is tuple and all(c.is_leaf() for c in spec.children_specs)
+        self._out_kind = 1 if spec.is_leaf() else 2 if flat_tuple else 0
 
     def __call__(self, primals: list[Any]) -> Any:
         meta = self.meta
@@ -152,6 +164,10 @@ class Runtime:
             bj = self._user_index(b)
             if bj is not None:
                 out[bj] = t
+        if self._out_kind == 1:
+            return out[0]  # a single tensor
+        if self._out_kind == 2:
+            return tuple(out)  # a flat tuple
         return pytree.tree_unflatten(out, meta.out_spec)
 
     def _user_index(self, graph_pos: int) -> int | None:

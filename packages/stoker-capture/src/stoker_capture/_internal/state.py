@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -228,9 +229,32 @@ class AOTState:
         return self.as_text()
 
     def flat_user_inputs(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
-        """The user primals of a call, in primal order."""
+        """The user primals of a call, in primal order (the guards checked the structure)."""
+        if not kwargs and self.in_spec.num_leaves == len(args) == len(self.leaf_template):
+            return [args[p] for p in self.user_positions]  # flat positional call: no pytree
         leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
         return [leaves[p] for p in self.user_positions]
+
+    def param_getter(self) -> Callable[[], list[Any]]:
+        """Reads the parameters and buffers by path at call time (a replaced one is seen)."""
+        if self.module is None or self.num_params == 0:
+            return list
+        paths = [qualname(inp.source) for inp in self.meta.inputs[: self.num_params]]
+        get = operator.attrgetter(*paths)
+        module = self.module
+        if len(paths) == 1:
+            return lambda: [get(module)]
+        return lambda: list(get(module))
+
+
+def qualname(src: Source) -> str:
+    """``self.layers[0].weight`` -> ``layers.0.weight``."""
+    keys: list[str] = []
+    node: Source | None = src
+    while node is not None and node.base is not None:
+        keys.append(str(node.key))
+        node = node.base
+    return ".".join(reversed(keys))
 
 
 def _expr(v: Any) -> Any:
