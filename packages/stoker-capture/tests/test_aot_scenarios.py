@@ -190,3 +190,29 @@ def test_symbolic_number_outputs_under_dynamic_shapes() -> None:
     for n in (3, 5):
         check_fn(f, compiled, lambda n=n: [torch.randn(n, 2, requires_grad=True)])
     assert compiled.cache_stats()["misses"] == 1
+
+
+def test_train_eval_switch_recompiles() -> None:
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    ref.load_state_dict(m.state_dict())
+    compiled = aot_module(m)
+    x = torch.randn(8, 4)
+    assert_same(compiled(x), ref(x))
+    m.eval(), ref.eval()  # BatchNorm now uses running stats: another graph
+    assert_same(compiled(x), ref(x))
+    m.train(), ref.train()
+    assert_same(compiled(x), ref(x))
+    assert_same(m.state_dict(), ref.state_dict())
+
+
+def test_closure_over_a_tensor_is_a_clear_error() -> None:
+    import pytest
+
+    from stoker_capture import UnsupportedError
+
+    bias = torch.randn(3)
+    compiled = aot_function(lambda x: x + bias)
+    with pytest.raises(UnsupportedError, match="not one of its inputs"):
+        compiled(torch.randn(2, 3))

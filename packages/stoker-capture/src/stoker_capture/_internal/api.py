@@ -109,15 +109,12 @@ class AOTCompiled:
         name = (
             type(fn).__qualname__ if self.module is not None else getattr(fn, "__qualname__", "fn")
         )
-        self.caches: dict[bool, GuardedCache[CompiledFn]] = {
-            grad: GuardedCache(
-                functools.partial(self._compile, grad),
-                limit=limit,
-                policy=config.dynamic,
-                name=f"{name} ({'training' if grad else 'no_grad'})",
-            )
-            for grad in (True, False)
-        }
+        self.name = name
+        self.limit = limit
+        # one cache per (grad mode, train/eval flags of every submodule): neither is an input
+        # the guards could read, and each changes the graph (dropout, BatchNorm statistics)
+        self._submodules = list(self.module.modules()) if self.module is not None else []
+        self.caches: dict[tuple[bool, tuple[bool, ...]], GuardedCache[CompiledFn]] = {}
         if self.module is not None:
             functools.update_wrapper(self, self.module.forward)  # type: ignore[arg-type]
         elif callable(fn):
@@ -129,15 +126,30 @@ class AOTCompiled:
         with torch.set_grad_enabled(grad):
             return compile_pipeline(self.fn, args, kwargs, self.config, self.compiler, ctx=ctx)
 
+    def _cache(self, grad: bool) -> GuardedCache[CompiledFn]:
+        key = (grad, tuple(m.training for m in self._submodules))
+        cache = self.caches.get(key)
+        if cache is None:
+            mode = "grad" if grad else "no_grad"
+            if self.module is not None:
+                mode += ", train" if self.module.training else ", eval"
+            cache = self.caches[key] = GuardedCache(
+                functools.partial(self._compile, grad),
+                limit=self.limit,
+                policy=self.config.dynamic,
+                name=f"{self.name} ({mode})",
+            )
+        return cache
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        cache = self.caches[torch.is_grad_enabled()]
-        compiled = cache.lookup(args, kwargs, self.module)
+        compiled = self._cache(torch.is_grad_enabled()).lookup(args, kwargs, self.module)
         assert compiled is not None  # no fallback: a miss compiles or raises
         return compiled(*args, **kwargs)
 
     def cache_stats(self, grad: bool = True) -> dict[str, Any]:
-        """Hits, misses, recompile reasons of the training (or no_grad) cache."""
-        return self.caches[grad].stats()
+        """Hits, misses, recompile reasons of the cache for this grad mode (and the
+        module's current train/eval flags)."""
+        return self._cache(grad).stats()
 
 
 def aot_function(

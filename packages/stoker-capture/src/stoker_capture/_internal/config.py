@@ -50,6 +50,19 @@ class AOTConfig:
     # guard parameters and buffers (as self.<path>); exports own theirs and do not
     guard_params: bool = True
 
+    def as_text(self) -> str:
+        """One line per knob that differs from the default."""
+        default = AOTConfig(debug_checks=False)
+        diffs = [
+            f"{k}={getattr(self, k)!r}"
+            for k in self.__slots__  # type: ignore[attr-defined]
+            if getattr(self, k) != getattr(default, k)
+        ]
+        return f"AOTConfig({', '.join(diffs)})"
+
+    def __str__(self) -> str:
+        return self.as_text()
+
     def fw(self) -> Compiler:
         """The forward compiler (the aten executor when unset)."""
         return self.fw_compiler or aten_executor

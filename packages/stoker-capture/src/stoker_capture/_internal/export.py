@@ -75,6 +75,9 @@ class ExportSignature:
         lines.append(f"outputs: {[k for k, _ in self.outputs]}")
         return "\n".join(lines)
 
+    def __str__(self) -> str:
+        return self.as_text()
+
 
 @dataclass(slots=True)
 class ExportedGraph:

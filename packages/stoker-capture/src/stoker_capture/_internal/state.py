@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,6 +193,9 @@ class ForwardMeta:
         if self.intermediate_bases:
             lines.append(f"intermediate bases (of outputs): {self.intermediate_bases}")
         return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.as_text()
 
 
 @dataclass(slots=True)
@@ -450,7 +453,7 @@ def _forward_meta(
     joint: bool,
     module: torch.nn.Module | None,
 ) -> ForwardMeta:
-    with ctx.tracing(), recording_node_meta(module), functionalized():
+    with ctx.tracing(), captured_tensor_error(), recording_node_meta(module), functionalized():
         fp = [to_fun(p) for p in fake_primals]
         with torch.set_grad_enabled(joint):
             outs = flat_fn(*fp)
@@ -470,6 +473,24 @@ def _forward_meta(
         for f in fp:
             from_fun(f)
     return meta
+
+
+@contextlib.contextmanager
+def captured_tensor_error() -> Iterator[None]:
+    """A real tensor the function closes over becomes an error naming the user's line."""
+    try:
+        yield
+    except AssertionError as e:
+        if "convert all Tensors to FakeTensors" not in str(e):
+            raise
+        from stoker_shapes._internal.provenance import origin_from_traceback
+
+        where = origin_from_traceback(e.__traceback__).describe()
+        raise UnsupportedError(
+            f"the function uses a tensor that is not one of its inputs ({where}): a global or "
+            "a closure variable.  Pass it as an argument, or make it a parameter/buffer of a "
+            "module and use aot_module, so the compiled graph does not bake in a stale copy."
+        ) from e
 
 
 def _check_mutated_aliases(fp: list[Any], inputs: list[InputInfo]) -> None:
