@@ -367,6 +367,22 @@ def test_stats_one_capture_over_ten_steps_zero_grad_to_none() -> None:
     assert st["compiles"] <= 2, st  # static first, then the batch dim becomes symbolic
 
 
+def test_zero_grad_to_zeros_no_recapture_after_second_step() -> None:
+    torch.manual_seed(0)
+    m = mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    with stoker_autograd.enable(dynamic=True):
+        for i in range(10):
+            opt.zero_grad(set_to_none=False)
+            m(torch.randn(4 + i, 6)).pow(2).mean().backward()
+            opt.step()
+            if i == 1:
+                after_two = stoker_autograd.stats()["captures"]
+    st = stoker_autograd.stats()
+    assert after_two <= 2 and st["captures"] == after_two, st  # grad None, then zeros
+    assert st["cache_hits"] >= 8, st
+
+
 def test_stoker_capture_aot_backward_is_inlined() -> None:
     stoker_capture = pytest.importorskip("stoker_capture")
     from stoker_autograd._internal import ops

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import operator
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -96,7 +97,9 @@ class CaptureInstance:
         self.hooks_proxy, self.packed_proxy = hooks_p, packed_p
         self.stack.enter_context(enable_python_dispatcher())
 
-        fakes: list[torch.Tensor] = [self.fake_mode.from_tensor(x) for x in inputs]
+        with warnings.catch_warnings():  # the converter reads .grad of non-leaf inputs
+            warnings.simplefilter("ignore", UserWarning)
+            fakes: list[torch.Tensor] = [self.fake_mode.from_tensor(x) for x in inputs]
         self._bind(fakes, [args_p[i] for i in range(len(fakes))])
 
         sym_sizes: list[Any] = []

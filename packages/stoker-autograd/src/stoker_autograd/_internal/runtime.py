@@ -131,6 +131,7 @@ class CompiledBackward:
                 self.failed = f"recompile limit ({self.session.recompile_limit}) reached"
                 self._warn(self.failed)
             stats.eager_runs += 1
+            stats.fallbacks += 1
             return self.gm(inputs, sizes, scalars, hooks, packed)
         # Automatic dynamic: a size that changed since the last compile becomes symbolic.
         now = concrete_values(inputs, sizes, scalars)

@@ -19,8 +19,8 @@ class Stats:
     cache_hits: backwards replayed from the engine's cache
     compiles:   retrace + compile of a captured graph (first run and guard misses)
     recompiles: compiles caused by a failed guard of an earlier compile
-    eager_runs: backwards run by the graph interpreter (first run of each compile)
-    fallbacks:  backwards run by the eager engine because capture was not supported
+    eager_runs: backwards run by the captured graph uncompiled (first run of each compile)
+    fallbacks:  of those, runs after compiling was given up (a warning said why)
     """
 
     captures: int = 0
