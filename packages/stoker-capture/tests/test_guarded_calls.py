@@ -150,3 +150,13 @@ def test_debug_checks_from_environment(monkeypatch) -> None:
     assert AOTConfig().debug_checks
     monkeypatch.setenv("STOKER_CHECK", "0")
     assert not AOTConfig().debug_checks
+
+
+def test_size_one_dims_stay_static_under_dynamic_policies() -> None:
+    f = lambda x: x.expand(3, -1) * 2  # noqa: E731
+    check_fn(f, aot_function(f, dynamic="dynamic"), lambda: [torch.randn(1, 4, requires_grad=True)])
+    g = lambda x: x.sum(0) * 2  # noqa: E731
+    compiled = aot_function(g)  # auto: a size that changes to 1 stays static at 1
+    for n in (4, 5, 1, 7):
+        check_fn(g, compiled, lambda n=n: [torch.randn(n, 3, requires_grad=True)])
+    assert compiled.cache_stats()["misses"] == 3

@@ -239,9 +239,13 @@ class ShapeContext:
             if is_param or self.policy == Policy.STATIC:
                 specs: list[DimSpec] = [None] * n
             elif self.policy == Policy.DYNAMIC:
-                specs = [True] * n
+                # sizes 0 and 1 are always specialized: the policy leaves them static
+                specs = [True if t.shape[i] > 1 else None for i in range(n)]
             else:  # AUTO: dynamic only where a previous call saw the dim change
-                specs = [True if (source, i) in self.auto_dynamic else None for i in range(n)]
+                specs = [
+                    True if (source, i) in self.auto_dynamic and t.shape[i] > 1 else None
+                    for i in range(n)
+                ]
             return specs
         if isinstance(dynamic, bool):
             return [dynamic] * n
