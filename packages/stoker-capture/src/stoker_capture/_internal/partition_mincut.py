@@ -46,7 +46,7 @@ __all__ = ["min_cut_partition"]
 _INF = math.inf
 # Capacities are bytes * _SCALE + 1 or 2: ties prefer fewer saved tensors, forward values.
 _SCALE = 16
-_BISECT_STEPS = 14
+_BISECT_STEPS = 10
 
 
 def min_cut_partition(
@@ -71,29 +71,35 @@ def min_cut_partition(
     info = analyze_joint(joint, num_fw_outputs)
     kinds = {n: classify(n) for n in info.graph.nodes}
 
-    best = _solve(joint, info, kinds, lam=0.0)
+    saved = _cut(info, kinds, lam=0.0)
     if memory_budget == 0.0:
-        return best
+        return _finish(joint, info, kinds, saved)
+    # Bisect on lam (log scale): larger lam recomputes less and saves more.  Only
+    # the cut is needed per step; the graphs are built once, at the end.
+    lo_bytes = _activation_bytes(saved, info)
     default = default_partition(joint, num_fw_outputs=num_fw_outputs)
-    hi_bytes = max(default.saved_bytes, best.saved_bytes)
-    target = best.saved_bytes + memory_budget * (hi_bytes - best.saved_bytes)
-    # Bisect on lam (log scale): larger lam recomputes less and saves more.
+    hi_bytes = max(default.saved_bytes, lo_bytes)
+    target = lo_bytes + memory_budget * (hi_bytes - lo_bytes)
     lo, hi = 0.0, 1.0
     while hi < 1e9:
-        cand = _solve(joint, info, kinds, lam=hi)
-        if cand.saved_bytes > target:
+        cand = _cut(info, kinds, lam=hi)
+        if _activation_bytes(cand, info) > target:
             break
-        best, lo, hi = cand, hi, hi * 8
+        saved, lo, hi = cand, hi, hi * 8
     else:
-        return _relabel(best, memory_budget)
+        return _relabel(_finish(joint, info, kinds, saved), memory_budget)
     for _ in range(_BISECT_STEPS):
         mid = (lo + hi) / 2
-        cand = _solve(joint, info, kinds, lam=mid)
-        if cand.saved_bytes <= target:
-            best, lo = cand, mid
+        cand = _cut(info, kinds, lam=mid)
+        if _activation_bytes(cand, info) <= target:
+            saved, lo = cand, mid
         else:
             hi = mid
-    return _relabel(best, memory_budget)
+    return _relabel(_finish(joint, info, kinds, saved), memory_budget)
+
+
+def _activation_bytes(saved: set[fx.Node], info: JointInfo) -> int:
+    return sum(node_bytes(n) for n in saved if n.op != "placeholder" and is_tensor_node(n))
 
 
 def _relabel(p: Partition, budget: float) -> Partition:
@@ -115,10 +121,10 @@ def _save_cost(n: fx.Node, info: JointInfo) -> float:
     return _INF
 
 
-def _solve(
-    joint: fx.GraphModule, info: JointInfo, kinds: dict[fx.Node, OpKind], *, lam: float
-) -> Partition:
+def _cut(info: JointInfo, kinds: dict[fx.Node, OpKind], *, lam: float) -> set[fx.Node]:
+    """The values to save: a minimum cut of the flow graph described in the module docstring."""
     import networkx as nx
+    from networkx.algorithms.flow import boykov_kolmogorov
 
     # Only tangent-independent nodes the backward (transitively) needs take part.
     candidates = [
@@ -150,7 +156,9 @@ def _solve(
             elif u in cand_set:
                 g.add_edge(n_out, u.name + "_in", capacity=_INF)
     try:
-        cut_value, (reachable, _) = nx.minimum_cut(g, "source", "sink")
+        # Boykov-Kolmogorov: 4-6x faster than the default preflow-push on these
+        # graphs (the sink has one edge per value the backward reads).
+        cut_value, (reachable, _) = nx.minimum_cut(g, "source", "sink", flow_func=boykov_kolmogorov)
     except nx.NetworkXUnbounded as e:  # pragma: no cover - means a bug in the table
         raise PartitionError(
             "min_cut_partition: no finite cut (a value the backward needs can be neither "
@@ -161,9 +169,17 @@ def _solve(
             "min_cut_partition: no finite cut (a value the backward needs can be neither "
             "saved nor recomputed)"
         )
-    saved = {
+    return {
         n for n in candidates if n.name + "_in" in reachable and n.name + "_out" not in reachable
     }
+
+
+def _finish(
+    joint: fx.GraphModule, info: JointInfo, kinds: dict[fx.Node, OpKind], saved: set[fx.Node]
+) -> Partition:
+    """Build the partition that saves `saved`, with a reason for each decision."""
+    saved = set(saved)
+    candidates = [n for n in info.needed_bw if n not in info.tangent_dependent]
     name_to_node = {n.name: n for n in info.graph.nodes}
     # A node that may not run twice must never end up recomputed.  The cut pins
     # forward-required ones; a non-recomputable node outside the forward's
