@@ -246,10 +246,11 @@ def test_saved_tensor_hooks_run_every_step() -> None:
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-            y = m(torch.randn(4, 6))
+            y = m(torch.randn(3 + i, 6))  # the unpacked tensors change size too
         y.sum().backward()
 
-    compare(mlp, step, steps=3)
+    compare(mlp, step, steps=5)
+    assert stoker_autograd.stats()["compiles"] <= 2  # sizes of unpacked tensors go symbolic
 
 
 def test_in_place_on_view() -> None:

@@ -94,6 +94,9 @@ class _Replayer:
         self.examples: list[Any] = []
         self.source_gm: fx.GraphModule | None = None
         self.made: dict[tuple[int, int], Any] = {}
+        self.unpack_idx: dict[str, int] = {}
+        self.dynamic: frozenset[Position] = frozenset()
+        self.sym_by_value: dict[int, Position] = {}  # a dynamic input position per value
 
     # ------------------------------------------------------------------ proxies
     def proxy(self, v: Any) -> Any:
@@ -182,9 +185,7 @@ class _Replayer:
                     meta = self.unpack_meta.get(node.name)
                     if meta is None:
                         raise RetraceError(f"no recorded result for {what}")
-                    size, stride, dtype, device = meta
-                    fake = torch.empty_strided(size, stride, dtype=dtype, device=device)
-                    return self.checked(out, fake, what)
+                    return self._check(out, self.unpack_fake(node.name, meta), what)
                 raise RetraceError(f"unknown hook kind {kind}")
             if target is ops.accumulate_grad:
                 return self.like(out, args[0])
@@ -204,6 +205,26 @@ class _Replayer:
                     results.append(self._check(out[j], fake, what))
                 return results
         raise RetraceError(f"opaque call {target} cannot be retraced")
+
+    def unpack_fake(self, name: str, meta: Any) -> torch.Tensor:
+        """What an unpack hook returns: its recorded sizes, symbolic where they were seen
+        to change and an input carries a symbol of that value (else static; the size
+        check after the hook and the input guards catch a change)."""
+        size, stride, dtype, device = meta
+        k = self.unpack_idx.get(name, -1)
+        contiguous = list(stride) == _contiguous_strides(size)
+        sym_size: list[Any] = []
+        for d, v in enumerate(size):
+            where = self.sym_by_value.get(v) if (3, k, d) in self.dynamic and contiguous else None
+            if where is None:
+                sym_size.append(v)
+                continue
+            w, i, dim = where
+            val = self.item(w, i)
+            sym_size.append(val.shape[dim] if w == 0 else val)
+        if all(isinstance(s, int) for s in sym_size):
+            return torch.empty_strided(size, stride, dtype=dtype, device=device)
+        return torch.empty(sym_size, dtype=dtype, device=device)
 
     def like(self, out: fx.Proxy, template: torch.Tensor) -> torch.Tensor:
         fake = torch.empty_strided(
@@ -243,6 +264,14 @@ class _Opaque:
         self.proxy = proxy
 
 
+def _contiguous_strides(size: Sequence[int]) -> list[int]:
+    strides, acc = [], 1
+    for n in reversed(size):
+        strides.append(acc)
+        acc *= max(int(n), 1)
+    return strides[::-1]
+
+
 def _eval_sym(e: Any, subs: dict[sympy.Symbol, Any]) -> Any:
     if isinstance(e, sympy.Symbol):
         return subs[e]
@@ -270,14 +299,33 @@ def _is_param(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.is_leaf and t.requires_grad
 
 
-Position = tuple[int, int, int]  # (0 inputs | 1 sizes | 2 scalars, index, dim or -1)
+Position = tuple[int, int, int]  # (0 inputs | 1 sizes | 2 scalars | 3 unpacked, index, dim or -1)
+
+
+def unpack_index(gm: fx.GraphModule) -> dict[str, int]:
+    """Unpack-hook nodes of a captured graph, numbered in graph order."""
+    names = [
+        n.name
+        for n in gm.graph.nodes
+        if n.target is ops.call_hook and n.kwargs.get("hook_type") == "unpack_hook"
+    ]
+    return {name: k for k, name in enumerate(names)}
 
 
 def concrete_values(
-    inputs: Sequence[Any], sizes: Sequence[Any], scalars: Sequence[Any]
+    inputs: Sequence[Any],
+    sizes: Sequence[Any],
+    scalars: Sequence[Any],
+    unpack_meta: dict[str, Any] | None = None,
+    unpack_idx: dict[str, int] | None = None,
 ) -> dict[Position, int]:
-    """Every integer a compile may specialize on, by position."""
+    """Every integer a compile may specialize on, by position (3: unpack-hook results)."""
     out: dict[Position, int] = {}
+    for name, meta in (unpack_meta or {}).items():
+        k = (unpack_idx or {}).get(name)
+        if k is not None:
+            for d, v in enumerate(meta[0]):
+                out[(3, k, d)] = int(v)
     for i, t in enumerate(inputs):
         if isinstance(t, torch.Tensor):
             for d, v in enumerate(t.shape):
@@ -344,6 +392,14 @@ def retrace(
     rp = _Replayer(ctx, sym_sources, unpack_meta)
     rp.values = values
     rp.source_gm = gm
+    rp.unpack_idx = unpack_index(gm)
+    rp.dynamic = dynamic
+    for pos in sorted(dynamic):
+        w, i, d = pos
+        if w == 0 and isinstance(inputs[i], torch.Tensor):
+            rp.sym_by_value.setdefault(int(inputs[i].shape[d]), pos)
+        elif w == 1:
+            rp.sym_by_value.setdefault(int(sizes[i]), pos)
     placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
     stack = contextlib.ExitStack()
     with stack:

@@ -27,7 +27,7 @@ import torch
 import torch.fx as fx
 
 from . import ops
-from .retrace import Position, Retraced, concrete_values, retrace
+from .retrace import Position, Retraced, concrete_values, retrace, unpack_index
 from .segments import SegmentedBackward
 from .session import Session, aten_executor
 
@@ -133,15 +133,15 @@ class CompiledBackward:
             stats.eager_runs += 1
             stats.fallbacks += 1
             return self.gm(inputs, sizes, scalars, hooks, packed)
-        # Automatic dynamic: a size that changed since the last compile becomes symbolic.
-        now = concrete_values(inputs, sizes, scalars)
-        if self.variants and self.session.dynamic:
-            last = self.variants[-1].values
-            self.dynamic |= {p for p, v in now.items() if p in last and last[p] != v}
         # The retrace after the run reads only metadata, which the run does not change.
         rec = _Recorder(self.gm)
         stats.eager_runs += 1
         out = rec.run(inputs, sizes, scalars, hooks, packed)
+        # Automatic dynamic: a size that changed since the last compile becomes symbolic.
+        now = concrete_values(inputs, sizes, scalars, rec.unpack_meta, unpack_index(self.gm))
+        if self.variants and self.session.dynamic:
+            last = self.variants[-1].values
+            self.dynamic |= {p for p, v in now.items() if p in last and last[p] != v}
         self._compile(inputs, list(sizes), list(scalars), rec.unpack_meta, now)
         return out
 
