@@ -49,6 +49,17 @@ RANDOM["nn.functional.multi_head_attention_forward"] = (
     "samples use dropout (random): only shapes and dtypes are compared"
 )
 
+
+def sample_is_random(key: str, kwargs: dict[str, object]) -> bool:
+    """A sample of a deterministic op that draws random numbers: compare shapes only.
+
+    scaled_dot_product_attention (and ops like it) take ``dropout_p``; with
+    ``dropout_p > 0`` the compiled graph's dropout mask differs from eager's.
+    """
+    p = kwargs.get("dropout_p", 0.0)
+    return isinstance(p, float) and p > 0.0
+
+
 # Ops not run at all.
 SKIP: dict[str, str] = {}
 
