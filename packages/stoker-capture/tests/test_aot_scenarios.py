@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from capture_compare import assert_same, check_fn, clone_inputs, grads_of
 
@@ -216,3 +217,34 @@ def test_closure_over_a_tensor_is_a_clear_error() -> None:
     compiled = aot_function(lambda x: x + bias)
     with pytest.raises(UnsupportedError, match="not one of its inputs"):
         compiled(torch.randn(2, 3))
+
+
+@pytest.mark.parametrize("name", ["lstm", "mha_with_mask_kwarg"])
+def test_more_modules(name: str) -> None:
+    torch.manual_seed(0)
+    kwargs: dict = {}
+    if name == "lstm":
+        m: torch.nn.Module = torch.nn.LSTM(4, 5, batch_first=True)
+        args: tuple = (torch.randn(2, 3, 4),)
+    else:
+        m = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+        args = (torch.randn(2, 4, 8),) * 3
+        kwargs = {
+            "attn_mask": torch.triu(torch.ones(4, 4, dtype=torch.bool), 1),
+            "need_weights": False,
+        }
+    compiled = aot_module(m)
+    out_c, out_e = compiled(*args, **kwargs), m(*args, **kwargs)
+    assert_same(out_c, out_e, atol=1e-5, rtol=1e-4)
+    params = list(m.parameters())
+    assert_same(grads_of(out_c, params), grads_of(out_e, params), atol=1e-4, rtol=1e-4)
+
+
+def test_dropout_draws_fresh_masks_per_call() -> None:
+    compiled = aot_module(torch.nn.Dropout(0.5))
+    x = torch.ones(2000, requires_grad=True)
+    a, b = compiled(x), compiled(x)
+    assert not torch.equal(a, b)  # not a mask baked in at capture
+    assert set(a.detach().unique().tolist()) <= {0.0, 2.0}
+    (g,) = torch.autograd.grad(a.sum(), x)
+    torch.testing.assert_close(g, a.detach())  # the backward uses the same mask

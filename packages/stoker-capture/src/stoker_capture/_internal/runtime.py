@@ -101,7 +101,9 @@ class Runtime:
             exprs += [*lay.size, *lay.stride, lay.offset]
         self._ev = build_evaluator(env, fake_primals, exprs, name)
         spec = meta.out_spec
-        flat_tuple = spec.type is tuple and all(c.is_leaf() for c in spec.children_specs)
+        # torch 2.13 has children() (children_specs is deprecated); 2.11 has children_specs
+        kids = spec.children() if callable(getattr(spec, "children", None)) else spec.children_specs
+        flat_tuple = spec.type is tuple and all(c.is_leaf() for c in kids)
         self._out_kind = 1 if spec.is_leaf() else 2 if flat_tuple else 0
 
     def __call__(self, primals: list[Any]) -> Any:

@@ -352,6 +352,10 @@ def create_aot_state(
         return flat
 
     joint = _wants_joint(config, inputs)
+    if joint:
+        # The CPU LSTM's oneDNN path saves a workspace its fake kernel cannot describe;
+        # trace the portable decomposition instead, for as long as the pipeline runs.
+        stack.enter_context(_mkldnn_disabled())
     meta = _forward_meta(flat_fn, fake_primals, inputs, ctx, joint, module)
     meta.out_spec = out_specs[-1]
     return AOTState(
@@ -379,6 +383,16 @@ def _dims_of(spec: Any) -> dict[int, Dim] | None:
     if isinstance(spec, Sequence) and not isinstance(spec, str):
         return {d: v for d, v in enumerate(spec) if isinstance(v, Dim)} or None
     return None
+
+
+@contextlib.contextmanager
+def _mkldnn_disabled() -> Iterator[None]:
+    prev = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(prev)
 
 
 def _wants_joint(config: AOTConfig, inputs: list[InputInfo]) -> bool:
