@@ -130,3 +130,26 @@ def test_interpret_backend_tiny_mlp(tmp_path: Path) -> None:
     assert res["autograd"]["captures"] >= 1 and res["autograd"]["compiles"] >= 1
     assert res["worst"]["loss"] < 1e-5 and res["worst"]["grad"] < 1e-5, res["worst"]
     assert res["worst"]["param"] < 5e-5, res["worst"]
+
+
+def test_memory_budget_reaches_the_partitioner() -> None:
+    """memory_budget=0 recomputes what it may: it saves fewer bytes than memory_budget=1."""
+    from stoker._internal.models import get_model
+
+    spec = get_model("mlp")
+    saved: dict[float, int] = {}
+    for budget in (0.0, 1.0):
+        stoker.reset()
+        c = stoker.compile(spec.build(), memory_budget=budget, compiled_autograd=False)
+        inputs, target = spec.batch(8, torch.Generator().manual_seed(0))
+        spec.loss(c(*inputs), target).backward()
+        (rec,) = c.stoker_report.compiles
+        assert rec.partition is not None and rec.partition.memory_budget == budget
+        saved[budget] = rec.partition.saved_bytes
+    assert saved[0.0] < saved[1.0], saved
+
+
+def test_export_is_stoker_capture_export() -> None:
+    import stoker_capture
+
+    assert stoker.export is stoker_capture.export

@@ -243,6 +243,8 @@ def _hf_specs() -> list[ModelSpec]:
             n_head=2,
             n_positions=64,
             vocab_size=kw["vocab"],
+            bos_token_id=0,
+            eos_token_id=0,
             resid_pdrop=0.0,
             embd_pdrop=0.0,
             attn_pdrop=0.0,
