@@ -11,6 +11,7 @@ each) live in `tools/opinfo_expected.py`.
     python tools/opinfo_sweep.py --ops add,mul,softmax # some ops
     python tools/opinfo_sweep.py --limit 50            # the first 50 ops
     python tools/opinfo_sweep.py --triton              # compile with stoker_triton.compile_graph
+    python tools/opinfo_sweep.py --partition min_cut   # partition with min_cut_partition
     python tools/opinfo_sweep.py --backend torch       # torch's own aot_function (harness check)
 
 Exit status 1 when an op fails that is not an expected failure.  The
@@ -87,17 +88,22 @@ def load_ops(names: Sequence[str] | None = None, limit: int | None = None) -> li
 # --------------------------------------------------------------------------- compilers
 
 
-def stoker_compile(compiler: Any = None) -> Compile:
-    """`stoker_capture.aot_function(fn, compiler=compiler)`."""
+def stoker_compile(compiler: Any = None, partition: str = "default") -> Compile:
+    """`stoker_capture.aot_function(fn, compiler=compiler, partition=...)`."""
     import stoker_capture
 
     aot_function = getattr(stoker_capture, "aot_function", None)
     if aot_function is None:
         raise SystemExit("opinfo_sweep: stoker_capture has no aot_function yet")
-    return lambda fn: aot_function(fn, compiler=compiler)
+    kw: dict[str, Any] = {"debug_checks": True}
+    if partition == "min_cut":
+        from stoker_capture._internal.partition_mincut import min_cut_partition
+
+        kw["partition"] = min_cut_partition
+    return lambda fn: aot_function(fn, compiler=compiler, **kw)
 
 
-def triton_compile() -> Compile:
+def triton_compile(partition: str = "default") -> Compile:
     if DEVICE == "cpu":
         # CPU tensors run Triton kernels only under the interpreter; set before triton loads.
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -105,7 +111,7 @@ def triton_compile() -> Compile:
         import stoker_triton
     except ImportError as e:
         raise SystemExit(f"opinfo_sweep --triton: stoker_triton is not importable ({e})") from e
-    return stoker_compile(stoker_triton.compile_graph)
+    return stoker_compile(stoker_triton.compile_graph, partition)
 
 
 def torch_compile() -> Compile:
@@ -354,6 +360,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--triton", action="store_true", help="compile with stoker_triton.compile_graph"
     )
     ap.add_argument("--backend", choices=["stoker", "torch"], default="stoker")
+    ap.add_argument(
+        "--partition",
+        choices=["default", "min_cut"],
+        default="default",
+        help="stoker's partitioner",
+    )
     ap.add_argument("--device", default="cpu", help="device of the samples (default cpu)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per op")
@@ -362,11 +374,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     DEVICE = args.device
 
     if args.triton:
-        compile_fn = triton_compile()
+        compile_fn = triton_compile(args.partition)
     elif args.backend == "torch":
         compile_fn = torch_compile()
     else:
-        compile_fn = stoker_compile()
+        compile_fn = stoker_compile(partition=args.partition)
     ops = load_ops(args.ops.split(",") if args.ops else None, args.limit)
     t0 = time.perf_counter()
     results = []

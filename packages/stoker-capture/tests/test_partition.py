@@ -290,3 +290,18 @@ def test_report_lists_saved_and_recomputed() -> None:
         assert name in text
     assert "cheaper to recompute" in text
     assert "float32[4, 16]" in text
+
+
+def test_constant_tensor_attribute() -> None:
+    """A captured constant (get_attr) used on both sides reaches the backward graph."""
+    const = torch.randn(4, 4)
+
+    def f(w, x):  # type: ignore[no-untyped-def]
+        return ((x @ w) * const).sin() * const
+
+    prims = [torch.randn(4, 4, requires_grad=True), torch.randn(4, 4)]
+    gm, n = H.make_joint(f, prims)
+    assert any(nd.op == "get_attr" for nd in gm.graph.nodes)
+    for part in (default_partition(gm, num_fw_outputs=n), min_cut_partition(gm, num_fw_outputs=n)):
+        H.check_graphs(part, gm)
+        H.check_against_eager(part, f, [torch.randn(4, 4, requires_grad=True), torch.randn(4, 4)])
