@@ -21,6 +21,7 @@ from sympy.printing.str import StrPrinter
 from torch.utils._sympy.functions import CleanDiv, FloorDiv, Mod, ModularIndexing, PythonMod
 
 from .ir import (
+    POINTWISE_OPS,
     Buffer,
     Const,
     Expr,
@@ -260,6 +261,7 @@ OPS: dict[str, Callable[[Sequence[str], Sequence[torch.dtype], torch.dtype], str
     "to": _cast,
 }
 del OPS["atan2"]
+assert set(OPS) | {"masked"} == POINTWISE_OPS, set(OPS) ^ POINTWISE_OPS
 
 
 class IndexPrinter(StrPrinter):  # type: ignore[misc]
@@ -418,7 +420,13 @@ class KernelCodegen:
         if isinstance(v, Const):
             return literal(v)
         if isinstance(v, IndexValue):
-            e = v.expr.subs(p.varmap, simultaneous=True)
+            subs = dict(p.varmap)
+            for sym, iv in v.indirect:
+                code = self.value(iv, p, mask, shape_r)
+                var = self.assign(f"({code}).to(tl.int64)", ("ind", code))
+                self.local_names.add(var)
+                subs[sym] = sympy.Symbol(var, integer=True)
+            e = v.expr.subs(subs, simultaneous=True)
             code = self.index_code(e)
             code = self._broadcast(code, e, shape_r)
             return self.assign(f"({code}).to({TL_DTYPE[v.dtype]})", key)

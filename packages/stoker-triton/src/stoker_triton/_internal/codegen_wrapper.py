@@ -113,6 +113,14 @@ class WrapperCodegen:
         if p.random_streams:
             self.emit("seed = new_seed()")
         dev = self.const(p.device)
+        produced = {n.name for st in s.steps if isinstance(st, Kernel) for n in st.nodes}
+        for b0 in p.buffers.values():
+            if (
+                b0.kind == "kernel" and b0.name not in produced
+            ):  # empty tensors: nothing computes them
+                self.emit(
+                    f"{b0.name} = empty_strided({_tuple(b0.size)}, {_tuple(b0.stride)}, dtype={self.const(b0.dtype)}, device={dev})"
+                )
         pool: dict[tuple[str, str, str], list[str]] = {}
         protected = set(s.outputs) | {n for n in p.inputs if isinstance(n, str)} | set(p.constants)
         protected |= {v.buf for v in p.output_views.values()}

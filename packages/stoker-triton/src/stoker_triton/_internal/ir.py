@@ -102,16 +102,26 @@ class Const(Value):
 
 
 class IndexValue(Value):
-    """An integer index expression used as a value (iota, arange, sizes)."""
+    """An integer index expression used as a value (iota, arange, sizes);
+    `indirect` binds `ind*` symbols as for `Load`."""
 
-    __slots__ = ("expr",)
+    __slots__ = ("expr", "indirect")
 
-    def __init__(self, expr: Expr, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        expr: Expr,
+        dtype: torch.dtype,
+        indirect: tuple[tuple[sympy.Symbol, Value], ...] = (),
+    ) -> None:
         self.expr = sympy.sympify(expr)
+        self.indirect = indirect
         self._init(dtype)
 
+    def children(self) -> tuple[Value, ...]:
+        return tuple(v for _, v in self.indirect)
+
     def key(self) -> tuple[Any, ...]:
-        return (self.expr, self.dtype)
+        return (self.expr, self.indirect, self.dtype)
 
 
 class Op(Value):
@@ -145,6 +155,16 @@ class Rand(Value):
 
     def key(self) -> tuple[Any, ...]:
         return (self.kind, self.stream, self.offset, self.dtype)
+
+
+# The IR's pointwise op names (codegen_kernel.OPS gives each its Triton form).
+POINTWISE_OPS = frozenset(
+    """identity add sub mul truediv truncdiv floordiv remainder fmod neg abs exp exp2 expm1 log
+    log2 log10 log1p sqrt rsqrt sin cos tan sinh cosh tanh sigmoid erf erfc reciprocal floor ceil
+    trunc round sign relu bitwise_not logical_not isnan isinf isfinite signbit maximum minimum
+    fmax fmin hypot copysign bitwise_and bitwise_or bitwise_xor lshift rshift logical_and
+    logical_or logical_xor eq ne lt le gt ge where pow to masked""".split()
+)
 
 
 def format_value(v: Value) -> str:
@@ -375,6 +395,12 @@ def bind_indirect(v: Value, sym: sympy.Symbol, bound: Value) -> Value:
                 ind = (*ind, (sym, bound))
             if ind != u.indirect:
                 out = Load(u.buf, u.index, u.dtype, ind)
+        elif isinstance(u, IndexValue):
+            ind = tuple((s, go(b)) for s, b in u.indirect)
+            if sym in u.expr.free_symbols:
+                ind = (*ind, (sym, bound))
+            if ind != u.indirect:
+                out = IndexValue(u.expr, u.dtype, ind)
         elif isinstance(u, Op):
             args = tuple(go(a) for a in u.args)
             if any(a is not b for a, b in zip(args, u.args)):

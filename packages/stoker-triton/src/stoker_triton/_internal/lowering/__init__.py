@@ -13,7 +13,7 @@ import torch.fx
 
 from ..ir import BufferRef, Program, SymRef
 from . import extern, indexing, pointwise, random, reduction, views  # register the rules
-from .core import LOWERINGS, REUSE_BODY_LIMIT, LoweringContext, LoweringError, TensorValue
+from .core import LOWERINGS, REUSE_BODY_LIMIT, LoweringContext, TensorValue
 from .extern import extern_call
 
 __all__ = ["LOWERINGS", "LoweringContext", "lower_graph"]
@@ -124,12 +124,39 @@ def _lower_call(ctx: LoweringContext, node: torch.fx.Node, args: Any, kwargs: An
     rule = LOWERINGS.get(node.target)
     if rule is None:
         return extern_call(ctx, node, args, kwargs, "no lowering")
-    n_nodes = len(ctx.nodes)
+    if _has_unsupported_dtype(node):
+        return extern_call(
+            ctx, node, args, kwargs, "a dtype Triton kernels do not handle (complex)"
+        )
+    n_nodes, n_streams = len(ctx.nodes), ctx.random_streams
     try:
         return rule.fn(ctx, node, *args, **kwargs)
-    except (LoweringError, NotImplementedError, TypeError) as e:
+    except Exception as e:  # a rule that cannot handle this call: aten runs it (logged, counted)
         del ctx.nodes[n_nodes:]
+        ctx.random_streams = n_streams
         return extern_call(ctx, node, args, kwargs, f"{type(e).__name__}: {e}")
+
+
+_KERNEL_DTYPES = {
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+}
+
+
+def _has_unsupported_dtype(node: torch.fx.Node) -> bool:
+    vals = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+    for v in torch.utils._pytree.tree_leaves(vals):
+        if isinstance(v, torch.Tensor) and v.dtype not in _KERNEL_DTYPES:
+            return True
+    return False
 
 
 def _maybe_realize_shared(

@@ -185,6 +185,8 @@ class LoweringContext:
         if tv.layout is not None and stride is None:
             return tv
         name = self.new_name()
+        if product(tv.size) == 0:  # an empty tensor: a buffer, nothing to compute
+            return self.buffer_value(self.add_buffer(name, tv.size, stride, tv.dtype, "kernel"))
         idx = tuple(index_var("x", i) for i in range(tv.ndim))
         body = tv.load(idx)
         if body.dtype != tv.dtype:

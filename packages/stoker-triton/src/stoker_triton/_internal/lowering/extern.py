@@ -52,7 +52,7 @@ def extern_call(ctx: LoweringContext, node: Any, args: Any, kwargs: Any, reason:
 
     xargs = tree_map(arg, tuple(args), is_leaf=lambda a: isinstance(a, TensorValue))
     xkwargs = tree_map(arg, dict(kwargs), is_leaf=lambda a: isinstance(a, TensorValue))
-    val = node.meta["val"]
+    val = node.meta.get("val")  # None for ops that return nothing (checks, asserts)
     single = isinstance(val, torch.Tensor)
     vals = [val] if single else list(val) if isinstance(val, list | tuple) else [val]
     outs: list[str | None] = []

@@ -71,6 +71,8 @@ def gather(
 def index_select(
     ctx: LoweringContext, node: Any, x: TensorValue, dim: int, index: TensorValue
 ) -> TensorValue:
+    if x.ndim == 0:
+        return x  # selecting from a 0-dim tensor: the tensor (indices must be 0)
     dim = dim + x.ndim if dim < 0 else dim
 
     def loader(idx: tuple[Expr, ...]) -> Value:

@@ -15,7 +15,7 @@ from typing import Any
 import sympy
 import torch
 
-from ..ir import Const, Expr, IndexValue, Op, Value
+from ..ir import POINTWISE_OPS, Const, Expr, IndexValue, Op, Value
 from .core import LoweringContext, LoweringError, TensorValue, cast, register
 
 aten = torch.ops.aten
@@ -95,6 +95,8 @@ def make_pointwise(
 ) -> TensorValue:
     val = meta_val(node)
     size = out_size(ctx, node)
+    if op not in POINTWISE_OPS:
+        raise LoweringError(f"no Triton form for {op}")
     cdt = compute or promote(node, kind)
     if cdt == torch.bool and op not in BOOL_SAFE:
         cdt = torch.int32  # bool arithmetic: compute in int, the cast to bool saturates
@@ -158,7 +160,6 @@ BINARY: dict[Any, tuple[str, str]] = {
     aten.remainder: ("remainder", "default"),
     aten.fmod: ("fmod", "default"),
     aten.floor_divide: ("floordiv", "default"),
-    aten.atan2: ("atan2", "int_to_float"),
     aten.hypot: ("hypot", "int_to_float"),
     aten.copysign: ("copysign", "int_to_float"),
     aten.bitwise_and: ("bitwise_and", "default"),

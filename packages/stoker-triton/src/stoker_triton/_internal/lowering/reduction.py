@@ -26,6 +26,8 @@ prims = torch.ops.prims
 
 
 def _dims(dims: Any, ndim: int) -> list[int]:
+    if ndim == 0:
+        return []  # a 0-dim tensor: dim 0 / -1 name the tensor itself
     if dims is None or (isinstance(dims, list | tuple) and len(dims) == 0):
         return list(range(ndim))
     if isinstance(dims, int):
@@ -46,11 +48,12 @@ def reduce(
     transforms each element before it is reduced."""
     kept = [d for d in range(x.ndim) if d not in dims]
     size = [x.size[d] for d in kept]
-    rsize = [x.size[d] for d in dims]
+    rdims = [d for d in dims if x.size[d] != 1]  # size-1 reduced dims read index 0
+    rsize = [x.size[d] for d in rdims]
     idx: list[Expr] = [sympy.Integer(0)] * x.ndim
     for k, d in enumerate(kept):
         idx[d] = index_var("x", k)
-    for k, d in enumerate(dims):
+    for k, d in enumerate(rdims):
         idx[d] = index_var("r", k)
     acc = torch.float32 if dtype in LOW_PRECISION else dtype
     if reduce_type in ("argmax", "argmin"):
@@ -62,11 +65,31 @@ def reduce(
         body = body_fn(body)
     body = cast(body, acc)
     res_dtype = torch.int64 if reduce_type in ("argmax", "argmin") else acc
-    if not rsize:  # nothing to reduce: the identity
-        out = TensorValue(size, x.dtype, ctx.device, lambda i: x.load(tuple(i)))
+    if not rsize:  # reducing one element: no reduction node
+
+        def single(i: tuple[Expr, ...]) -> Value:
+            full: list[Expr] = [sympy.Integer(0)] * x.ndim
+            for k, d in enumerate(kept):
+                full[d] = i[k]
+            v = x.load(tuple(full))
+            v = cast(body_fn(v) if body_fn is not None else v, acc)
+            return _single(reduce_type, v, res_dtype)
+
+        out = TensorValue(size, res_dtype, ctx.device, single)
         return _keep(ctx, out, x.ndim, dims, keepdim)
     out = ctx.add_reduction(size, rsize, reduce_type, body, res_dtype)
     return _keep(ctx, out, x.ndim, dims, keepdim)
+
+
+def _single(reduce_type: str, v: Value, dtype: torch.dtype) -> Value:
+    """The reduction of the single element `v`."""
+    if reduce_type in ("argmax", "argmin"):
+        return Const(0, torch.int64)
+    if reduce_type == "welford_m2":
+        return Const(0.0, dtype)
+    if reduce_type in ("any", "all"):
+        return Op("ne", (v, Const(0, v.dtype)), torch.bool)
+    return cast(v, dtype)
 
 
 def _keep(
