@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,13 +37,19 @@ def compile_pipeline(
     fake_args: tuple[Sequence[Any], Mapping[str, Any]] | None = None,
 ) -> CompiledFn:
     """fn -> compiled function, stage by stage (guards land in ``ctx``)."""
+    took: dict[str, float] = {}
     with contextlib.ExitStack() as stack:
         # 0. fake inputs; forward metadata (mutations, aliases, requires_grad)
-        state = create_aot_state(fn, args, kwargs, config, stack, ctx=ctx, fake_args=fake_args)
+        with _timed(took, "state"):
+            state = create_aot_state(fn, args, kwargs, config, stack, ctx=ctx, fake_args=fake_args)
         # 1. functional core-aten graph: joint when training, else inference
-        graph = aot_stage1_graph_capture(state)
+        with _timed(took, "capture"):
+            graph = aot_stage1_graph_capture(state)
         # 2. partition, compile forward and backward, wrap in stoker's autograd.Function
-        return aot_stage2_compile(state, graph, compiler)
+        with _timed(took, "compile"):
+            compiled = aot_stage2_compile(state, graph, compiler)
+    compiled.timings = took
+    return compiled
 
 
 def export_pipeline(
@@ -53,16 +60,32 @@ def export_pipeline(
     dynamic_shapes: DynamicShapes = None,
 ) -> ExportedGraph:
     """fn -> exported graph with guards, stage by stage."""
+    took: dict[str, float] = {}
     with contextlib.ExitStack() as stack:
         # 0. fake inputs (dynamic only where dynamic_shapes says); forward metadata
-        ctx = ShapeContext(policy="static")
-        state = create_aot_state(
-            fn, args, kwargs, config, stack, ctx=ctx, dynamic_shapes=dynamic_shapes
-        )
+        with _timed(took, "state"):
+            ctx = ShapeContext(policy="static")
+            state = create_aot_state(
+                fn, args, kwargs, config, stack, ctx=ctx, dynamic_shapes=dynamic_shapes
+            )
         # 1. functional core-aten graph (joint for the researcher's path)
-        graph = aot_stage1_graph_capture(state)
+        with _timed(took, "capture"):
+            graph = aot_stage1_graph_capture(state)
         # 2. signature, parameters, guards (read out last)
-        return aot_stage2_export(state, graph)
+        with _timed(took, "export"):
+            exported = aot_stage2_export(state, graph)
+    exported.timings = took
+    return exported
+
+
+@contextlib.contextmanager
+def _timed(took: dict[str, float], stage: str) -> Iterator[None]:
+    """Stamp a stage's result with how long it took (seconds), for as_text and reports."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        took[stage] = time.perf_counter() - t0
 
 
 def export(

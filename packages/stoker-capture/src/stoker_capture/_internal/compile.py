@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,6 +35,7 @@ class CompiledFn:
     runtime: Runtime  # runs the compiled graph(s) with eager semantics
     function_class: type[torch.autograd.Function] | None  # stoker's Function (joint only)
     params: Callable[[], list[Any]]  # reads the parameters and buffers at call time
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage (pipeline runs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.runtime(self.primals(args, kwargs))
@@ -45,7 +46,8 @@ class CompiledFn:
 
     def as_text(self) -> str:
         kind = "joint" if self.graph.joint else "inference"
-        lines = [f"CompiledFn({self.state.name}, {kind})"]
+        took = ", ".join(f"{k} took {v * 1e3:.0f} ms" for k, v in self.timings.items())
+        lines = [f"CompiledFn({self.state.name}, {kind})" + (f"  # {took}" if took else "")]
         if self.partition is not None:
             lines.append(self.partition.report())
             lines.append("forward:" + self.partition.fw.code)

@@ -89,6 +89,7 @@ class ExportedGraph:
     params: dict[str, torch.Tensor]  # parameters and buffers by name (owned by the export)
     state: AOTState | None = None  # the pipeline state (None once loaded from disk)
     captured: CapturedGraph | None = None  # the stage-1 result (resume with aot_stage2_compile)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage (pipeline runs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         sig = self.signature
@@ -124,9 +125,11 @@ class ExportedGraph:
         return tuple(args), dict(kwargs)
 
     def as_text(self) -> str:
+        took = ", ".join(f"{k} took {v * 1e3:.0f} ms" for k, v in self.timings.items())
         return "\n".join(
             [
-                f"ExportedGraph ({'joint' if self.signature.joint else 'inference'})",
+                f"ExportedGraph ({'joint' if self.signature.joint else 'inference'})"
+                + (f"  # {took}" if took else ""),
                 self.signature.as_text(),
                 str(self.guards),
                 self.gm.code,
