@@ -440,3 +440,41 @@ def test_boxed_grads_call_function() -> None:
         m(torch.randn(3, 6)).sum().backward()
 
     compare(M, step, steps=3)
+
+
+def test_stoker_capture_model_hooks_follow_eager_order_on_replay() -> None:
+    """The AOT backward is one block; once retraced, its accumulate-grads and their
+    hooks follow each gradient as in the uncompiled model (optimizer in backward)."""
+    stoker_capture = pytest.importorskip("stoker_capture")
+    torch.manual_seed(0)
+    m = mlp()
+    ref = copy.deepcopy(m)
+    cm = stoker_capture.aot_module(m)
+
+    def install(model: nn.Module, log: list[str]) -> None:
+        for n, p in model.named_parameters():
+            p.register_hook(lambda g, n=n: (log.append(f"grad {n}"), g * 0.5)[1])
+
+            def sgd(p: torch.Tensor, n: str = n) -> None:
+                log.append(f"acc {n}")
+                with torch.no_grad():
+                    p.add_(p.grad, alpha=-0.1)  # type: ignore[arg-type]
+                p.grad = None
+
+            p.register_post_accumulate_grad_hook(sgd)
+
+    log_c: list[str] = []
+    log_e: list[str] = []
+    install(m, log_c)
+    install(ref, log_e)
+    with stoker_autograd.enable():
+        for _ in range(3):
+            x = torch.randn(5, 6)
+            n_c, n_e = len(log_c), len(log_e)
+            cm(x).pow(2).sum().backward()
+            with stoker_autograd.disabled():
+                ref(x).pow(2).sum().backward()
+            for p, q in zip(m.parameters(), ref.parameters()):
+                torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
+    assert stoker_autograd.stats()["cache_hits"] >= 1
+    assert log_c[n_c:] == log_e[n_e:]  # the last step ran the compiled graph

@@ -219,6 +219,24 @@ def test_post_hook_with_outputs_not_moved() -> None:
     assert order(check_pure(passes.reorder_post_hooks, g)) == order(g)
 
 
+# ---------------------------------------------------------------- size checks
+def test_size_check_follows_the_call_it_checks() -> None:
+    from stoker_autograd._internal.retrace import check_sizes
+
+    b = B()
+    x = b.item(b.inputs, 0, "x")
+    h = b.hook(0, x, kind="tensor_pre_hook", name="th")
+    other = b.op(aten.sin.default, x, name="other")
+    chk = b.op(check_sizes, h, [3], "hook", name="chk")
+    out = check_pure(passes.place_size_checks_after_their_call, b.done(chk, other))
+    assert pos(out, "chk") == pos(out, "th") + 1
+    b2 = B()
+    x2 = b2.item(b2.inputs, 0, "x")
+    chk2 = b2.op(check_sizes, x2, [3], "input", name="chk")  # checks a graph input
+    g2 = b2.done(chk2)
+    assert order(check_pure(passes.place_size_checks_after_their_call, g2)) == order(g2)
+
+
 # ------------------------------------------------------------------------- DCE
 def test_dce_keeps_side_effects() -> None:
     b = B()

@@ -417,8 +417,17 @@ def retrace(
                 raise RetraceError(
                     f"retracing {node.format_node()} (from {where}) failed: {e}"
                 ) from e
+    from ..passes import RETRACED_PIPELINE, run_all
+
     graph = rp.tracer.graph
+    # Graph inputs were made on first use, mid-graph: hoist them, in order, to the top.
+    phs = [n for n in graph.nodes if n.op == "placeholder"]
+    first = next((n for n in graph.nodes if n.op != "placeholder"), None)
+    if first is not None:
+        for ph in phs:
+            first.prepend(ph)
     graph.eliminate_dead_code(is_impure_node=lambda n: _impure(n))
+    graph = run_all(graph, RETRACED_PIPELINE)
     new_gm = fx.GraphModule(rp.tracer.root, graph, gm.__class__.__name__ + "Aten")
     return Retraced(new_gm, rp.arg_spec, ctx, rp.examples)
 

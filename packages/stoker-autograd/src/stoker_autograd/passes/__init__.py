@@ -15,6 +15,7 @@ from .dce import dce
 from .reorder import (
     delay_unpack_hooks,
     place_pre_hooks_before_node,
+    place_size_checks_after_their_call,
     reorder_accumulate_grad,
     reorder_post_acc_grad_hooks,
     reorder_post_hooks,
@@ -36,6 +37,17 @@ PIPELINE: tuple[Pass, ...] = (
 )
 
 
+RETRACED_PIPELINE: tuple[Pass, ...] = (
+    reorder_tensor_pre_hooks,
+    place_size_checks_after_their_call,
+    reorder_accumulate_grad,
+    reorder_post_acc_grad_hooks,
+)
+"""Run again on the retraced aten graph, where the engine's ``validate_outputs``
+(one node taking every grad of a node) is traced away: an inlined AOT backward's
+accumulate-grads and their hooks can then follow each gradient as eager does."""
+
+
 def run_all(graph: fx.Graph, pipeline: tuple[Pass, ...] = PIPELINE) -> fx.Graph:
     """Apply each pass in order; each checks the graph is still well formed."""
     for p in pipeline:
@@ -46,10 +58,12 @@ def run_all(graph: fx.Graph, pipeline: tuple[Pass, ...] = PIPELINE) -> fx.Graph:
 
 __all__ = [
     "PIPELINE",
+    "RETRACED_PIPELINE",
     "Pass",
     "dce",
     "delay_unpack_hooks",
     "place_pre_hooks_before_node",
+    "place_size_checks_after_their_call",
     "reorder_accumulate_grad",
     "reorder_post_acc_grad_hooks",
     "reorder_post_hooks",

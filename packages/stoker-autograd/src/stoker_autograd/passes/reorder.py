@@ -176,3 +176,16 @@ def reorder_post_hooks(graph: fx.Graph) -> fx.Graph:
             continue
         move_after(last, *_hook_getitem(node), node)
     return g
+
+
+def place_size_checks_after_their_call(graph: fx.Graph) -> fx.Graph:
+    """(Retraced graphs) each ``check_sizes`` right after the last of its inputs, so
+    it travels with the hook or custom backward whose result it checks."""
+    from .._internal.retrace import check_sizes
+
+    g, _ = copy_graph(graph)
+    for node in [n for n in g.nodes if n.op == "call_function" and n.target is check_sizes]:
+        last = max(node.all_input_nodes)
+        if last.next is not node and not is_input_like(last):
+            last.append(node)
+    return g
