@@ -31,7 +31,7 @@ PACKAGES: dict[str, tuple[str, tuple[str, ...], bool]] = {
     "triton": ("stoker-triton", ("shapes",), True),
     "stoker": ("stoker", ("shapes", "capture", "autograd", "triton"), True),
 }
-TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "numpy"]
+TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "numpy", "expecttest"]  # expecttest: torch.testing._internal (OpInfo)
 INTERPRET_ENV = {"TRITON_INTERPRET": "1"}
 
 
@@ -107,7 +107,7 @@ def demo(session: nox.Session) -> None:
 @nox.session
 def opinfo(session: nox.Session) -> None:
     """Full OpInfo sweep through aot_function (aten executor; `-- --triton` adds Triton)."""
-    _install(session, list(PACKAGES), [*TEST_DEPS, "expecttest"])
+    _install(session, list(PACKAGES), TEST_DEPS)
     session.run("python", "tools/opinfo_sweep.py", *session.posargs, env=INTERPRET_ENV)
 
 
