@@ -12,6 +12,7 @@ tests with the current interpreter and create no venv.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import nox
@@ -31,11 +32,16 @@ PACKAGES: dict[str, tuple[str, tuple[str, ...], bool]] = {
     "triton": ("stoker-triton", ("shapes",), True),
     "stoker": ("stoker", ("shapes", "capture", "autograd", "triton"), True),
 }
-TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "numpy", "expecttest"]  # expecttest: torch.testing._internal (OpInfo)
+TEST_DEPS = [
+    "pytest>=8",
+    "hypothesis>=6.100",
+    "numpy",
+    "expecttest",
+]  # expecttest: torch.testing._internal (OpInfo)
 INTERPRET_ENV = {"TRITON_INTERPRET": "1"}
 
 
-def _install(session: nox.Session, keys: list[str], extra: list[str] = ()) -> None:  # type: ignore[assignment]
+def _install(session: nox.Session, keys: list[str], extra: Sequence[str] = ()) -> None:
     """Pin torch first, then install the given packages (editable) and extras."""
     session.install(TORCH)
     needs_triton = any(PACKAGES[k][2] for k in keys)
@@ -60,11 +66,16 @@ def tests(session: nox.Session, package: str) -> None:
     if not any(PACKAGES[k][2] for k in keys):
         # The capture-only install must not drag in triton.
         session.run(
-            "python", "-c",
+            "python",
+            "-c",
             "import importlib.util as u, sys; "
             "sys.exit('triton is installed in a capture-only venv') if u.find_spec('triton') else None",
         )
-    where = "tests-integration" if package == "integration" else f"packages/{PACKAGES[package][0]}/tests"
+    where = (
+        "tests-integration"
+        if package == "integration"
+        else f"packages/{PACKAGES[package][0]}/tests"
+    )
     session.run("pytest", where, *session.posargs, env=INTERPRET_ENV)
 
 
