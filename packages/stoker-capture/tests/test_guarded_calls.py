@@ -160,3 +160,30 @@ def test_size_one_dims_stay_static_under_dynamic_policies() -> None:
     for n in (4, 5, 1, 7):
         check_fn(g, compiled, lambda n=n: [torch.randn(n, 3, requires_grad=True)])
     assert compiled.cache_stats()["misses"] == 3
+
+
+def test_compiler_specialization_is_guarded_by_the_cache() -> None:
+    """Seed 002: a guard the (backward) compiler adds at lowering time keys the cache."""
+    seen: list[int] = []
+
+    def specializing(gm, example_inputs):
+        sizes = [
+            int(t.shape[0]) for t in example_inputs if isinstance(t, torch.Tensor) and t.dim() == 2
+        ]
+        seen.append(sizes[0])
+        n = sizes[0]
+
+        def run(*args):
+            got = [a.shape[0] for a in args if isinstance(a, torch.Tensor) and a.dim() == 2]
+            assert got[0] == n, "reused with a size it was specialized away from"
+            return gm(*args)
+
+        return run
+
+    f = lambda x, w: (x @ w).relu()  # noqa: E731
+    compiled = aot_function(f, bw_compiler=specializing, dynamic="dynamic")
+    w = torch.randn(3, 2, requires_grad=True)
+    for n in (4, 4, 6):
+        check_fn(f, compiled, lambda n=n: [torch.randn(n, 3, requires_grad=True), w])
+    stats = compiled.cache_stats()
+    assert stats["misses"] == 2 and "== 4" in stats["reasons"][0], stats
