@@ -88,14 +88,16 @@ def load_ops(names: Sequence[str] | None = None, limit: int | None = None) -> li
 # --------------------------------------------------------------------------- compilers
 
 
-def stoker_compile(compiler: Any = None, partition: str = "default") -> Compile:
-    """`stoker_capture.aot_function(fn, compiler=compiler, partition=...)`."""
+def stoker_compile(
+    compiler: Any = None, partition: str = "default", check: bool = False
+) -> Compile:
+    """`stoker_capture.aot_function(fn, compiler=compiler, partition=..., debug_checks=check)`."""
     import stoker_capture
 
     aot_function = getattr(stoker_capture, "aot_function", None)
     if aot_function is None:
         raise SystemExit("opinfo_sweep: stoker_capture has no aot_function yet")
-    kw: dict[str, Any] = {"debug_checks": True}
+    kw: dict[str, Any] = {"debug_checks": check}
     if partition == "min_cut":
         from stoker_capture._internal.partition_mincut import min_cut_partition
 
@@ -103,7 +105,7 @@ def stoker_compile(compiler: Any = None, partition: str = "default") -> Compile:
     return lambda fn: aot_function(fn, compiler=compiler, **kw)
 
 
-def triton_compile(partition: str = "default") -> Compile:
+def triton_compile(partition: str = "default", check: bool = False) -> Compile:
     if DEVICE == "cpu":
         # CPU tensors run Triton kernels only under the interpreter; set before triton loads.
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -111,7 +113,7 @@ def triton_compile(partition: str = "default") -> Compile:
         import stoker_triton
     except ImportError as e:
         raise SystemExit(f"opinfo_sweep --triton: stoker_triton is not importable ({e})") from e
-    return stoker_compile(stoker_triton.compile_graph, partition)
+    return stoker_compile(stoker_triton.compile_graph, partition, check)
 
 
 def torch_compile() -> Compile:
@@ -366,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="default",
         help="stoker's partitioner",
     )
+    ap.add_argument("--check", action="store_true", help="lint graphs between stages")
     ap.add_argument("--device", default="cpu", help="device of the samples (default cpu)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per op")
@@ -374,11 +377,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     DEVICE = args.device
 
     if args.triton:
-        compile_fn = triton_compile(args.partition)
+        compile_fn = triton_compile(args.partition, args.check)
     elif args.backend == "torch":
         compile_fn = torch_compile()
     else:
-        compile_fn = stoker_compile(partition=args.partition)
+        compile_fn = stoker_compile(partition=args.partition, check=args.check)
     ops = load_ops(args.ops.split(",") if args.ops else None, args.limit)
     t0 = time.perf_counter()
     results = []
