@@ -100,7 +100,9 @@ def test_backend_by_name_uses_the_entry_point(stub_capture: None) -> None:
     c = torch.compile(m, backend="stoker")
     x = torch.randn(3, 4)
     torch.testing.assert_close(c(x), m(x))
-    assert stoker.backend.report.n_graphs == 1
+    rep = stoker.backend.report
+    assert rep.n_graphs == 1
+    assert any("L['args'][0] matches float32[3, 4]" in g.text for g in rep.compiles[0].guards)
     assert stoker_autograd.is_enabled()
 
 

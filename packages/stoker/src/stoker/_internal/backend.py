@@ -99,6 +99,14 @@ class StokerBackend:
         _record_capture_result(rec, compiled)
         self._record_shape_guards(rec)
         if not self.exports_guards:
+            # No guard_export_fn (torch.compile(backend="stoker")): Dynamo's guards so far
+            # are in the tracing context; its shape guards are the ones recorded above.
+            tc = torch._guards.TracingContext.try_get()
+            gctx = getattr(tc, "guards_context", None)
+            if gctx is not None:
+                self._add_dynamo_guards(
+                    rec, [g for g in gctx.dynamo_guards if g.create_fn_name() != "SHAPE_ENV"]
+                )
             _log_guards(rec)
         _log_partition(rec)
         logs.logger("timings").info(
@@ -114,6 +122,11 @@ class StokerBackend:
         if not self.report.compiles:
             return
         rec = self.report.compiles[-1]
+        self._add_dynamo_guards(rec, guards)
+        _log_guards(rec)
+        self.report.flush()
+
+    def _add_dynamo_guards(self, rec: CompileRecord, guards: Any) -> None:
         other: dict[str, int] = {}
         for g in list(guards):
             kind = str(g.create_fn_name())
@@ -147,8 +160,6 @@ class StokerBackend:
                     "dynamo",
                 )
             )
-        _log_guards(rec)
-        self.report.flush()
 
     def on_guard_fail(self, failure: Any) -> None:
         """``guard_fail_fn``: a call missed every cached graph; Dynamo recompiles next."""
