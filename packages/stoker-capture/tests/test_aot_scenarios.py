@@ -88,7 +88,17 @@ def test_outputs_aliasing_an_intermediate() -> None:
 
 def test_non_float_and_detached_outputs() -> None:
     def f(x):
-        return x.argmax(1), x.detach() * 2, x.sum(), x.shape[0] * 2, "tag"
+        y = x * 3
+        return (
+            x.argmax(1),
+            x.detach() * 2,
+            x.sum(),
+            x.shape[0] * 2,
+            "tag",
+            x.detach(),
+            y,
+            y.detach()[0],
+        )
 
     check_fn(f, aot_function(f), lambda: [torch.randn(3, 4, requires_grad=True)])
 

@@ -19,6 +19,8 @@ from .runtime_fn import FunctionPlan
 from .state import ForwardMeta, Layout, OutputKind
 from .symeval import build_evaluator
 
+_VIEWS = (OutputKind.ALIAS_OF_INPUT, OutputKind.ALIAS_OF_OUTPUT)
+
 
 def function_plan(meta: ForwardMeta, num_fw_outputs: int, name: str) -> FunctionPlan:
     """Which forward outputs the autograd.Function returns, and which go around it."""
@@ -161,6 +163,8 @@ class Runtime:
                     base = bases[o.base] = self._base(o.base, user, vals)
                 size, stride, off = self._slots[("output", j)].read(vals)
                 v = base.as_strided(size, stride, off)
+            if o.kind in _VIEWS and v.requires_grad and not o.requires_grad:
+                v = v.detach()  # e.g. x.detach(): a view of x that does not require grad
             out.append(v)
         for b, t in bases.items():  # a base that is itself an output: return the same tensor
             bj = self._user_index(b)
