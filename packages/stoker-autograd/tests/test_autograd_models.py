@@ -269,6 +269,16 @@ def test_in_place_on_view() -> None:
         m.zero_grad()
         m(torch.randn(4, 6)).pow(2).sum().backward()
 
+    with stoker_autograd.enable() as probe:
+        M()(torch.randn(4, 6)).sum().backward()
+        M()(torch.randn(4, 6)).sum().backward()
+    compiled = probe.graphs[0].variants[0].gm
+    mutating = [
+        n.format_node()
+        for n in compiled.graph.nodes
+        if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+    ]
+    assert not mutating, mutating  # CopySlices is retraced functionally
     compare(M, step, steps=3)
 
 

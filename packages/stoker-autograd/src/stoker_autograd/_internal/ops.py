@@ -212,10 +212,12 @@ def copy_slices_prologue(
     view_strides: Sequence[Any],
     view_storage_offset: Any,
 ) -> list[torch.Tensor]:
-    """First half of ``CopySlices`` (in-place op on a view): the grad of the base."""
+    """First half of ``CopySlices`` (in-place op on a view): the grad of the base laid
+    out like the base, the view's slice of it, and a contiguous copy of that slice.
+    Written without in-place ops so the retraced graph stays functional."""
     grad = inputs[0]
-    result = grad.new_empty_strided(base_sizes, base_strides)
-    result.copy_(grad)
+    layout = grad.new_empty_strided(base_sizes, base_strides)
+    result = torch.ops.aten.copy.default(layout, grad)
     grad_slice = result.as_strided(
         view_sizes, view_strides, view_storage_offset - base_storage_offset
     )
@@ -228,15 +230,17 @@ def copy_slices_epilogue(
     res: Sequence[torch.Tensor | None],
     grad_slice: torch.Tensor,
 ) -> list[torch.Tensor | None]:
-    """Second half of ``CopySlices``: write the view's grad back into the base's grad."""
+    """Second half of ``CopySlices``: the base's grad with the view's slice replaced by
+    the grad the in-place op's backward computed (a scatter, not a write-through)."""
     grad_inputs: list[torch.Tensor | None] = [None] * len(needs_input_grad)
     for i, needed in enumerate(needs_input_grad):
         r = res[i]
         if not needed or r is None:
             continue
         if i == 0:
-            grad_slice.copy_(r)
-            grad_inputs[i] = result
+            grad_inputs[i] = torch.as_strided_scatter(
+                result, r, grad_slice.size(), grad_slice.stride(), grad_slice.storage_offset()
+            )
         else:
             grad_inputs[i] = r
     return grad_inputs
