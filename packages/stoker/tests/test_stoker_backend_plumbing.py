@@ -151,3 +151,13 @@ def test_report_opens_in_chromium_without_console_errors(
     console = [ln for ln in p.stderr.splitlines() if ":CONSOLE" in ln or "Uncaught" in ln]
     assert not console, console
     assert 'id="guards"' in p.stdout and "matches float32[3, 4]" in p.stdout
+
+
+def test_compile_a_function(stub_capture: None) -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x @ w).relu().sum(-1)
+
+    c = stoker.compile(f, compiled_autograd=False)
+    x, w = torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)
+    torch.testing.assert_close(c(x, w), f(x, w))
+    assert c.stoker_report.compiles[0].frame.startswith("f ")
