@@ -299,7 +299,22 @@ class CaptureInstance:
         raise NotImplementedError("stoker-autograd: Dynamo BackwardState is not supported")
 
     # ----------------------------------------------------------- CopySlices
+    def log_compile_reasons(self, compile_reasons: list[str]) -> None:
+        """Why the engine missed its cache (kept on the session, newest last)."""
+        self.session.capture_reasons.append(list(compile_reasons))
+        del self.session.capture_reasons[:-16]
+
     def call_copy_slices_prologue(self, inputs: Sequence[Any], *meta: Any) -> list[torch.Tensor]:
+        if len(meta) == 2:  # an older protocol passes (base, view) geometries
+            base, view = meta
+            meta = (
+                base.sizes(),
+                base.strides(),
+                base.storage_offset(),
+                view.sizes(),
+                view.strides(),
+                view.storage_offset(),
+            )
         return self._call(ops.copy_slices_prologue, (inputs, *meta), 3)
 
     def call_copy_slices_epilogue(

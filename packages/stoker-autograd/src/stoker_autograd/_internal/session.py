@@ -47,3 +47,4 @@ class Session:
     recompile_limit: int = 8
     warned: set[str] = field(default_factory=set)
     graphs: list[Any] = field(default_factory=list)  # CompiledBackward per capture, in order
+    capture_reasons: list[list[str]] = field(default_factory=list)  # engine's miss reasons
