@@ -139,3 +139,25 @@ def test_specializing_a_dim_is_an_error() -> None:
 
     with pytest.raises(SpecializationError, match="batch"):
         export(f, (torch.randn(4, 8),), dynamic_shapes=[{0: Dim("batch")}])
+
+
+def test_keyword_inputs_and_float_constants(tmp_path) -> None:
+    def f(x, *, scale, mask=None):
+        y = x * scale
+        return y if mask is None else y.masked_fill(mask, 0.0)
+
+    b = Dim("b")
+    mask = torch.rand(3, 4) > 0.5
+    ep = export(
+        f,
+        (torch.randn(3, 4),),
+        {"scale": 2.0, "mask": mask},
+        dynamic_shapes={"x": {0: b}, "mask": {0: b}},
+    )
+    x2, m2 = torch.randn(5, 4), torch.rand(5, 4) > 0.5
+    want = f(x2, scale=2.0, mask=m2)
+    assert_same(ep(x2, scale=2.0, mask=m2), want)
+    with pytest.raises(GuardViolationError, match="scale"):
+        ep(x2, scale=3.0, mask=m2)  # floats are specialized
+    prog = _reload(ep, tmp_path).to_torch_export()
+    assert_same(prog.module()(x2, scale=2.0, mask=m2), want)

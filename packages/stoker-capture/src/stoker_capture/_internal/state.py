@@ -156,8 +156,13 @@ def create_aot_state(
     # user inputs: fakeified per argument (each with its dynamic spec)
     specs = _bind_dynamic_shapes(fn, args, kwargs, dynamic_shapes)
     if fake_args is None:
-        fargs = [ctx.fakeify(a, Source.arg(i), specs[0][i]) for i, a in enumerate(args)]
-        fkwargs = {k: ctx.fakeify(v, Source.kwarg(k), specs[1].get(k)) for k, v in kwargs.items()}
+        fargs = [
+            ctx.fakeify(a, Source.arg(i), _no_sym_float(a, specs[0][i])) for i, a in enumerate(args)
+        ]
+        fkwargs = {
+            k: ctx.fakeify(v, Source.kwarg(k), _no_sym_float(v, specs[1].get(k)))
+            for k, v in kwargs.items()
+        }
     else:
         fargs, fkwargs = list(fake_args[0]), dict(fake_args[1])
     leaves, in_spec = pytree.tree_flatten((tuple(fargs), fkwargs))
@@ -214,6 +219,15 @@ def create_aot_state(
         name,
         [_dims_of(s) for s in (*specs[0], *specs[1].values())] if fake_args is None else [],
     )
+
+
+def _no_sym_float(value: Any, spec: Any) -> Any:
+    """Python floats are specialized (as Dynamo does): a float that changes recompiles.
+
+    A symbolic float would be a graph input the backward may need, and no
+    partitioner can recompute an input; a constant is baked into the graph.
+    """
+    return False if isinstance(value, float) and spec is None else spec
 
 
 def _dims_of(spec: Any) -> dict[int, Dim] | None:

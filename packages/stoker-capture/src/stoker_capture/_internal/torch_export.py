@@ -7,6 +7,7 @@ buffer mutation), and is exported with the same dynamic dims.
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,6 +47,21 @@ class _GraphModuleWrapper(torch.nn.Module):
         return pytree.tree_unflatten(flat, self._out_spec)
 
 
+def _set_signature(mod: torch.nn.Module, names: list[str], kw_names: list[str]) -> None:
+    """Make ``mod.forward`` present ``(arg0, ..., *, kw...)`` to inspect (it takes *args, **kw)."""
+    p = inspect.Parameter
+    impl = type(mod).forward
+
+    def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return impl(self, *args, **kwargs)
+
+    params = [p("self", p.POSITIONAL_OR_KEYWORD)]
+    params += [p(n, p.POSITIONAL_OR_KEYWORD) for n in names]
+    params += [p(k, p.KEYWORD_ONLY) for k in kw_names]
+    forward.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    mod.__class__ = type("StokerExportedGraph", (type(mod),), {"forward": forward})
+
+
 def to_torch_export(
     exported: ExportedGraph,
     args: tuple[Any, ...] | None = None,
@@ -66,10 +82,10 @@ def to_torch_export(
 
     specs = [None if d is None else {k: tdim(*v) for k, v in d.items()} for d in dims]
     specs += [None] * (len(args) + len(kwargs) - len(specs))
+    # torch.export binds inputs to forward's signature: give the wrapper a named one
+    names = [f"arg{i}" for i in range(len(args))]
+    _set_signature(mod, names, list(kwargs))
     dynamic_shapes: Any = None
     if any(s is not None for s in specs):
-        # keys are the wrapper's parameter names: *args, and **kwargs when given
-        dynamic_shapes = {"args": tuple(specs[: len(args)])}
-        if kwargs:
-            dynamic_shapes["kwargs"] = dict(zip(kwargs, specs[len(args) :]))
+        dynamic_shapes = dict(zip([*names, *kwargs], specs))
     return torch.export.export(mod, tuple(args), kwargs, dynamic_shapes=dynamic_shapes)
