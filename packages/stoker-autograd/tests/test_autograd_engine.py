@@ -130,3 +130,30 @@ def test_create_graph_backward_is_differentiable() -> None:
         (gx,) = torch.autograd.grad(y, [x], create_graph=True)
     (ggx,) = torch.autograd.grad(gx.sum(), [x])
     torch.testing.assert_close(ggx, 6 * x.detach())
+
+
+def test_hook_that_runs_its_own_backward() -> None:
+    """A hook calling backward runs it on the eager engine (the hook is off meanwhile)."""
+    m = _mlp()
+    x = torch.randn(3, 4)
+    expected = torch.autograd.grad(m(x).sum(), list(m.parameters()))
+    side: list[torch.Tensor] = []
+
+    def hook(g: torch.Tensor) -> torch.Tensor:
+        z = torch.arange(3.0, requires_grad=True)
+        with torch.enable_grad():
+            (z * z).sum().backward()
+        assert z.grad is not None
+        side.append(z.grad.clone())
+        return g
+
+    with stoker_autograd.enable():
+        for _ in range(3):
+            m.zero_grad()
+            h = m(x)
+            h.register_hook(hook)
+            h.sum().backward()
+            for p, e in zip(m.parameters(), expected):
+                torch.testing.assert_close(p.grad, e)
+    assert len(side) == 3 and all(torch.equal(s, torch.arange(3.0) * 2) for s in side)
+    assert stoker_autograd.stats()["captures"] == 1
