@@ -33,7 +33,12 @@ def fresh(args: Sequence[Any]) -> list[Any]:
             continue
         base = torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device=a.device)
         if a.dtype.is_floating_point:
-            base.copy_(torch.randn(a.shape, dtype=a.dtype, device=a.device))
+            # same scale as the example (weights drawn at 0.2 stay at 0.2)
+            ad = a.detach().float()
+            std = float(ad.std()) if a.numel() > 1 else 1.0
+            mean = float(ad.mean()) if a.numel() else 0.0
+            std = std if std == std else 1.0
+            base.copy_(torch.randn(a.shape, device=a.device) * std + mean)
         elif a.dtype == torch.bool:
             base.copy_(torch.rand(a.shape, device=a.device) > 0.5)
         else:

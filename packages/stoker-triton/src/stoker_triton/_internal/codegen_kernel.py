@@ -426,7 +426,7 @@ class KernelCodegen:
                 var = self.assign(f"({code}).to(tl.int64)", ("ind", code))
                 self.local_names.add(var)
                 subs[sym] = sympy.Symbol(var, integer=True)
-            e = v.expr.subs(subs, simultaneous=True)
+            e = v.expr.xreplace(subs)
             code = self.index_code(e)
             code = self._broadcast(code, e, shape_r)
             return self.assign(f"({code}).to({TL_DTYPE[v.dtype]})", key)
@@ -434,8 +434,8 @@ class KernelCodegen:
             return self.load(v, p, mask, shape_r, key)
         if isinstance(v, Rand):
             self.uses_seed = True
-            off = self.index_code(v.offset.subs(p.varmap, simultaneous=True))
-            off = self._broadcast(off, v.offset.subs(p.varmap, simultaneous=True), shape_r)
+            off = self.index_code(v.offset.xreplace(p.varmap))
+            off = self._broadcast(off, v.offset.xreplace(p.varmap), shape_r)
             fn = "tl.rand" if v.kind == "rand" else "tl.randn"
             return self.assign(f"{fn}(seed + {v.stream * 1000003}, ({off}).to(tl.uint32))", key)
         assert isinstance(v, Op)
@@ -467,7 +467,7 @@ class KernelCodegen:
             var = self.assign(f"({code}).to(tl.int64)", ("ind", code))
             self.local_names.add(var)
             subs[sym] = sympy.Symbol(var, integer=True)
-        e = v.index.subs(subs, simultaneous=True)
+        e = v.index.xreplace(subs)
         idx = self.index_code(e)
         idx = self._broadcast(idx, e, shape_r)
         ptr = self.ptr(v.buf)
@@ -579,7 +579,7 @@ class KernelCodegen:
             var = self.assign(f"({code}).to(tl.int64)", ("ind", code))
             self.local_names.add(var)
             subs[sym] = sympy.Symbol(var, integer=True)
-        e = n.index.subs(subs, simultaneous=True)
+        e = n.index.xreplace(subs)
         idx = self._broadcast(self.index_code(e), e, False)
         ptr = self.ptr(n.name)
         if val[0].isdigit() or val.startswith("float(") or val.startswith("-"):

@@ -55,7 +55,11 @@ class Placement:
     reduced_space: bool  # the node iterates r (a reduction, or pointwise over x*r)
 
     def key(self) -> tuple[tuple[str, str], ...]:
-        return tuple(sorted((str(k), str(v)) for k, v in self.varmap.items()))
+        k = self.__dict__.get("_key")
+        if k is None:
+            k = tuple(sorted((str(a), str(b)) for a, b in self.varmap.items()))
+            self.__dict__["_key"] = k
+        return k  # type: ignore[no-any-return]
 
 
 @dataclasses.dataclass
@@ -192,11 +196,11 @@ def place(
 
 def store_index(buf: Buffer, node: PointwiseNode | ReductionNode, p: Placement) -> Expr:
     flat = sum((index_var("x", k) * st for k, st in enumerate(buf.stride)), sympy.Integer(0))
-    return simplify_index(sympy.expand(flat.subs(p.varmap, simultaneous=True)))
+    return simplify_index(sympy.expand(flat.xreplace(p.varmap)))
 
 
 def load_index(ld: Load, p: Placement) -> Expr:
-    return simplify_index(sympy.expand(ld.index.subs(p.varmap, simultaneous=True)))
+    return simplify_index(sympy.expand(ld.index.xreplace(p.varmap)))
 
 
 def _fits(
