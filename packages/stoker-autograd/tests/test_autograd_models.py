@@ -452,7 +452,7 @@ def test_boxed_grads_call_function() -> None:
     compare(M, step, steps=3)
 
 
-def test_stoker_capture_model_hooks_follow_eager_order_on_replay() -> None:
+def test_stoker_capture_model_hooks_follow_eager_order() -> None:
     """The AOT backward is one block; once retraced, its accumulate-grads and their
     hooks follow each gradient as in the uncompiled model (optimizer in backward)."""
     stoker_capture = pytest.importorskip("stoker_capture")
@@ -488,3 +488,4 @@ def test_stoker_capture_model_hooks_follow_eager_order_on_replay() -> None:
                 torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
     assert stoker_autograd.stats()["cache_hits"] >= 1
     assert log_c[n_c:] == log_e[n_e:]  # the last step ran the compiled graph
+    assert log_c == log_e  # the first (uncompiled) run too

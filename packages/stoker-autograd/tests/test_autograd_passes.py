@@ -110,6 +110,26 @@ def test_unpack_hook_without_users_not_moved() -> None:
     assert order(check_pure(passes.delay_unpack_hooks, g)) == order(g)
 
 
+def test_accumulate_grad_carries_the_check_of_its_gradient_along() -> None:
+    """An inlined AOT backward yields all grads in one block, each checked by its own
+    ``validate_outputs``: the check and the item move up with the accumulate."""
+    check = ops.BoundBackward("validate_outputs", lambda grads, metas: grads, False, True)
+    b = B()
+    x, w1, w2 = (b.item(b.inputs, i, n) for i, n in enumerate(("x", "w1", "w2")))
+    g1 = b.op(aten.mul.Tensor, x, 2.0, name="g1")
+    g2 = b.op(aten.sin.default, x, name="g2")
+    c1 = b.op(check, [g1], [None], name="check1")
+    c2 = b.op(check, [g2], [None], name="check2")
+    i1 = b.op(operator.getitem, c1, 0, name="item1")
+    i2 = b.op(operator.getitem, c2, 0, name="item2")
+    b.acc(w1, i1, "acc1")
+    b.acc(w2, i2, "acc2")
+    out = check_pure(passes.reorder_accumulate_grad, b.done())
+    names = order(out)
+    assert names[names.index("g1") + 1 : names.index("g1") + 4] == ["check1", "item1", "acc1"]
+    assert names.index("acc1") < names.index("g2")
+
+
 # ------------------------------------------------------------ tensor pre-hooks
 def test_tensor_pre_hook_right_after_its_gradient() -> None:
     b = B()

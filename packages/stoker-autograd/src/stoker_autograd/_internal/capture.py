@@ -201,6 +201,17 @@ class CaptureInstance:
         self, fn_name: str, outputs: Sequence[Any], args: Any, output_metadata: Sequence[Any]
     ) -> Sequence[Any]:
         op = ops.REGISTRY.get(fn_name)
+        metas = args[0] if len(args) == 1 else None
+        if isinstance(metas, list | tuple) and len(metas) == len(outputs) > 1:
+            # One check per gradient (it checks each on its own): then a gradient's
+            # accumulate-grad and hooks can move up to it (passes), also out of an
+            # inlined AOT backward, where one node yields every gradient.
+            for k, out in enumerate(outputs):
+                pk = pytree.tree_map(self.to_proxy, ([out], [metas[k]]))
+                pout_k: Any = self.tracer.create_proxy("call_function", op, pk, {})
+                if out is not None:
+                    self._bind([out], [pout_k[0]])
+            return outputs
         pargs = pytree.tree_map(self.to_proxy, (outputs, *args))
         pout: Any = self.tracer.create_proxy("call_function", op, pargs, {})
         self._bind(outputs, [pout[i] for i in range(len(outputs))])

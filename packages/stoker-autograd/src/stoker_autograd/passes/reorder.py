@@ -38,19 +38,38 @@ def reorder_accumulate_grad(graph: fx.Graph) -> fx.Graph:
     g, _ = copy_graph(graph)
     for node in [n for n in g.nodes if is_accumulate_grad(n)]:
         grad = node.args[2]
-        item = None
-        if isinstance(grad, fx.Node) and is_getitem(grad) and len(grad.users) == 1:
-            item = grad
-        deps = [a for a in node.all_input_nodes if a is not item]
-        if item is not None:
-            deps += item.all_input_nodes
+        block: list[fx.Node] = [*_grad_chain(grad), node]
+        deps = [a for b in block for a in b.all_input_nodes if a not in block]
         last = max(deps)
         if is_input_like(last):
             continue
-        block = [item, node] if item is not None else [node]
-        if last.next is not block[0] or (item is not None and item.next is not node):
+        if last.next is not block[0] or any(a.next is not b for a, b in itertools.pairwise(block)):
             move_after(last, *block)
     return g
+
+
+def _grad_chain(grad: object) -> list[fx.Node]:
+    """Nodes that move along with the one consumer of ``grad``: its item node when it
+    is an item of a multi-output node, and before it the engine's check of that one
+    gradient (see `_is_single_check`)."""
+    if not (isinstance(grad, fx.Node) and is_getitem(grad) and len(grad.users) == 1):
+        return []
+    src = grad.args[0]
+    if isinstance(src, fx.Node) and _is_single_check(src):
+        return [src, grad]
+    return [grad]
+
+
+def _is_single_check(n: fx.Node) -> bool:
+    """The engine's ``validate_outputs`` of one gradient, used only by its item."""
+    name = getattr(n.target, "__name__", "")
+    return (
+        n.op == "call_function"
+        and name == "validate_outputs"
+        and len(n.users) == 1
+        and isinstance(n.args[0], list)
+        and len(n.args[0]) == 1
+    )
 
 
 def delay_unpack_hooks(graph: fx.Graph) -> fx.Graph:
@@ -73,9 +92,17 @@ def reorder_tensor_pre_hooks(graph: fx.Graph) -> fx.Graph:
         grad = node.args[1]
         if not isinstance(grad, fx.Node) or is_input_like(grad):
             continue
-        block = [*_hook_getitem(node), node]
-        if grad.next is not block[0]:
-            move_after(grad, *block)
+        chain = _grad_chain(grad)
+        block = [*chain, *_hook_getitem(node), node]
+        anchor = (
+            max(a for b in chain for a in b.all_input_nodes if a not in chain) if chain else grad
+        )
+        if is_input_like(anchor):
+            anchor, block = grad, block[len(chain) :]
+        if anchor.next is not block[0] or any(
+            a.next is not b for a, b in itertools.pairwise(block)
+        ):
+            move_after(anchor, *block)
     return g
 
 
