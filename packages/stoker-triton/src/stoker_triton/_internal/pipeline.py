@@ -9,7 +9,9 @@ load       kernels and wrapper from the disk cache -> a callable (runtime.py)
 
 from __future__ import annotations
 
+import copy
 import logging
+import operator
 import os
 import sys
 from collections.abc import Sequence
@@ -205,16 +207,79 @@ def decomposition_table() -> dict[Any, Any]:
 def decompose(
     gm: torch.fx.GraphModule, fake_inputs: Sequence[Any], fake_mode: Any
 ) -> torch.fx.GraphModule:
-    """Retrace through the decomposition table when a composite op or a node
-    without `meta["val"]` is present (a no-op for most graphs)."""
+    """Decompose the table's composite ops one node at a time (each
+    decomposition traced alone and inlined: much cheaper than retracing the
+    graph); a graph with nodes lacking `meta["val"]` is retraced whole."""
     table = decomposition_table()
-    needs = False
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and (n.target in table or "val" not in n.meta):
-            needs = True
-            break
-    if not needs:
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    if any("val" not in n.meta for n in calls if n.target is not operator.getitem):
+        return _retrace(gm, fake_inputs, fake_mode, table)
+    if not any(n.target in table for n in calls):
         return gm
+    new = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # leave the caller's graph alone
+    try:
+        for node in [n for n in new.graph.nodes if n.op == "call_function" and n.target in table]:
+            _inline_decomposition(new, node, table, fake_mode)
+    except Exception as e:  # an unusual signature: retrace the whole graph instead
+        log.debug("per-node decomposition failed (%s); retracing the graph", e)
+        return _retrace(gm, fake_inputs, fake_mode, table)
+    new.graph.eliminate_dead_code()
+    new.recompile()
+    return new
+
+
+def _inline_decomposition(
+    gm: torch.fx.GraphModule, node: torch.fx.Node, table: dict[Any, Any], fake_mode: Any
+) -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils import _pytree as pytree
+
+    vals, spec = pytree.tree_flatten(
+        torch.fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta["val"])
+    )
+    srcs, _ = pytree.tree_flatten(torch.fx.node.map_arg((node.args, node.kwargs), lambda a: a))
+    dyn = [i for i, v in enumerate(vals) if isinstance(v, torch.Tensor | torch.SymInt)]
+    decomp = table[node.target]
+
+    def run(*dyn_vals: Any) -> Any:
+        full = list(vals)
+        for i, v in zip(dyn, dyn_vals):
+            full[i] = v
+        a, kw = pytree.tree_unflatten(full, spec)
+        out = decomp(*a, **kw)
+        return tuple(out) if isinstance(out, tuple | list) else out  # plain, not a namedtuple
+
+    with fake_mode:
+        sub = make_fx(run, decomposition_table=table)(*[vals[i] for i in dyn])
+    env: dict[torch.fx.Node, Any] = {}
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    for ph, i in zip(placeholders, dyn):
+        env[ph] = srcs[i]
+    result: Any = None
+    with gm.graph.inserting_before(node):
+        for sn in sub.graph.nodes:
+            if sn.op == "placeholder":
+                continue
+            if sn.op == "output":
+                result = torch.fx.node.map_arg(sn.args[0], lambda a: env[a])
+                continue
+            if sn.op == "get_attr":
+                raise RuntimeError("the decomposition created a constant tensor")
+            env[sn] = gm.graph.node_copy(sn, lambda a: env[a])
+    if isinstance(result, torch.fx.Node):
+        node.replace_all_uses_with(result)
+    else:
+        for user in list(node.users):
+            if user.target is not operator.getitem:
+                raise RuntimeError(f"{node} has a user other than getitem")
+            user.replace_all_uses_with(result[user.args[1]])
+            gm.graph.erase_node(user)
+    gm.graph.erase_node(node)
+
+
+def _retrace(
+    gm: torch.fx.GraphModule, fake_inputs: Sequence[Any], fake_mode: Any, table: dict[Any, Any]
+) -> torch.fx.GraphModule:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     with fake_mode:
