@@ -207,3 +207,22 @@ def test_cross_entropy_forward_backward():
         return (loss, *torch.autograd.grad(loss, [x]))
 
     check(f, x, t, rtol=1e-4, atol=1e-5)
+
+
+def test_reductions_of_one_element_and_of_0_dim_tensors():
+    x = torch.randn(3, 1, 4)
+    s = torch.randn(())
+    check(
+        lambda x, s: (
+            x.sum(1),
+            x.amax(1, keepdim=True),
+            x.argmax(1),
+            x.var(1, correction=0),
+            s.sum(0),
+            s.argmax(),
+            s.mean(-1),
+            (x > 0).any(1),
+        ),
+        x,
+        s,
+    )

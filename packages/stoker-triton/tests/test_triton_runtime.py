@@ -119,3 +119,11 @@ def test_block_choice_under_the_interpreter_is_one_config():
     lau2 = Launcher(None, "sha", is_reduction=False, persistent=True, has_atomics=False)
     lau2.interpret = False
     assert len(lau2.candidates(1 << 20, 1)) > 1  # on a GPU: configs to tune over
+
+
+def test_complex_ops_run_through_aten():
+    x = torch.randn(4, 3)
+    fn = check(
+        lambda x: (torch.view_as_real(torch.view_as_complex(x[:, :2].contiguous()) * 2) + 1,), x
+    )
+    assert fn.report.fallback_ops, str(fn.report)

@@ -96,3 +96,15 @@ def test_extern_matmul_takes_strided_view_without_copy():
 def test_outputs_that_alias_inputs():
     x = torch.randn(4, 4)
     check(lambda x: (x, x.t(), x[1], x + 1), x)
+
+
+def test_clone_is_a_copy_and_contiguous_for_externs():
+    x = torch.randn(4, 6)
+    gm_fn = check(lambda x: (x.clone(), torch.ops.aten.cumsum(x.t().contiguous(), 0)), x)
+    out = gm_fn(x)
+    assert out[0].data_ptr() != x.data_ptr()  # a clone never aliases its input
+
+
+def test_empty_and_zero_size_tensors():
+    x = torch.randn(0, 5)
+    check(lambda x: (x + 1, x.sum(0), torch.zeros(2, 0) * 2, torch.eye(0)), x)

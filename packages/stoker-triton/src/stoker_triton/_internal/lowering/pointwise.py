@@ -345,7 +345,11 @@ def to_copy(ctx: LoweringContext, node: Any, x: Any, *args: Any, **kwargs: Any) 
     if val.device != x.device:
         raise LoweringError("device change")
     if val.dtype == x.dtype:
-        return x  # functional graph: an alias or copy reads the same values
+        if node.target in (aten.alias.default, aten.detach.default):
+            return x  # an alias: the same tensor, layout included
+        # a copy: same values, but its layout is its own (an extern that needs
+        # the contiguous copy must not get the strided original)
+        return TensorValue(x.size, x.dtype, ctx.device, x.load)
 
     def loader(idx: tuple[Expr, ...]) -> Value:
         return cast(x.load(idx), val.dtype)
