@@ -127,3 +127,21 @@ def test_complex_ops_run_through_aten():
         lambda x: (torch.view_as_real(torch.view_as_complex(x[:, :2].contiguous()) * 2) + 1,), x
     )
     assert fn.report.fallback_ops, str(fn.report)
+
+
+def test_stage_checks_catch_a_broken_program():
+    import pytest
+
+    from stoker_triton._internal.ir import Load, PointwiseNode
+    from stoker_triton._internal.lowering import lower_graph
+    from stoker_triton._internal.verify import verify_program
+
+    x = torch.randn(3, 4)
+    gm = trace(lambda x: x.exp() + 1, x)
+    program, _ = lower_graph(gm, [x], None, x.device)
+    verify_program(program)  # a good program passes
+    node = program.nodes[0]
+    assert isinstance(node, PointwiseNode)
+    program.nodes[0] = PointwiseNode(node.name, node.size, Load("nowhere", 0, torch.float32))
+    with pytest.raises(AssertionError, match="unknown buffer nowhere"):
+        verify_program(program)

@@ -26,6 +26,7 @@ from .lowering import lower_graph
 from .report import CompileReport, KernelInfo
 from .runtime import Launcher, load_module
 from .scheduler import PERSISTENT_RNUMEL_MAX, Kernel, schedule
+from .verify import verify_program, verify_schedule
 
 log = logging.getLogger("stoker.kernels")
 
@@ -75,9 +76,13 @@ def compile_graph_impl(
     # 1. lowering: each aten op -> loop-level IR by the rule table
     with report.stage("lower"):
         program, ctx = lower_graph(gm, fake_inputs, shape_env, device, persistent_max)
+        if debug:
+            verify_program(program)
     # 2. scheduling and fusion: IR nodes -> kernels; buffer lifetimes
     with report.stage("schedule"):
         sched = schedule(program, ctx)
+        if debug:
+            verify_schedule(program, sched)
     # 3. codegen: one Triton kernel source per fused group, then the wrapper
     with report.stage("codegen"):
         kernels = {
