@@ -35,7 +35,7 @@ def _check_symbols(node: object, p: Program) -> None:
         for e in exprs:
             for s in sympy.sympify(e).free_symbols:
                 name = str(s)
-                ok = s in allowed or s in bound or name[0] in "xr" and name[1:].isdigit()
+                ok = s in allowed or s in bound or (name[0] in "xr" and name[1:].isdigit())
                 assert ok, f"{node}: unbound symbol {s} in {v}"
     _ = loads_of
 
