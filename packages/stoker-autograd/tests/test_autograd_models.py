@@ -489,3 +489,40 @@ def test_stoker_capture_model_hooks_follow_eager_order() -> None:
     assert stoker_autograd.stats()["cache_hits"] >= 1
     assert log_c[n_c:] == log_e[n_e:]  # the last step ran the compiled graph
     assert log_c == log_e  # the first (uncompiled) run too
+
+
+def test_saved_slices_with_varying_batch() -> None:
+    """Saved tensors that are slices (strides not implied by sizes) stay correct and
+    compile when the batch size changes."""
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(6, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k = self.lin(x).split(4, dim=-1)
+            return q * k.tanh()
+
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        m(torch.randn(3 + i, 6)).sum().backward()
+
+    compare(M, step, steps=4)
+
+
+def test_parameter_with_transposed_layout_gets_grad_of_the_same_layout() -> None:
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(6, 4).t())  # strides (1, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.w.t()
+
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        m(torch.randn(3, 6)).sum().backward()
+        log.append(f"stride {m.w.grad.stride()}")
+
+    compare(M, step, steps=3)

@@ -183,7 +183,7 @@ def accumulate_grad(
         )
         if steal:
             new = grad.detach()
-        elif variable.is_contiguous() or not variable.is_non_overlapping_and_dense():  # type: ignore[attr-defined]
+        elif variable.is_contiguous() or not is_dense(variable):
             new = grad.detach().clone(memory_format=torch.contiguous_format)
         else:  # keep the parameter's layout, as eager does
             new = torch.empty_strided(
@@ -195,6 +195,20 @@ def accumulate_grad(
     else:
         current.add_(grad)
     return variable.grad
+
+
+def is_dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: some permutation of ``t`` is contiguous."""
+    if t.numel() == 0:
+        return True
+    expected = 1
+    for d in sorted(range(t.dim()), key=lambda d: (t.stride(d), t.shape[d])):
+        if t.shape[d] == 1:
+            continue
+        if t.stride(d) != expected:
+            return False
+        expected *= t.shape[d]
+    return True
 
 
 def call_cpp_tensor_pre_hooks(hook_id: int, grad: torch.Tensor) -> torch.Tensor:

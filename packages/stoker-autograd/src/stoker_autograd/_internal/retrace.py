@@ -363,8 +363,12 @@ def retrace(
             dims[v] = Dim(f"v{v}")
         return dims[v]
 
+    # A tensor whose strides do not follow from its sizes (a slice, an expand) keeps
+    # static sizes: its stride symbols could not be checked against any input.
     in_specs: list[Any] = [
         [spec((0, i, d), int(n)) for d, n in enumerate(t.shape)]
+        if isinstance(t, torch.Tensor) and ops.is_dense(t)
+        else False
         if isinstance(t, torch.Tensor)
         else None
         for i, t in enumerate(inputs)

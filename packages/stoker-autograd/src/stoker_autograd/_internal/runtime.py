@@ -175,9 +175,14 @@ class CompiledBackward:
                 fn: Callable[..., Any] = rt.gm
             else:  # the compiler sees only pure aten segments
                 fn = SegmentedBackward(rt.gm, self.session.compiler)
-            guards = rt.guards()  # after the compiler: it may have added guards
         except Exception as e:
             self.failed = f"the compiler failed: {e}"
+            self._warn(self.failed)
+            return
+        try:
+            guards = rt.guards()  # after the compiler: it may have added guards
+        except Exception as e:
+            self.failed = f"its guards could not be built: {e}"
             self._warn(self.failed)
             return
         self.variants.append(Variant(guards, fn, rt.arg_spec, rt.gm, values))
