@@ -71,6 +71,8 @@ PARTITIONERS: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("partitioner", list(PARTITIONERS))
 @pytest.mark.parametrize("dynamic", ["static", "dynamic"])
 def test_aot_module_matches_eager(model: str, partitioner: str, dynamic: str) -> None:
+    if partitioner == "min_cut_half" and dynamic == "dynamic" and model != "bn_cnn":
+        pytest.skip("suite time: the budget path with dynamic shapes is covered by bn_cnn")
     torch.manual_seed(0)
     ref, make = MODELS[model]()
     mod = copy.deepcopy(ref)
