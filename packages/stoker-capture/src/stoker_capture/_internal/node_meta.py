@@ -22,13 +22,19 @@ from torch.overrides import TorchFunctionMode
 
 from stoker_shapes._internal.provenance import is_internal_file
 
+_INTERNAL: dict[str, bool] = {}  # filename -> is it torch's/stoker's/the stdlib's (memo)
+
 
 def user_stack_trace(limit: int = 6) -> str:
     """The innermost user frames (outside torch, stoker and the standard library)."""
     frames: list[types.FrameType] = []
     f: types.FrameType | None = sys._getframe(2)
     while f is not None and len(frames) < limit:
-        if not is_internal_file(f.f_code.co_filename):
+        name = f.f_code.co_filename
+        internal = _INTERNAL.get(name)
+        if internal is None:
+            internal = _INTERNAL[name] = is_internal_file(name)
+        if not internal:
             frames.append(f)
         f = f.f_back
     summary = traceback.StackSummary.extract(
