@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import sympy
 import torch
 import torch.fx
 
@@ -24,7 +25,7 @@ from .codegen_kernel import PRELUDE, KernelSource, generate_kernel
 from .codegen_wrapper import generate_wrapper
 from .lowering import lower_graph
 from .report import CompileReport, KernelInfo
-from .runtime import Launcher, load_module
+from .runtime import Launcher, load_module, precompile
 from .scheduler import PERSISTENT_RNUMEL_MAX, Kernel, schedule
 from .verify import verify_program, verify_schedule
 
@@ -97,6 +98,9 @@ def compile_graph_impl(
         launchers, paths = load_kernels(kernels)
         mod, wpath = load_module("wrappers", wrapper_src)
         call = mod.make_call(launchers, consts)
+    # 5. on a GPU, compile every kernel (and its autotuning configs) in parallel now
+    with report.stage("precompile"):
+        precompile(_precompile_jobs(kernels, launchers, program), device)
 
     _fill_report(report, program, sched, kernels, paths, str(wpath), ctx, shape_env, n_guards)
     if debug:
@@ -343,6 +347,27 @@ def load_kernels(kernels: dict[str, KernelSource]) -> tuple[dict[str, Launcher],
         launchers[name] = lau
         paths[name] = str(path)
     return launchers, paths
+
+
+def _precompile_jobs(
+    kernels: dict[str, KernelSource], launchers: dict[str, Launcher], program: Any
+) -> list[tuple[Launcher, list[Any], int, int]]:
+    """Example launch arguments for kernels whose sizes are all static."""
+    if program.device.type != "cuda":
+        return []
+    jobs: list[tuple[Launcher, list[Any], int, int]] = []
+    for name, ks in kernels.items():
+        if ks.size_args or not (ks.xnumel.is_number and sympy.sympify(ks.rnumel).is_number):
+            continue  # symbolic sizes: compiled at the first launch
+        args: list[Any] = [
+            torch.empty(1, dtype=program.buffers[b].dtype, device=program.device)
+            for b in ks.pointer_args
+        ]
+        args += [int(ks.xnumel), int(ks.rnumel)]
+        if ks.uses_seed:
+            args.append(12345)
+        jobs.append((launchers[name], args, int(ks.xnumel), int(ks.rnumel)))
+    return jobs
 
 
 def _fill_report(

@@ -201,3 +201,30 @@ def ensure_layout(t: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...
 def new_seed() -> int:
     """A seed per call from torch's CPU generator: reproducible under torch.manual_seed."""
     return int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64).item())
+
+
+def precompile(jobs: list[tuple[Launcher, list[Any], int, int]], device: torch.device) -> int:
+    """Compile kernels ahead of the first call, in parallel threads (GPU only).
+
+    `jobs`: (launcher, example arguments, xnumel, rnumel) with the static sizes
+    the wrapper will pass, so Triton's specialization key matches the real
+    launch and the first call finds every binary (each block-size candidate
+    the autotuner will try). Returns how many compiles were started; a
+    failure only costs the head start (the launch compiles as usual)."""
+    if device.type != "cuda" or interpreting() or len(jobs) < 2:
+        return 0
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(job: tuple[Launcher, list[Any], int, int, tuple[int, int, int]]) -> None:
+        lau, args, x, _r, (xb, rb, w) = job
+        try:
+            lau.fn.warmup(*args, grid=(cdiv(x, xb),), XBLOCK=xb, RBLOCK=rb, num_warps=w)
+        except Exception as e:  # a config that does not compile; the autotuner skips it too
+            import logging
+
+            logging.getLogger("stoker.kernels").debug("precompile failed: %s", e)
+
+    work = [(lau, args, x, r, cfg) for lau, args, x, r in jobs for cfg in lau.candidates(x, r)]
+    with ThreadPoolExecutor(max_workers=min(16, len(work))) as pool:
+        list(pool.map(one, work))
+    return len(work)
