@@ -26,7 +26,6 @@ from .functional import (
     storage_key,
     to_fun,
 )
-from .node_meta import recording_node_meta
 
 _SYM = (torch.SymInt, torch.SymFloat)
 
@@ -208,9 +207,10 @@ def forward_meta(
     inputs: list[InputInfo],
     ctx: ShapeContext,
     joint: bool,
-    module: torch.nn.Module | None,
 ) -> ForwardMeta:
-    with ctx.tracing(), captured_tensor_error(), recording_node_meta(module), functionalized():
+    """Run ``flat_fn`` once, functionalized, on the fake primals; record what it did."""
+    # no node meta recording here: this run builds no graph
+    with ctx.tracing(), captured_tensor_error(), functionalized():
         fp = [to_fun(p) for p in fake_primals]
         with torch.set_grad_enabled(joint):
             outs = flat_fn(*fp)

@@ -201,7 +201,7 @@ def create_aot_state(
         # The CPU LSTM's oneDNN path saves a workspace its fake kernel cannot describe;
         # trace the portable decomposition instead, for as long as the pipeline runs.
         stack.enter_context(_mkldnn_disabled())
-    meta = forward_meta(flat_fn, fake_primals, inputs, ctx, joint, module)
+    meta = forward_meta(flat_fn, fake_primals, inputs, ctx, joint)
     meta.out_spec = out_specs[-1]
     return AOTState(
         flat_fn,
