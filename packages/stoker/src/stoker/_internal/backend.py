@@ -57,7 +57,10 @@ class StokerBackend:
         self.options = options or CompileOptions.from_kwargs()
         self.report = report if report is not None else Report(path=self.options.report)
         self.report.options = _public_options(self.options)
-        self._seen_failures: dict[Any, int] = {}
+        # Dynamo's guard-failure table is process-wide: count only what happens from now on.
+        self._seen_failures: dict[Any, int] = (
+            _failure_counts() if "torch._dynamo" in sys.modules else {}
+        )
         self._input_desc: dict[str, str] = {}
         self.exports_guards = False  # True when Dynamo calls on_guards (stoker.compile sets it)
         self.name_hint: str | None = None  # what stoker.compile was given, for graph labels
@@ -79,7 +82,8 @@ class StokerBackend:
         opts = self.options
         executor = resolve_backend(opts.backend, _devices(gm, example_inputs))
         rec = self.report.new_compile(_frame_name(gm, self.name_hint), executor)
-        self._note_recompiles_from_dynamo()
+        if not self.exports_guards:  # stoker.compile gets reasons from guard_fail_fn instead
+            self._note_recompiles_from_dynamo()
         self._input_desc = _describe_inputs(gm)
         self._log_graph(rec, "dynamo", gm)
         if opts.compiled_autograd:
@@ -167,7 +171,6 @@ class StokerBackend:
         frame = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})" if code else "?"
         reason = str(getattr(failure, "reason", failure))
         self.report.recompiles.append(RecompileRecord(frame, reason))
-        self._seen_failures = _failure_counts()  # already recorded: don't count it twice
         logs.logger("recompiles").info("recompiling %s: %s", frame, reason)
 
     # ------------------------------------------------------------------ internals

@@ -165,7 +165,7 @@ def format_result(res: DemoResult) -> str:
         f"  compile time (first compiled step):  {first_c:8.2f} s",
         f"  steady step time, eager:             {steady_e * 1e3:8.2f} ms",
         f"  steady step time, stoker:            {steady_c * 1e3:8.2f} ms"
-        f"   ({steady_e / steady_c:.2f}x eager)"
+        f"   ({steady_e / steady_c:.2f}x the speed of eager)"
         if steady_c > 0
         else "",
         f"  loss eager  first {res.losses_eager[0]:.4f}  last {res.losses_eager[-1]:.4f}"
@@ -175,8 +175,8 @@ def format_result(res: DemoResult) -> str:
         if res.losses_compiled
         else "",
         f"  loss curves agree to max |diff| = {res.max_loss_diff:.2e} over {res.steps} steps",
-        f"  compiled: {s.get('graphs', 0)} graphs, {s.get('guards', 0)} guards, {s.get('kernels', 0)} Triton kernels, "
-        f"{s.get('recompiles', 0)} recompiles",
+        f"  compiled: graphs {s.get('graphs', 0)}, guards {s.get('guards', 0)}, "
+        f"Triton kernels {s.get('kernels', 0)}, recompiles {s.get('recompiles', 0)}",
         f"  report: {res.report_path}" if res.report_path else "  report: not written",
     ]
     return "\n".join(x for x in lines if x)
