@@ -226,3 +226,16 @@ def test_reductions_of_one_element_and_of_0_dim_tensors():
         x,
         s,
     )
+
+
+def test_max_min_propagate_nan_like_eager():
+    x = torch.randn(4, 40)
+    x[1, 5] = float("nan")
+    x[3, 0] = float("nan")
+    check(lambda x: (x.amax(1), x.amin(1), x.amax(0), torch.softmax(x, -1)), x, fresh_inputs=False)
+    check(
+        lambda x: (x.amax(1), x.amin(0)),
+        x,
+        fresh_inputs=False,
+        options={"persistent_rnumel_max": 16},
+    )

@@ -67,6 +67,16 @@ def _prod_combine(a, b):
 
 
 @triton.jit
+def _max_nan(a, b):
+    return tl.where((a > b) | (a != a), a, b)
+
+
+@triton.jit
+def _min_nan(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+
+
+@triton.jit
 def _welford_combine(mean_1, m2_1, w_1, mean_2, m2_2, w_2):
     delta = mean_2 - mean_1
     w = w_1 + w_2
@@ -612,6 +622,11 @@ class KernelCodegen:
             )
         raise ValueError(t)
 
+    def _maxmin_reduce(self, n: ReductionNode, t: str, x: str) -> str:
+        if n.body.dtype.is_floating_point:  # NaN propagates, as in eager
+            return f"tl.reduce({x}, 1, _{t}_nan)"
+        return f"tl.{t}({x}, 1)"
+
     def persistent_reduction(self, n: ReductionNode, p: Placement) -> None:
         t = n.reduce_type
         v = self.value(n.body, p, "xrmask", True)
@@ -621,10 +636,8 @@ class KernelCodegen:
             res = self.assign(f"tl.sum({masked}, 1)[:, None]")
         elif t == "prod":
             res = self.assign(f"tl.reduce({masked}, 1, _prod_combine)[:, None]")
-        elif t == "max":
-            res = self.assign(f"tl.max({masked}, 1)[:, None]")
-        elif t == "min":
-            res = self.assign(f"tl.min({masked}, 1)[:, None]")
+        elif t in ("max", "min"):
+            res = self.assign(f"{self._maxmin_reduce(n, t, masked)}[:, None]")
         elif t == "any":
             res = self.assign(f"(tl.max(({masked} != 0).to(tl.int32), 1) != 0)[:, None]")
         elif t == "all":
@@ -695,10 +708,13 @@ class KernelCodegen:
             self.line(f"{acc} = {acc} + {masked}")
         elif t == "prod":
             self.line(f"{acc} = {acc} * {masked}")
-        elif t == "max":
-            self.line(f"{acc} = tl.maximum({acc}, {masked})")
-        elif t == "min":
-            self.line(f"{acc} = tl.minimum({acc}, {masked})")
+        elif t in ("max", "min"):
+            if n.body.dtype.is_floating_point:  # NaN wins, as in eager
+                cmp = ">" if t == "max" else "<"
+                self.line(f"m = {masked}")
+                self.line(f"{acc} = tl.where((m {cmp} {acc}) | (m != m), m, {acc})")
+            else:
+                self.line(f"{acc} = tl.{t}imum({acc}, {masked})")
         elif t == "any":
             self.line(f"{acc} = tl.maximum({acc}, tl.where(xrmask, ({v} != 0).to(tl.int32), 0))")
         elif t == "all":
@@ -732,7 +748,7 @@ class KernelCodegen:
         elif t == "prod":
             res = f"tl.reduce({acc}, 1, _prod_combine)[:, None]"
         elif t in ("max", "min"):
-            res = f"tl.{t}({acc}, 1)[:, None]"
+            res = f"{self._maxmin_reduce(n, t, acc)}[:, None]"
         elif t == "any":
             res = f"(tl.max({acc}, 1) != 0)[:, None]"
         elif t == "all":
