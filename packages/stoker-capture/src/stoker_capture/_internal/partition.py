@@ -72,8 +72,11 @@ def hint_int(x: int | torch.SymInt) -> int:
     opt = getattr(symbolic_shapes, "optimization_hint", None)
     if opt is not None:
         return int(opt(x, fallback=_UNBACKED_FALLBACK))
-    old = getattr(symbolic_shapes, "hint_int")  # noqa: B009 - absent on 2.13
-    return int(old(x, fallback=_UNBACKED_FALLBACK))
+    old = getattr(symbolic_shapes, "hint_int", None)
+    if old is not None:
+        return int(old(x, fallback=_UNBACKED_FALLBACK))
+    hint = getattr(x.node, "hint", None)  # older SymNode attribute
+    return int(hint) if hint is not None else _UNBACKED_FALLBACK
 
 
 def _tensor_bytes(t: torch.Tensor) -> int:
