@@ -60,6 +60,7 @@ def _steady(fn: Callable[..., Any], x: torch.Tensor, n: int = 50) -> float:
 
 
 def main() -> None:
+    torch.set_num_threads(1)  # intra-op threads spin against other processes on a shared box
     print(
         f"{'model':<10} {'stoker 1st':>11} {'aot_eager 1st':>14} {'stoker/step':>12} "
         f"{'eager/step':>11} {'dynamo+stoker 1st':>18}"
@@ -83,6 +84,7 @@ def main() -> None:
 
 def overhead() -> None:
     """Per-call overhead on a tiny model (guards + wrappers + autograd.Function), forward only."""
+    torch.set_num_threads(1)
     m, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
     compiled = aot_module(m)
     for label, ctx in (("grad", torch.enable_grad), ("no_grad", torch.no_grad)):
