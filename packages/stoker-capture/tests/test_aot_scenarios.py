@@ -258,3 +258,25 @@ def test_dropout_draws_fresh_masks_per_call() -> None:
     assert set(a.detach().unique().tolist()) <= {0.0, 2.0}
     (g,) = torch.autograd.grad(a.sum(), x)
     torch.testing.assert_close(g, a.detach())  # the backward uses the same mask
+
+
+def test_parameter_mutated_under_no_grad_in_forward() -> None:
+    class Clamped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            with torch.no_grad():
+                self.lin.weight.clamp_(-0.1, 0.1)  # weight clipping inside forward
+            return self.lin(x)
+
+    torch.manual_seed(0)
+    m, ref = Clamped(), Clamped()
+    ref.load_state_dict(m.state_dict())
+    compiled = aot_module(m)
+    x = torch.randn(2, 3)
+    out_c, out_e = compiled(x), ref(x)
+    assert_same(out_c, out_e)
+    assert_same(m.state_dict(), ref.state_dict())
+    assert_same(grads_of(out_c, list(m.parameters())), grads_of(out_e, list(ref.parameters())))

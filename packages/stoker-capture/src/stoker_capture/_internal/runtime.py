@@ -133,7 +133,11 @@ class Runtime:
                 with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(real):  # type: ignore[attr-defined]
                     real.as_strided_(size, stride, off)
             if inp.mutates_data:
-                if real.requires_grad or new.requires_grad:
+                if real.is_leaf and real.requires_grad:
+                    # eager allows this only under no_grad (e.g. weight.clamp_ in forward)
+                    with torch.no_grad():
+                        real.copy_(new)
+                elif real.requires_grad or new.requires_grad:
                     real.copy_(new)
                 else:
                     with torch.no_grad():
