@@ -24,7 +24,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 from .functional import from_fun, functionalized, to_fun
 from .lint import lint_graph
 from .node_meta import backward_meta, module_path, recording_node_meta
-from .state import AOTState, ForwardMeta
+from .state import AOTState
 
 
 @functools.cache
@@ -127,7 +127,9 @@ def aot_stage1_graph_capture(state: AOTState) -> CapturedGraph:
             assert mode is not None
             fw_names.update(n.name for n in mode.tracer.graph.nodes)
             diff = [
-                (v, t) for v, t, m in zip(vals, ft_iter(ft, mask), mask) if m and v.requires_grad
+                (v, t)
+                for v, t, m in zip(vals, _spread_tangents(ft, mask), mask)
+                if m and v.requires_grad
             ]
             want = [
                 i
@@ -174,7 +176,7 @@ def aot_stage1_graph_capture(state: AOTState) -> CapturedGraph:
     return graph
 
 
-def ft_iter(ft: list[Any], mask: list[bool]) -> list[Any]:
+def _spread_tangents(ft: list[Any], mask: list[bool]) -> list[Any]:
     """Tangents spread over the forward outputs (None where an output has none)."""
     it = iter(ft)
     return [next(it) if m else None for m in mask]
@@ -218,10 +220,6 @@ def _tag_phases(gm: fx.GraphModule, fw_names: set[str] | None) -> None:
         path = module_path(n)
         if path is not None:
             n.meta["stoker_module_path"] = path
-
-
-def forward_meta_of(state: AOTState) -> ForwardMeta:
-    return state.meta
 
 
 @contextlib.contextmanager
