@@ -12,6 +12,7 @@ from stoker_capture import (
     AOTBackwardInfo,
     AOTConfig,
     GraphLintError,
+    StokerCaptureError,
     UnsupportedError,
     aot_function,
     aot_module,
@@ -126,10 +127,17 @@ def test_lazy_backward_matches_and_frozen_env_rejects_new_guards() -> None:
                 int(t.shape[0])  # guard_int: specializes a dynamic size
         return gm
 
-    compiled = aot_function(f, bw_compiler=specializing, lazy_backward=True, dynamic="dynamic")
-    y = compiled(torch.randn(5, 4, requires_grad=True), torch.randn(4, 3, requires_grad=True))
-    with pytest.raises(Exception, match="lazy_backward=False"):
-        y.sum().backward()
+    def guarding(gm, example_inputs):  # a backward compiler that branches on a size
+        for t in example_inputs:
+            if isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape[0] % 2 == 0:
+                pass
+        return gm
+
+    for bad in (specializing, guarding):
+        compiled = aot_function(f, bw_compiler=bad, lazy_backward=True, dynamic="dynamic")
+        y = compiled(torch.randn(5, 4, requires_grad=True), torch.randn(4, 3, requires_grad=True))
+        with pytest.raises(StokerCaptureError, match="lazy_backward=False"):
+            y.sum().backward()
 
 
 def test_debug_checks_lint_every_stage() -> None:

@@ -8,7 +8,6 @@ in the guard set: seed 002), and wrapped in stoker's own autograd.Function.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -141,21 +140,40 @@ class _LazyBackward:
     def _compile(self) -> Callable[..., Any]:
         env = self.state.ctx.shape_env
         n_guards, repl = len(env.guards), dict(env.replacements)
-        ignored = env.counter.get("ignored_backward_guards", 0)
+        ignored = _ignored_guards(env)
         was_frozen = env.frozen
+        # torch 2.13 can raise at the new guard itself; older ones only count it (hasattr)
+        strict = hasattr(env, "_error_on_new_guards")
+        was_strict = getattr(env, "_error_on_new_guards", False)
         env.freeze()
+        if strict:
+            env._error_on_new_guards = True
         try:
-            with contextlib.ExitStack() as es:
-                es.enter_context(self.state.ctx.tracing())
+            with self.state.ctx.tracing():
                 compiled = self.compiler(self.gm, example_inputs(self.gm))
+        except Exception as e:
+            if type(e).__name__ != "_ShapeEnvGuardError":
+                raise
+            raise self._error(f"({e})") from e
         finally:
             env.frozen = was_frozen
-        added = len(env.guards) - n_guards + env.counter.get("ignored_backward_guards", 0) - ignored
+            if strict:
+                env._error_on_new_guards = was_strict
+        added = len(env.guards) - n_guards + _ignored_guards(env) - ignored
         if added or dict(env.replacements) != repl:
-            raise StokerCaptureError(
-                f"{self.state.name}: compiling the backward lazily (lazy_backward=True) needed "
-                f"{added or 'a'} new assumption(s) about input shapes, which can no longer be "
-                "guarded.  Compile the backward at lowering time (lazy_backward=False) so its "
-                "guards join the forward's."
-            )
+            raise self._error(f"({added} new guard(s))")
         return compiled
+
+    def _error(self, detail: str) -> StokerCaptureError:
+        return StokerCaptureError(
+            f"{self.state.name}: compiling the backward lazily (lazy_backward=True) needed a new "
+            f"assumption about input shapes {detail}, which can no longer be guarded.  Compile "
+            "the backward at lowering time (lazy_backward=False) so its guards join the "
+            "forward's."
+        )
+
+
+def _ignored_guards(env: Any) -> int:
+    """Guards a frozen shape env dropped (the counter's name differs across versions)."""
+    c = env.counter
+    return int(c.get("ignored_backward_guard", 0)) + int(c.get("ignored_backward_guards", 0))
