@@ -165,3 +165,29 @@ def test_auto_policy_makes_a_changing_int_dynamic() -> None:
     assert [cache(n) for n in (3, 3, 4, 5)] == [4, 4, 5, 6]
     assert seen[0] == 3 and isinstance(seen[1], torch.SymInt)
     assert cache.stats()["misses"] == 2
+
+
+def test_dynamic_policy_leaves_size_one_dims_static() -> None:
+    ctx = ShapeContext(policy="dynamic")
+    x = ctx.fakeify(torch.randn(1, 5), Source.arg(0))
+    y = ctx.fakeify(torch.randn(3, 1), Source.arg(1), True)
+    assert x.shape[0] == 1 and isinstance(x.shape[1], torch.SymInt)
+    assert isinstance(y.shape[0], torch.SymInt) and y.shape[1] == 1
+    gs = ctx.produce_guards()
+    assert gs.check((torch.randn(1, 9), torch.randn(7, 1)))
+    assert not gs.check((torch.randn(2, 9), torch.randn(7, 1)))
+
+
+def test_dynamic_view_input_binds_its_stride_and_offset() -> None:
+    base = torch.randn(6, 8)
+    view = base[2:, 1:]  # storage offset 17, strides (8, 1)
+    ctx = ShapeContext(policy="dynamic")
+    fv = ctx.fakeify(view, Source.arg(0))
+    with ctx.tracing():
+        fv * 2
+    gs = ctx.produce_guards()
+    other = torch.randn(9, 10)
+    assert gs.check((view,))
+    assert gs.check((other[3:, 2:],))
+    # offsets 0 and 1 are specialized like sizes: a contiguous copy (offset 0) recompiles
+    assert not gs.check((other[3:, 2:].contiguous(),))

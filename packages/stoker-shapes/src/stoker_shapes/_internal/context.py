@@ -247,8 +247,8 @@ class ShapeContext:
                     for i in range(n)
                 ]
             return specs
-        if isinstance(dynamic, bool):
-            return [dynamic] * n
+        if isinstance(dynamic, bool):  # as with the policies, sizes 0 and 1 stay static
+            return [dynamic and t.shape[i] > 1 for i in range(n)]
         if isinstance(dynamic, Mapping):
             bad = [d for d in dynamic if not isinstance(d, int) or not -n <= d < n]
             if bad:

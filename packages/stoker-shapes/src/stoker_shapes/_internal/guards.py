@@ -603,7 +603,14 @@ def build_guard_set(ctx: Any) -> GuardSet:
                 )
             )
     # 4. equalities for sizes/strides that are expressions of bound symbols
+    # a stride or storage offset that is its own symbol (a dynamic view) binds it
+    for text_lhs, code_lhs, r, _ in pending:
+        if isinstance(r, sympy.Symbol) and r not in bound:
+            bound[r] = text_lhs
+            bindings.append((str(r.name), code_lhs))
     for text_lhs, code_lhs, r, origin in pending:
+        if bound.get(r) == text_lhs:
+            continue  # the binding itself
         missing = r.free_symbols - bound.keys()
         if missing:
             raise StokerShapesError(
@@ -613,15 +620,8 @@ def build_guard_set(ctx: Any) -> GuardSet:
         code = f"{code_lhs} == {_print(r)}"
         sym = next(iter(r.free_symbols), None)
         o = origin or (ctx.notes.get(sym) if sym is not None else None)
-        guards.append(
-            Guard(
-                "size",
-                text,
-                code,
-                o,
-                (text_lhs, *(bound[s] for s in sorted(r.free_symbols, key=str))),
-            )
-        )
+        reads = (text_lhs, *(bound[s] for s in sorted(r.free_symbols, key=str)))
+        guards.append(Guard("size", text, code, o, reads))
     # 5. every guard the stages added to the shape env
     seen: set[str] = set()
     for idx, sg in enumerate(list(env.guards)[ctx._first_guard :], start=ctx._first_guard):
