@@ -280,3 +280,16 @@ def test_parameter_mutated_under_no_grad_in_forward() -> None:
     assert_same(out_c, out_e)
     assert_same(m.state_dict(), ref.state_dict())
     assert_same(grads_of(out_c, list(m.parameters())), grads_of(out_e, list(ref.parameters())))
+
+
+@pytest.mark.parametrize("dynamic", ["auto", "dynamic"])
+def test_data_dependent_output_sizes(dynamic: str) -> None:
+    def f(x):
+        return x[x > 0] * 2, torch.nonzero(x > 0), x[x > 0].sum()
+
+    compiled = aot_function(f, dynamic=dynamic)
+    for n in (6, 9):
+        check_fn(f, compiled, lambda n=n: [torch.randn(n, requires_grad=True)])
+    with torch.no_grad():
+        x = torch.randn(7)
+        assert_same(compiled(x), f(x))

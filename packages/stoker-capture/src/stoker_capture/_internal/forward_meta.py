@@ -210,7 +210,9 @@ def forward_meta(
 ) -> ForwardMeta:
     """Run ``flat_fn`` once, functionalized, on the fake primals; record what it did."""
     # no node meta recording here: this run builds no graph
-    with ctx.tracing(), captured_tensor_error(), functionalized():
+    # Data-dependent sizes (nonzero, x[mask]) make unbacked symbols no graph binds here
+    quiet = ctx.shape_env.ignore_fresh_unbacked_symbols()
+    with ctx.tracing(), captured_tensor_error(), quiet, functionalized():
         fp = [to_fun(p) for p in fake_primals]
         with torch.set_grad_enabled(joint):
             outs = flat_fn(*fp)
