@@ -161,3 +161,17 @@ def test_keyword_inputs_and_float_constants(tmp_path) -> None:
         ep(x2, scale=3.0, mask=m2)  # floats are specialized
     prog = _reload(ep, tmp_path).to_torch_export()
     assert_same(prog.module()(x2, scale=2.0, mask=m2), want)
+
+
+def test_transformer_layer_export_with_two_dynamic_dims() -> None:
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
+    b, s = Dim("b", max=16), Dim("s", max=64)
+    ep = export(layer, (torch.randn(2, 5, 16),), dynamic_shapes=[{0: b, 1: s}])
+    prog = ep.to_torch_export()
+    for shape in ((3, 7), (2, 5), (4, 12)):
+        x = torch.randn(*shape, 16)
+        with torch.no_grad():
+            want = layer(x)
+            assert_same(ep(x), want, atol=1e-5, rtol=1e-4)
+            assert_same(prog.module()(x), want, atol=1e-5, rtol=1e-4)
