@@ -163,6 +163,7 @@ def test_keyword_inputs_and_float_constants(tmp_path) -> None:
     assert_same(prog.module()(x2, scale=2.0, mask=m2), want)
 
 
+@pytest.mark.slow  # torch.export of a transformer layer takes several seconds of CPU
 def test_transformer_layer_export_with_two_dynamic_dims() -> None:
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
