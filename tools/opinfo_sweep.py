@@ -12,6 +12,7 @@ each) live in `tools/opinfo_expected.py`.
     python tools/opinfo_sweep.py --limit 50            # the first 50 ops
     python tools/opinfo_sweep.py --triton              # compile with stoker_triton.compile_graph
     python tools/opinfo_sweep.py --partition min_cut   # partition with min_cut_partition
+    python tools/opinfo_sweep.py --bytes               # saved bytes: min_cut vs torch's min-cut
     python tools/opinfo_sweep.py --backend torch       # torch's own aot_function (harness check)
 
 Exit status 1 when an op fails that is not an expected failure.  The
@@ -306,6 +307,88 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {first}"
 
 
+# --------------------------------------------------------------------------- saved bytes
+
+
+def bytes_of_op(op: Any) -> dict[str, Any] | None:
+    """Saved activation bytes of default, min-cut and torch's min-cut on the op's joint graph.
+
+    Uses the op's first sample; None when the op has no autograd, no joint graph,
+    or capture fails (the main sweep reports those).
+    """
+    import contextlib
+    import copy
+
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    import stoker_capture
+    from stoker_capture._internal.partition import node_bytes
+
+    if not op.supports_autograd:
+        return None
+    sample = next(_samples(op, True), None)
+    if sample is None:
+        return None
+    tensors, rebuild = _split_sample(sample)
+
+    def fn(*ts: torch.Tensor) -> Any:
+        inp, args, kwargs = rebuild(list(ts))
+        return op(inp, *args, **kwargs)
+
+    try:
+        cfg = stoker_capture.AOTConfig(mode="joint", dynamic="static")
+        with contextlib.ExitStack() as stack, torch.enable_grad():
+            state = stoker_capture.create_aot_state(fn, _fresh(tensors), None, cfg, stack)
+            graph = stoker_capture.aot_stage1_graph_capture(state)
+    except Exception:  # capture failures are the main sweep's business
+        return None
+    if not graph.joint:
+        return None
+    gm, n = graph.gm, graph.num_fw_outputs
+    row: dict[str, Any] = {"op": op_key(op)}
+    row["default"] = stoker_capture.default_partition(gm, num_fw_outputs=n).saved_bytes
+    row["min_cut"] = stoker_capture.min_cut_partition(gm, num_fw_outputs=n).saved_bytes
+    try:
+        tgm = copy.deepcopy(gm)
+        inputs = [p.meta["val"] for p in tgm.graph.nodes if p.op == "placeholder"]
+        fw, _ = min_cut_rematerialization_partition(tgm, inputs, num_fwd_outputs=n)
+        out = next(p for p in fw.graph.nodes if p.op == "output")
+        saved = {
+            v for v in out.args[0][n:] if isinstance(v, torch.fx.Node) and v.op != "placeholder"
+        }
+        row["torch"] = sum(node_bytes(v) for v in saved)
+    except Exception as e:
+        row["torch_error"] = _short(e)
+    return row
+
+
+def bytes_sweep(ops: Sequence[Any], verbose: bool) -> int:
+    """Compare saved bytes over every op's joint graph; 1 if min-cut ever saves more than torch's."""
+    rows = []
+    for op in ops:
+        row = bytes_of_op(op)
+        if row is None:
+            continue
+        rows.append(row)
+        worse = "torch" in row and row["min_cut"] > row["torch"]
+        if verbose or worse:
+            print(
+                f"{'WORSE' if worse else 'ok':<5} {row['op']:<40} default {row['default']:>8} "
+                f"min_cut {row['min_cut']:>8} torch {row.get('torch', 'n/a'):>8}",
+                flush=True,
+            )
+    cmp = [r for r in rows if "torch" in r]
+    worse = [r for r in cmp if r["min_cut"] > r["torch"]]
+    better = [r for r in cmp if r["min_cut"] < r["torch"]]
+    total = {k: sum(r[k] for r in cmp) for k in ("default", "min_cut", "torch")}
+    print(
+        f"\nsaved bytes over {len(cmp)} joint graphs: min_cut {total['min_cut']}, torch's min-cut "
+        f"{total['torch']}, default {total['default']}; min_cut saves less on {len(better)}, "
+        f"the same on {len(cmp) - len(better) - len(worse)}, more on {len(worse)}"
+    )
+    return 1 if worse else 0
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -369,6 +452,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="stoker's partitioner",
     )
     ap.add_argument("--check", action="store_true", help="lint graphs between stages")
+    ap.add_argument(
+        "--bytes",
+        action="store_true",
+        help="instead: saved bytes of min_cut vs default vs torch's min-cut per joint graph",
+    )
     ap.add_argument("--device", default="cpu", help="device of the samples (default cpu)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per op")
@@ -376,6 +464,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     global DEVICE
     DEVICE = args.device
 
+    if args.bytes:
+        return bytes_sweep(
+            load_ops(args.ops.split(",") if args.ops else None, args.limit), args.verbose
+        )
     if args.triton:
         compile_fn = triton_compile(args.partition, args.check)
     elif args.backend == "torch":

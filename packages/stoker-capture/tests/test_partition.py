@@ -305,3 +305,44 @@ def test_constant_tensor_attribute() -> None:
     for part in (default_partition(gm, num_fw_outputs=n), min_cut_partition(gm, num_fw_outputs=n)):
         H.check_graphs(part, gm)
         H.check_against_eager(part, f, [torch.randn(4, 4, requires_grad=True), torch.randn(4, 4)])
+
+
+def test_cse_merges_pure_duplicates_only() -> None:
+    from stoker_capture._internal.partition import cse
+
+    def f(w, x):  # type: ignore[no-untyped-def]
+        a = (x * w).sin()
+        b = (x * w).sin()
+        noise = torch.rand_like(x) + torch.rand_like(x)  # two draws: never merged
+        return a + b + noise * 0 + (x * w + 1.0) + (x * w + 1)
+
+    prims = [torch.randn(4, 4, requires_grad=True), torch.randn(4, 4)]
+    gm, n = H.make_joint(f, prims)
+
+    def count(g: torch.fx.GraphModule, name: str) -> int:
+        return sum(1 for nd in g.graph.nodes if nd.op == "call_function" and name in str(nd.target))
+
+    merged = cse(gm)
+    merged.graph.lint()
+    assert count(gm, "aten.sin") >= 2 and count(merged, "aten.sin") == 1
+    assert count(merged, "aten.rand_like") == count(gm, "aten.rand_like") == 2
+    # `+ 1.0` and `+ 1` are different ops on an integer-typed scalar: both kept
+    plus_one = [
+        nd.args[1]
+        for nd in merged.graph.nodes
+        if nd.target is torch.ops.aten.add.Tensor and nd.args[1] in (1, 1.0)
+    ]
+    assert sorted(type(v).__name__ for v in plus_one) == ["float", "int"], plus_one
+    t = torch.randn(4, 4)
+    torch.manual_seed(0)
+    ref = gm(*prims, t)
+    torch.manual_seed(0)
+    got = merged(*prims, t)
+    for r, g in zip(ref, got):
+        if r is not None:
+            torch.testing.assert_close(g, r)
+    # min-cut partitions the merged graph: the duplicate sin is computed (and saved) once
+    part = min_cut_partition(gm, num_fw_outputs=n)
+    H.check_graphs(part, gm)
+    H.check_against_eager(part, f, [torch.randn(4, 4, requires_grad=True), torch.randn(4, 4)])
+    assert count(part.fw, "aten.sin") == 1

@@ -45,6 +45,7 @@ __all__ = [
     "PartitionError",
     "analyze_joint",
     "build_partition",
+    "cse",
     "default_partition",
     "hint_int",
     "node_bytes",
@@ -190,6 +191,56 @@ def _fmt_bytes(n: int) -> str:
     if n >= 1 << 10:
         return f"{n / (1 << 10):.1f} KiB"
     return f"{n} B"
+
+
+# --------------------------------------------------------------------------- CSE
+
+
+def _hashable(x: Any) -> Any:
+    """A hashable key for an argument; leaves carry their type (1, 1.0 and True differ)."""
+    if isinstance(x, fx.Node):
+        return ("node", x)
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, tuple(_hashable(v) for v in x))
+    if isinstance(x, dict):
+        return ("dict", tuple(sorted((k, _hashable(v)) for k, v in x.items())))
+    return (type(x), x)
+
+
+def cse(joint: fx.GraphModule) -> fx.GraphModule:
+    """A copy of `joint` in which identical pure nodes are computed once.
+
+    The backward often recomputes what the forward already has (``eq(x, max)``
+    in both); merged, the value is saved once instead of twice.  Random and
+    impure ops are never merged.  Kept nodes keep their names and meta.
+    """
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    seen: dict[Any, fx.Node] = {}
+    for n in joint.graph.nodes:
+        if n.op == "call_function" and not _never_merge(n):
+            args = fx.node.map_arg(n.args, lambda a: env[a])
+            kwargs = fx.node.map_arg(n.kwargs, lambda a: env[a])
+            try:
+                key: Any = (n.target, _hashable(args), _hashable(kwargs))
+                hash(key)
+            except TypeError:
+                key = None
+            if key is not None and key in seen:
+                env[n] = seen[key]
+                continue
+            env[n] = g.node_copy(n, lambda a: env[a])
+            if key is not None:
+                seen[key] = env[n]
+        else:
+            env[n] = g.node_copy(n, lambda a: env[a])
+    return fx.GraphModule(joint, g, class_name=type(joint).__name__)
+
+
+def _never_merge(n: fx.Node) -> bool:
+    target = n.target
+    tags = getattr(target, "tags", ())
+    return torch.Tag.nondeterministic_seeded in tags or n.is_impure()
 
 
 # --------------------------------------------------------------------------- analysis

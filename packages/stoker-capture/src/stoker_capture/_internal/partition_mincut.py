@@ -33,6 +33,7 @@ from .partition import (
     PartitionError,
     analyze_joint,
     build_partition,
+    cse,
     default_partition,
     is_sym_node,
     is_symint_node,
@@ -68,6 +69,7 @@ def min_cut_partition(
         )
     if memory_budget == 1.0:
         return default_partition(joint, num_fw_outputs=num_fw_outputs)
+    joint = cse(joint)  # a value the backward recomputes identically is saved once
     info = analyze_joint(joint, num_fw_outputs)
     kinds = {n: classify(n) for n in info.graph.nodes}
 
