@@ -51,3 +51,17 @@ def test_capture_edit_backward_resume_and_train() -> None:
         opt.step(), opt_ref.step()
         opt.zero_grad(), opt_ref.zero_grad()
     torch.testing.assert_close(model[0].weight, ref[0].weight)
+
+
+def test_a_resumed_compiled_function_checks_its_guards() -> None:
+    import pytest
+
+    from stoker_capture import GuardViolationError
+
+    model = _model()
+    ep = export(model, (torch.randn(5, 4),), joint=True)  # static batch of 5
+    compiled = aot_stage2_compile(ep.state, ep.captured)
+    compiled(torch.randn(5, 4)).sum().backward()
+    with pytest.raises(GuardViolationError, match=r"args\[0\]\.size\(\)\[0\] == 5"):
+        compiled(torch.randn(6, 4))
+    assert "args[0]" in str(compiled.guards())

@@ -147,7 +147,9 @@ class AOTCompiled:
         self, grad: bool, ctx: ShapeContext, args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> CompiledFn:
         with torch.set_grad_enabled(grad):
-            return compile_pipeline(self.fn, args, kwargs, self.config, self.compiler, ctx=ctx)
+            compiled = compile_pipeline(self.fn, args, kwargs, self.config, self.compiler, ctx=ctx)
+        compiled.check_guards = False  # the cache checks them before every call
+        return compiled
 
     def _cache(self, grad: bool) -> GuardedCache[CompiledFn]:
         key = (grad, tuple(m.training for m in self._submodules))

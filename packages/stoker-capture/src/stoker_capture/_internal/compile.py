@@ -15,9 +15,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from stoker_shapes import GuardSet
+
 from .capture import CapturedGraph
 from .config import Compiler, PartitionFn
-from .errors import StokerCaptureError
+from .errors import GuardViolationError, StokerCaptureError
 from .lint import lint_graph
 from .runtime import Runtime, function_plan
 from .runtime_fn import AOTBackwardInfo, make_function_class, next_aot_id
@@ -35,9 +37,29 @@ class CompiledFn:
     function_class: type[torch.autograd.Function] | None  # stoker's Function (joint only)
     params: Callable[[], list[Any]]  # reads the parameters and buffers at call time
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage (pipeline runs)
+    # check the guards on every call; off where a cache (GuardedCache, Dynamo) already did
+    check_guards: bool = True
+    guard_set: GuardSet | None = None  # read out of the shape context at the first check
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.check_guards:
+            self._check(args, kwargs)
         return self.runtime(self.primals(args, kwargs))
+
+    def guards(self) -> GuardSet:
+        """The guards of this compilation (read out after the last stage, once)."""
+        if self.guard_set is None:
+            self.guard_set = self.state.ctx.produce_guards()
+        return self.guard_set
+
+    def _check(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        guards, self_ = self.guards(), self.state.module
+        if not guards.check(args, kwargs, self_):
+            why = guards.explain(args, kwargs, self_) or "guards failed"
+            raise GuardViolationError(
+                f"{self.state.name}: inputs rejected by the compiled function's guards: {why}.  "
+                "Recompile for these inputs (aot_function/aot_module do so automatically)."
+            )
 
     def primals(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
         """The flat inputs of a call: parameters and buffers, then the user's tensors."""
