@@ -108,3 +108,16 @@ def test_clone_is_a_copy_and_contiguous_for_externs():
 def test_empty_and_zero_size_tensors():
     x = torch.randn(0, 5)
     check(lambda x: (x + 1, x.sum(0), torch.zeros(2, 0) * 2, torch.eye(0)), x)
+
+
+def test_backward_graphs_with_in_place_copies_and_expanded_extern_results():
+    # make_fx of autograd.grad without functionalization leaves copy_ into views
+    # (as_strided backward) and diagonal() of an expanded tensor (diag backward)
+    x = torch.randn(5, requires_grad=True)
+    y = torch.randn(4, 4, requires_grad=True)
+
+    def f(x, y):
+        a = torch.as_strided(x, (2, 2), (1, 2), 1)
+        return torch.autograd.grad((a * a).sum() + torch.diag(y).sum(), [x, y])
+
+    check(f, x, y)

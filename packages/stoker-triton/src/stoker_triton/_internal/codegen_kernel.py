@@ -184,6 +184,11 @@ def _float_or_int(
     return gen
 
 
+def _is_literal(code: str) -> bool:
+    """A Python literal (a `Const`), not a block variable."""
+    return code[:1].isdigit() or code.startswith(("-", "float("))
+
+
 def _cast(a: Sequence[str], dts: Sequence[torch.dtype], out: torch.dtype) -> str:
     if out == torch.bool:
         return f"({a[0]} != 0)"
@@ -267,7 +272,9 @@ OPS: dict[str, Callable[[Sequence[str], Sequence[torch.dtype], torch.dtype], str
     "gt": _f("({0} > {1})"),
     "ge": _f("({0} >= {1})"),
     "where": _f("tl.where({0}, {1}, {2})"),
-    "pow": _float_or_int("_pow({0}, {1})", "_pow_int({0}, {1})"),
+    "pow": lambda a, dts, out: _float_or_int("_pow({0}, {1})", "_pow_int({0}, {1})")(
+        [f"({a[1]} * 0 + {a[0]})" if _is_literal(a[0]) else a[0], a[1]], dts, out
+    ),
     "to": _cast,
 }
 del OPS["atan2"]
@@ -574,7 +581,7 @@ class KernelCodegen:
         buf = self.buffers[n.name]
         e = store_index(buf, n, p)
         idx = self._broadcast(self.index_code(e), e, self.k.is_reduction and p.reduced_space)
-        if val[0].isdigit() or val.startswith("float(") or val.startswith("-"):
+        if _is_literal(val):
             val = (
                 f"tl.full([XBLOCK], {val}, {TL_DTYPE[buf.dtype]})"
                 if not self.k.is_reduction
@@ -592,7 +599,7 @@ class KernelCodegen:
         e = n.index.xreplace(subs)
         idx = self._broadcast(self.index_code(e), e, False)
         ptr = self.ptr(n.name)
-        if val[0].isdigit() or val.startswith("float(") or val.startswith("-"):
+        if _is_literal(val):
             val = f"tl.full([XBLOCK], {val}, {TL_DTYPE[n.body.dtype]})"
         if n.mode == "add":
             self.has_atomics = True

@@ -294,6 +294,7 @@ class ExternNode:
     kwargs: dict[str, Any]
     outputs: tuple[str | None, ...]
     single: bool  # the op returns one tensor, not a tuple
+    mutated: tuple[str, ...] = ()  # buffers the op writes in place (non-functional graphs)
 
     def __str__(self) -> str:
         return f"{', '.join(o or '_' for o in self.outputs)} = extern {self.op}({self.args}, {self.kwargs})"
@@ -341,7 +342,7 @@ def node_reads(node: Node) -> set[str]:
 
 def node_writes(node: Node) -> tuple[str, ...]:
     if isinstance(node, ExternNode):
-        return tuple(o for o in node.outputs if o is not None)
+        return tuple(o for o in node.outputs if o is not None) + node.mutated
     return (node.name,)
 
 

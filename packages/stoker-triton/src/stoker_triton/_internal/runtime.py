@@ -187,6 +187,12 @@ def check_layout(t: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...]
         return t
     for n, a, b in zip(size, ts, stride):
         if n > 1 and a != b:
+            if any(s == 0 and m > 1 for s, m in zip(stride, size)):
+                raise ValueError(
+                    f"stoker-triton: an input was compiled as an expanded view (strides {stride}) "
+                    f"and now arrives with strides {ts}; the kernels cannot read it. "
+                    "Recompile for this layout (or pass a contiguous tensor to both)."
+                )
             out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
             out.copy_(t)
             return out

@@ -47,7 +47,7 @@ class LoweringError(Exception):
 class TensorValue:
     """A lazily computed tensor: element `idx` is `loader(idx)` (memoized)."""
 
-    __slots__ = ("_cache", "_loader", "device", "dtype", "layout", "size", "users")
+    __slots__ = ("_cache", "_loader", "device", "dtype", "layout", "realized", "size", "users")
 
     def __init__(
         self,
@@ -63,6 +63,7 @@ class TensorValue:
         self._loader = loader
         self._cache: dict[tuple[Expr, ...], Value] = {}
         self.layout = layout  # set when the tensor is exactly a strided view of a buffer
+        self.realized: TensorValue | None = None  # the buffer it was stored in, once
         self.users = 0
 
     def load(self, idx: Sequence[Expr]) -> Value:
@@ -184,6 +185,8 @@ class LoweringContext:
         """Store `tv` in a buffer (a pointwise node); a no-op when it already is one."""
         if tv.layout is not None and stride is None:
             return tv
+        if tv.realized is not None and stride is None:
+            return tv.realized  # one buffer per value: a mutation through it stays visible
         name = self.new_name()
         if product(tv.size) == 0:  # an empty tensor: a buffer, nothing to compute
             return self.buffer_value(self.add_buffer(name, tv.size, stride, tv.dtype, "kernel"))
@@ -193,7 +196,10 @@ class LoweringContext:
             body = cast(body, tv.dtype)
         buf = self.add_buffer(name, tv.size, stride, tv.dtype, "kernel")
         self.nodes.append(PointwiseNode(name, tv.size, body))
-        return self.buffer_value(buf)
+        out = self.buffer_value(buf)
+        if stride is None:
+            tv.realized = out
+        return out
 
     def add_reduction(
         self,
@@ -205,9 +211,10 @@ class LoweringContext:
     ) -> TensorValue:
         name = self.new_name()
         buf = self.add_buffer(name, size, None, dtype, "kernel")
-        self.nodes.append(
-            ReductionNode(name, buf.size, tuple(reduce_size), reduce_type, body, dtype)
-        )
+        if product(buf.size) != 0:  # an empty result: a buffer, nothing to compute
+            self.nodes.append(
+                ReductionNode(name, buf.size, tuple(reduce_size), reduce_type, body, dtype)
+            )
         return self.buffer_value(buf)
 
     def note_fallback(self, op: str, reason: str) -> None:

@@ -18,7 +18,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from ..ir import BufferRef, ExternNode, SymRef
-from .core import LoweringContext, TensorValue, register
+from .core import LoweringContext, TensorValue, contiguous_strides, register
 
 aten = torch.ops.aten
 
@@ -60,10 +60,15 @@ def extern_call(ctx: LoweringContext, node: Any, args: Any, kwargs: Any, reason:
     for v in vals:
         if isinstance(v, torch.Tensor):
             name = ctx.new_name("buf")
+            size = [ctx.expr(s) for s in v.shape]
+            stride = [ctx.expr(s) for s in v.stride()]
+            if any(st == 0 and sz != 1 for st, sz in zip(stride, size)):
+                # an overlapping (expanded) result: later kernels get a dense copy
+                stride = list(contiguous_strides(size))
             buf = ctx.add_buffer(
                 name,
-                [ctx.expr(s) for s in v.shape],
-                [ctx.expr(s) for s in v.stride()],
+                size,
+                stride,
                 v.dtype,
                 "extern",
                 ctx.expr(v.storage_offset()),
@@ -74,11 +79,35 @@ def extern_call(ctx: LoweringContext, node: Any, args: Any, kwargs: Any, reason:
             outs.append(None)
             results.append(None)
     ctx.nodes.append(
-        ExternNode(ctx.new_name("extern"), node.target, xargs, xkwargs, tuple(outs), single)
+        ExternNode(
+            ctx.new_name("extern"),
+            node.target,
+            xargs,
+            xkwargs,
+            tuple(outs),
+            single,
+            _mutated(node, xargs, xkwargs),
+        )
     )
     if single:
         return results[0]
     return tuple(results) if not isinstance(val, list) else results
+
+
+def _mutated(node: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, ...]:
+    """Buffers an op writes in place (schema arguments marked `(a!)`)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return ()
+    out: list[str] = []
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        v = args[i] if i < len(args) else kwargs.get(a.name)
+        for leaf in v if isinstance(v, list | tuple) else [v]:
+            if isinstance(leaf, BufferRef):
+                out.append(leaf.buf)
+    return tuple(out)
 
 
 def _by_design(ctx: LoweringContext, node: Any, *args: Any, **kwargs: Any) -> Any:
@@ -86,5 +115,3 @@ def _by_design(ctx: LoweringContext, node: Any, *args: Any, **kwargs: Any) -> An
 
 
 register("extern", *EXTERN_BY_DESIGN)(_by_design)
-
-_ = BufferRef

@@ -18,7 +18,15 @@ import sympy
 import torch
 
 from ..ir import Const, Expr, Op, ScatterNode, Value, bind_indirect
-from .core import LoweringContext, LoweringError, TensorValue, cast, contiguous_strides, register
+from .core import (
+    LoweringContext,
+    LoweringError,
+    TensorValue,
+    cast,
+    contiguous_strides,
+    product,
+    register,
+)
 from .pointwise import broadcast_load, meta_val, out_size
 
 aten = torch.ops.aten
@@ -161,7 +169,8 @@ def _scatter(
     buf = ctx.buffers[target]
     flat = sum((c * s for c, s in zip(coords, buf.stride)), sympy.Integer(0))
     body = cast(value_fn(idx), dtype)
-    ctx.nodes.append(ScatterNode(target, tuple(size), flat, tuple(binds), body, mode))
+    if product(size) != 0:  # scattering nothing leaves the copy as it is
+        ctx.nodes.append(ScatterNode(target, tuple(size), flat, tuple(binds), body, mode))
     return ctx.buffer_value(buf)
 
 

@@ -18,7 +18,7 @@ import sympy
 import torch
 
 from ..ir import Const, Expr, IndexValue, Op, Value, index_var
-from .core import LoweringContext, TensorValue, cast, product, register
+from .core import LoweringContext, LoweringError, TensorValue, cast, product, register
 from .pointwise import LOW_PRECISION, meta_val
 
 aten = torch.ops.aten
@@ -65,6 +65,12 @@ def reduce(
         body = body_fn(body)
     body = cast(body, acc)
     res_dtype = torch.int64 if reduce_type in ("argmax", "argmin") else acc
+    if product(rsize) == 0:  # reducing nothing: the identity (eager raises for max/min/arg*)
+        if reduce_type not in EMPTY_IDENTITY:
+            raise LoweringError(f"{reduce_type} of an empty tensor")
+        fill = Const(EMPTY_IDENTITY[reduce_type], res_dtype)
+        out = TensorValue(size, res_dtype, ctx.device, lambda i: cast(fill, res_dtype))
+        return _keep(ctx, out, x.ndim, dims, keepdim)
     if not rsize:  # reducing one element: no reduction node
 
         def single(i: tuple[Expr, ...]) -> Value:
@@ -79,6 +85,16 @@ def reduce(
         return _keep(ctx, out, x.ndim, dims, keepdim)
     out = ctx.add_reduction(size, rsize, reduce_type, body, res_dtype)
     return _keep(ctx, out, x.ndim, dims, keepdim)
+
+
+EMPTY_IDENTITY: dict[str, bool | int | float] = {
+    "sum": 0,
+    "prod": 1,
+    "any": False,
+    "all": True,
+    "welford_mean": float("nan"),
+    "welford_m2": 0.0,
+}
 
 
 def _single(reduce_type: str, v: Value, dtype: torch.dtype) -> Value:
