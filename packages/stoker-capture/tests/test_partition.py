@@ -346,3 +346,35 @@ def test_cse_merges_pure_duplicates_only() -> None:
     H.check_graphs(part, gm)
     H.check_against_eager(part, f, [torch.randn(4, 4, requires_grad=True), torch.randn(4, 4)])
     assert count(part.fw, "aten.sin") == 1
+
+
+def test_runtime_asserts_stay_on_their_side() -> None:
+    """Impure nodes nothing uses (runtime asserts) are kept: forward ones in fw, others in bw."""
+    f, make = MODELS["mlp"]()
+    gm, n = H.make_joint(f, make(4))
+    aten = torch.ops.aten
+    g = gm.graph
+    out = g.output_node()
+    tangent = next(nd for nd in g.nodes if nd.name == "tangents_1")
+    primal = next(nd for nd in g.nodes if nd.name == "primals_4")  # b2: not saved otherwise
+    with g.inserting_before(out):
+        # a tangent-independent value only the backward assert reads
+        fw_val = g.call_function(aten.exp.default, (primal,))
+        s = g.call_function(aten.sum.default, (g.call_function(aten.mul.Tensor, (tangent, 0.0)),))
+        bw_check = g.call_function(
+            aten.ne.Scalar, (g.call_function(aten.add.Tensor, (s, fw_val)), 1e9)
+        )
+        g.call_function(
+            aten._assert_async.msg, (g.call_function(aten.all.default, (bw_check,)), "bw")
+        )
+        fw_check = g.call_function(
+            aten.ne.Scalar, (g.call_function(aten.sum.default, (primal,)), 1e9)
+        )
+        g.call_function(aten._assert_async.msg, (fw_check, "fw"))
+    gm.recompile()
+    for part in (default_partition(gm, num_fw_outputs=n), min_cut_partition(gm, num_fw_outputs=n)):
+        fw_msgs = [nd.args[1] for nd in part.fw.graph.nodes if nd.target is aten._assert_async.msg]
+        bw_msgs = [nd.args[1] for nd in part.bw.graph.nodes if nd.target is aten._assert_async.msg]
+        assert (fw_msgs, bw_msgs) == (["fw"], ["bw"]), part.kind
+        H.check_graphs(part, gm)
+        H.check_against_eager(part, f, make(4))

@@ -260,7 +260,7 @@ class JointInfo:
     tangent_dependent: set[fx.Node]
     # ancestors of the forward outputs (the forward must compute them)
     required_fw: set[fx.Node]
-    # ancestors of the grads, stopping at nothing (what the backward needs)
+    # ancestors of the grads and of backward asserts (what the backward needs)
     needed_bw: set[fx.Node]
     # impure nodes (runtime asserts) that nothing uses; kept on their side
     impure: list[fx.Node]
@@ -334,12 +334,14 @@ def analyze_joint(joint: fx.GraphModule, num_fw_outputs: int) -> JointInfo:
             f"joint graph: forward output depends on a tangent through {first.name!r}; "
             "forward outputs must be computable from the primals alone"
         )
-    needed_bw = _ancestors(g for g in grads if isinstance(g, fx.Node))
     impure = [
         n
         for n in graph.nodes
         if n.op == "call_function" and not n.users and n.is_impure() and n not in required_fw
     ]
+    # what the backward computes: the grads and its runtime asserts
+    bw_roots = [g for g in grads if isinstance(g, fx.Node)]
+    needed_bw = _ancestors([*bw_roots, *(n for n in impure if n in tangent_dependent)])
     return JointInfo(
         graph=graph,
         primals=primals,
@@ -544,6 +546,7 @@ def default_partition(
     saved: set[fx.Node] = set()
     seen: set[fx.Node] = set()
     stack = [g for g in info.grads if isinstance(g, fx.Node)]
+    stack += [n for n in info.impure if n in info.tangent_dependent]
     while stack:
         n = stack.pop()
         if n in seen:
