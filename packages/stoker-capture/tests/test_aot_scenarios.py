@@ -293,3 +293,15 @@ def test_data_dependent_output_sizes(dynamic: str) -> None:
     with torch.no_grad():
         x = torch.randn(7)
         assert_same(compiled(x), f(x))
+
+
+def test_forward_hook_added_after_compiling_is_seen() -> None:
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+    compiled = aot_module(m)
+    x = torch.randn(2, 3)
+    assert_same(compiled(x), m(x))
+    handle = m[0].register_forward_hook(lambda mod, args, out: out * 2)
+    assert_same(compiled(x), m(x))  # a new graph with the hook traced in
+    handle.remove()
+    assert_same(compiled(x), m(x))

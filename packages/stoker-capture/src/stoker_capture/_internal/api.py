@@ -134,10 +134,10 @@ class AOTCompiled:
         )
         self.name = name
         self.limit = limit
-        # one cache per (grad mode, train/eval flags of every submodule): neither is an input
-        # the guards could read, and each changes the graph (dropout, BatchNorm statistics)
+        # one cache per grad mode and module state no input guard can read but that changes
+        # the graph: train/eval flags (dropout, BatchNorm) and forward hooks (traced in)
         self._submodules = list(self.module.modules()) if self.module is not None else []
-        self.caches: dict[tuple[bool, tuple[bool, ...]], GuardedCache[CompiledFn]] = {}
+        self.caches: dict[tuple[Any, ...], GuardedCache[CompiledFn]] = {}
         if self.module is not None:
             functools.update_wrapper(self, self.module.forward)  # type: ignore[arg-type]
         elif callable(fn):
@@ -152,7 +152,7 @@ class AOTCompiled:
         return compiled
 
     def _cache(self, grad: bool) -> GuardedCache[CompiledFn]:
-        key = (grad, tuple(m.training for m in self._submodules))
+        key = (grad, _module_state(self._submodules))
         cache = self.caches.get(key)
         if cache is None:
             mode = "grad" if grad else "no_grad"
@@ -175,6 +175,16 @@ class AOTCompiled:
         """Hits, misses, recompile reasons of the cache for this grad mode (and the
         module's current train/eval flags)."""
         return self._cache(grad).stats()
+
+
+def _module_state(mods: list[torch.nn.Module]) -> tuple[Any, ...]:
+    """Train flags and forward-hook counts of every submodule (and the global hooks)."""
+    g = torch.nn.modules.module
+    return (
+        len(g._global_forward_hooks),
+        len(g._global_forward_pre_hooks),
+        *((m.training, len(m._forward_hooks), len(m._forward_pre_hooks)) for m in mods),
+    )
 
 
 def aot_function(
