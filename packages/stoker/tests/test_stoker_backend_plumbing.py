@@ -69,8 +69,11 @@ def test_report_guards_recompiles_and_autograd(
     assert rep.compiles[0].frame.startswith("Sequential.forward")
     err = capsys.readouterr().err
     assert "[stoker.recompiles]" in err and "[stoker.guards]" in err
+    assert rep.autograd_graphs, "the backward graph compiled autograd captured is in the report"
+    rep.flush()
     page = path.read_text()
     assert "expected 3, actual 5" in page and "matches float32[3, 4]" in page
+    assert "compiled autograd graph 0 [aten]" in page
 
 
 def test_autograd_switch_scoping(stub_capture: None) -> None:

@@ -44,6 +44,9 @@ CompiledCallable = Callable[..., Any]
 
 # One switch per process: the autograd engine has one compiled-autograd hook.
 SWITCH = AutogradSwitch()
+# The report of the graph compiled last: backward graphs captured by compiled autograd
+# belong to it (the switch and its compiler outlive any one stoker.compile).
+_CURRENT_REPORT: list[Report] = []
 
 
 class StokerBackend:
@@ -82,6 +85,7 @@ class StokerBackend:
         opts = self.options
         executor = resolve_backend(opts.backend, _devices(gm, example_inputs))
         rec = self.report.new_compile(_frame_name(gm, self.name_hint), executor)
+        _CURRENT_REPORT[:] = [self.report]
         if not self.exports_guards:  # stoker.compile gets reasons from guard_fail_fn instead
             self._note_recompiles_from_dynamo()
         self._input_desc = _describe_inputs(gm)
@@ -253,16 +257,26 @@ def compile_with_executor(
     return fn  # type: ignore[no-any-return]
 
 
-def autograd_compiler(opts: CompileOptions, report: Report) -> Callable[..., Any] | None:
+def autograd_compiler(opts: CompileOptions, first_report: Report) -> Callable[..., Any] | None:
     """The compiler stoker-autograd uses for captured backward graphs (None: its default)."""
 
     def compile_backward(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledCallable:
         executor = resolve_backend(opts.backend, _devices(gm, example_inputs))
+        report = _CURRENT_REPORT[0] if _CURRENT_REPORT else first_report
         nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+        code = (
+            gm.print_readable(print_output=False)
+            if hasattr(gm, "print_readable")
+            else str(gm.graph)
+        )
+        stage = f"compiled autograd graph {len(report.autograd_graphs)} [{executor}]"
+        report.autograd_graphs.append(GraphRecord(stage, code, nodes))
+        logs.logger("graphs").info("%s (%d ops):\n%s", stage, nodes, code)
         logs.logger("autograd").info(
             "compiled autograd graph (%d ops) → %s executor", nodes, executor
         )
         report.autograd = _autograd_stats()
+        report.flush()
         if executor == "aten":
             return gm
         return compile_with_executor(executor, gm, example_inputs, None)

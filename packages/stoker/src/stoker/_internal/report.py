@@ -109,6 +109,7 @@ class Report:
     compiles: list[CompileRecord] = field(default_factory=list)
     recompiles: list[RecompileRecord] = field(default_factory=list)
     autograd: dict[str, Any] = field(default_factory=dict)
+    autograd_graphs: list[GraphRecord] = field(default_factory=list)  # captured backwards
     options: dict[str, Any] = field(default_factory=dict)
     created: str = field(
         default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
@@ -317,7 +318,13 @@ def _render(r: Report) -> str:
         )
     parts.append("".join(k))
     # autograd
-    parts.append(_table(["counter", "value"], [[a, b] for a, b in sorted(r.autograd.items())]))
+    ag = _table(["counter", "value"], [[a, b] for a, b in sorted(r.autograd.items())])
+    for gr in r.autograd_graphs:
+        ag += (
+            f"<details><summary>{_e(gr.stage)} <span class=muted>({gr.nodes} nodes)</span>"
+            f"</summary><pre>{_e(gr.code)}</pre></details>"
+        )
+    parts.append(ag)
     # timings
     stages = sorted({st for c in r.compiles for st in c.timings_ms})
     parts.append(
