@@ -94,10 +94,13 @@ class ExportedGraph:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         sig = self.signature
         if sig.joint:
-            raise UnsupportedError(
-                "this is a joint (forward+backward) export; resume it with "
-                "aot_stage2_compile(exported.state, exported.captured) to get a callable"
+            how = (
+                "resume it with aot_stage2_compile(exported.state, exported.captured)"
+                if self.state is not None
+                else "a loaded joint export cannot be resumed (the pipeline state is not saved): "
+                "export again with joint=True in this process, or with joint=False to run it"
             )
+            raise UnsupportedError(f"this is a joint (forward+backward) export; {how}")
         if not self.guards.check(args, kwargs):
             why = self.guards.explain(args, kwargs) or "guards failed"
             raise GuardViolationError(f"inputs rejected by the exported graph's guards: {why}")
