@@ -21,7 +21,9 @@ def guard_set(dynamic: bool) -> tuple[GuardSet, tuple[torch.Tensor, ...]]:
     args = tuple(torch.randn(8, 16) for _ in range(10))
     ctx = ShapeContext()
     b = Dim("batch")
-    fakes = [ctx.fakeify(a, Source.arg(i), {0: b} if dynamic else False) for i, a in enumerate(args)]
+    fakes = [
+        ctx.fakeify(a, Source.arg(i), {0: b} if dynamic else False) for i, a in enumerate(args)
+    ]
     with ctx.tracing():
         sum(f.sum() for f in fakes)
     return ctx.produce_guards(), args
@@ -43,7 +45,9 @@ def main() -> dict[str, float]:
     for label, dyn in (("static", False), ("dynamic", True)):
         gs, args = guard_set(dyn)
         assert gs.check(args, {})
-        results[f"guard_check_10_tensors_{label}_us"] = per_call_us(lambda: gs.check(args, {}))
+        results[f"guard_check_10_tensors_{label}_us"] = per_call_us(
+            lambda gs=gs, args=args: gs.check(args, {})
+        )
     args = tuple(torch.randn(8, 16) for _ in range(10))
     results["plain_python_call_us"] = per_call_us(lambda: plain(args, {}))
     print("stoker-shapes: guard check cost (10 tensor inputs), min of 5 runs")
