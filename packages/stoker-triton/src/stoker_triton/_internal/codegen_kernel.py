@@ -11,17 +11,13 @@ that do not need a reduction finished in the same segment.
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import sympy
 import torch
-from sympy.printing.str import StrPrinter
-from torch.utils._sympy.functions import CleanDiv, FloorDiv, Mod, ModularIndexing, PythonMod
 
+from .codegen_ops import OPS, TL_DTYPE, is_literal, literal, print_index
 from .ir import (
-    POINTWISE_OPS,
     Buffer,
     Const,
     Expr,
@@ -45,301 +41,6 @@ from .scheduler import (
     simplify_index,
     store_index,
 )
-
-TL_DTYPE = {
-    torch.float32: "tl.float32",
-    torch.float64: "tl.float64",
-    torch.float16: "tl.float16",
-    torch.bfloat16: "tl.bfloat16",
-    torch.int8: "tl.int8",
-    torch.int16: "tl.int16",
-    torch.int32: "tl.int32",
-    torch.int64: "tl.int64",
-    torch.uint8: "tl.uint8",
-    torch.bool: "tl.int1",
-}
-
-# Helpers every kernel module defines once (plain @triton.jit functions).
-PRELUDE = """
-@triton.jit
-def _prod_combine(a, b):
-    return a * b
-
-
-@triton.jit
-def _max_nan(a, b):
-    return tl.where((a > b) | (a != a), a, b)
-
-
-@triton.jit
-def _min_nan(a, b):
-    return tl.where((a < b) | (a != a), a, b)
-
-
-@triton.jit
-def _welford_combine(mean_1, m2_1, w_1, mean_2, m2_2, w_2):
-    delta = mean_2 - mean_1
-    w = w_1 + w_2
-    frac = tl.where(w == 0.0, 0.0, w_2 / tl.where(w == 0.0, 1.0, w))
-    return mean_1 + delta * frac, m2_1 + m2_2 + delta * delta * w_1 * frac, w
-
-
-@triton.jit
-def _tanh(x):
-    e = tl.exp(-2.0 * tl.abs(x))
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(x < 0, -t, t)
-
-
-@triton.jit
-def _log1p(x):
-    u = 1.0 + x
-    return tl.where(u == 1.0, x, tl.log(u) * (x / tl.where(u == 1.0, 1.0, u - 1.0)))
-
-
-@triton.jit
-def _expm1(x):
-    u = tl.exp(x)
-    um1 = u - 1.0
-    return tl.where(u == 1.0, x, tl.where(um1 == -1.0, -1.0, um1 * x / tl.log(tl.where(u == 1.0, 2.0, u))))
-
-
-@triton.jit
-def _floordiv_int(a, b):
-    q = a // b
-    r = a - q * b
-    return tl.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
-
-
-@triton.jit
-def _remainder_int(a, b):
-    r = a % b
-    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
-
-
-@triton.jit
-def _remainder_float(a, b):
-    r = a - b * tl.floor(a / b)
-    return r
-
-
-@triton.jit
-def _fmod_float(a, b):
-    q = a / b
-    q = tl.where(q < 0, tl.ceil(q), tl.floor(q))
-    return a - b * q
-
-
-@triton.jit
-def _trunc(x):
-    return tl.where(x < 0, tl.ceil(x), tl.floor(x))
-
-
-@triton.jit
-def _round(x):
-    r = tl.floor(x + 0.5)
-    tie = (r - x) == 0.5
-    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
-    return tl.where(tie & odd, r - 1.0, r)
-
-
-@triton.jit
-def _pow(a, b):
-    b = b + tl.zeros_like(a)
-    ab = tl.abs(a)
-    r = tl.exp(b * tl.log(ab))
-    bi = tl.floor(b)
-    is_int = bi == b
-    odd = is_int & ((bi - 2.0 * tl.floor(bi * 0.5)) != 0.0)
-    r = tl.where((a < 0) & odd, -r, r)
-    r = tl.where((a < 0) & (~is_int), float("nan"), r)
-    r = tl.where(b == 0.0, 1.0, r)
-    return r
-
-
-@triton.jit
-def _pow_int(a, b):
-    r = tl.zeros_like(a) + 1
-    base = a
-    e = b + tl.zeros_like(a)
-    for _ in tl.static_range(63):
-        r = tl.where((e & 1) != 0, r * base, r)
-        base = base * base
-        e = e >> 1
-    return r
-"""
-
-
-def _f(template: str) -> Callable[[Sequence[str], Sequence[torch.dtype], torch.dtype], str]:
-    return lambda a, dts, out: template.format(*a)
-
-
-def _float_or_int(
-    f_tpl: str, i_tpl: str
-) -> Callable[[Sequence[str], Sequence[torch.dtype], torch.dtype], str]:
-    def gen(a: Sequence[str], dts: Sequence[torch.dtype], out: torch.dtype) -> str:
-        is_float = any(d.is_floating_point for d in dts)
-        return (f_tpl if is_float else i_tpl).format(*a)
-
-    return gen
-
-
-def _is_literal(code: str) -> bool:
-    """A Python literal (a `Const`), not a block variable."""
-    return code[:1].isdigit() or code.startswith(("-", "float("))
-
-
-def _cast(a: Sequence[str], dts: Sequence[torch.dtype], out: torch.dtype) -> str:
-    if out == torch.bool:
-        return f"({a[0]} != 0)"
-    return f"{a[0]}.to({TL_DTYPE[out]})"
-
-
-def _maxmin(
-    fn: str, cmp: str
-) -> Callable[[Sequence[str], Sequence[torch.dtype], torch.dtype], str]:
-    def gen(a: Sequence[str], dts: Sequence[torch.dtype], out: torch.dtype) -> str:
-        if out.is_floating_point:  # torch propagates NaN
-            return f"tl.where(({a[0]} {cmp} {a[1]}) | ({a[0]} != {a[0]}), {a[0]}, {a[1]})"
-        return f"{fn}({a[0]}, {a[1]})"
-
-    return gen
-
-
-# IR op -> Triton expression (the codegen half of the pointwise table).
-OPS: dict[str, Callable[[Sequence[str], Sequence[torch.dtype], torch.dtype], str]] = {
-    "identity": _f("{0}"),
-    "add": _f("({0} + {1})"),
-    "sub": _f("({0} - {1})"),
-    "mul": _f("({0} * {1})"),
-    "truediv": _f("({0} / {1})"),
-    "truncdiv": _float_or_int("_trunc({0} / {1})", "({0} // {1})"),
-    "floordiv": _float_or_int("tl.floor({0} / {1})", "_floordiv_int({0}, {1})"),
-    "remainder": _float_or_int("_remainder_float({0}, {1})", "_remainder_int({0}, {1})"),
-    "fmod": _float_or_int("_fmod_float({0}, {1})", "({0} % {1})"),
-    "neg": _f("(-{0})"),
-    "abs": _f("tl.abs({0})"),
-    "exp": _f("tl.exp({0})"),
-    "exp2": _f("tl.exp2({0})"),
-    "expm1": _f("_expm1({0})"),
-    "log": _f("tl.log({0})"),
-    "log2": _f("tl.log2({0})"),
-    "log10": _f("(tl.log({0}) * 0.4342944819032518)"),
-    "log1p": _f("_log1p({0})"),
-    "sqrt": _f("tl.sqrt({0})"),
-    "rsqrt": _f("tl.rsqrt({0})"),
-    "sin": _f("tl.sin({0})"),
-    "cos": _f("tl.cos({0})"),
-    "tan": _f("(tl.sin({0}) / tl.cos({0}))"),
-    "sinh": _f("((tl.exp({0}) - tl.exp(-{0})) * 0.5)"),
-    "cosh": _f("((tl.exp({0}) + tl.exp(-{0})) * 0.5)"),
-    "tanh": _f("_tanh({0})"),
-    "sigmoid": _f("(1.0 / (1.0 + tl.exp(-{0})))"),
-    "erf": _f("tl.math.erf({0})"),
-    "erfc": _f("(1.0 - tl.math.erf({0}))"),
-    "reciprocal": _f("(1.0 / {0})"),
-    "floor": _f("tl.floor({0})"),
-    "ceil": _f("tl.ceil({0})"),
-    "trunc": _f("_trunc({0})"),
-    "round": _f("_round({0})"),
-    "sign": _f("tl.where({0} > 0, 1, tl.where({0} < 0, -1, 0)).to({0}.dtype)"),
-    "relu": _f("tl.where({0} > 0, {0}, 0).to({0}.dtype)"),
-    "bitwise_not": lambda a, dts, out: f"({a[0]} == 0)" if out == torch.bool else f"(~{a[0]})",
-    "logical_not": _f("({0} == 0)"),
-    "isnan": _f("({0} != {0})"),
-    "isinf": _f("(tl.abs({0}) == float('inf'))"),
-    "isfinite": _f("(tl.abs({0}) < float('inf'))"),
-    "signbit": _f("({0} < 0)"),
-    "maximum": _maxmin("tl.maximum", ">"),
-    "minimum": _maxmin("tl.minimum", "<"),
-    "fmax": _f("tl.maximum({0}, {1})"),
-    "fmin": _f("tl.minimum({0}, {1})"),
-    "atan2": _f("None"),  # not in the interpreter's math: rule falls back
-    "hypot": _f("tl.sqrt({0} * {0} + {1} * {1})"),
-    "copysign": _f("tl.where(({1} < 0) | ((1.0 / {1}) < 0), -tl.abs({0}), tl.abs({0}))"),
-    "bitwise_and": _f("({0} & {1})"),
-    "bitwise_or": _f("({0} | {1})"),
-    "bitwise_xor": _f("({0} ^ {1})"),
-    "lshift": _f("({0} << {1})"),
-    "rshift": _f("({0} >> {1})"),
-    "logical_and": _f("(({0} != 0) & ({1} != 0))"),
-    "logical_or": _f("(({0} != 0) | ({1} != 0))"),
-    "logical_xor": _f("(({0} != 0) ^ ({1} != 0))"),
-    "eq": _f("({0} == {1})"),
-    "ne": _f("({0} != {1})"),
-    "lt": _f("({0} < {1})"),
-    "le": _f("({0} <= {1})"),
-    "gt": _f("({0} > {1})"),
-    "ge": _f("({0} >= {1})"),
-    "where": _f("tl.where({0}, {1}, {2})"),
-    "pow": lambda a, dts, out: _float_or_int("_pow({0}, {1})", "_pow_int({0}, {1})")(
-        [f"({a[1]} * 0 + {a[0]})" if _is_literal(a[0]) else a[0], a[1]], dts, out
-    ),
-    "to": _cast,
-}
-del OPS["atan2"]
-assert set(OPS) | {"masked"} == POINTWISE_OPS, set(OPS) ^ POINTWISE_OPS
-
-
-class IndexPrinter(StrPrinter):  # type: ignore[misc]
-    """sympy index expressions as Triton integer arithmetic (all operands >= 0)."""
-
-    def _print_FloorDiv(self, e: Any) -> str:
-        return f"({self._print(e.args[0])} // {self._print(e.args[1])})"
-
-    def _print_CleanDiv(self, e: Any) -> str:
-        return self._print_FloorDiv(e)
-
-    def _print_ModularIndexing(self, e: Any) -> str:
-        base, div, mod = e.args
-        b = self._print(base) if div == 1 else f"({self._print(base)} // {self._print(div)})"
-        return f"({b} % {self._print(mod)})"
-
-    def _print_Mod(self, e: Any) -> str:
-        return f"({self._print(e.args[0])} % {self._print(e.args[1])})"
-
-    _print_PythonMod = _print_Mod
-
-    def _print_Pow(self, e: Any, rational: bool = False) -> str:
-        base, exp = e.args
-        if exp.is_Integer and exp > 0:
-            return "(" + " * ".join([self._print(base)] * int(exp)) + ")"
-        raise ValueError(f"cannot print index {e}")
-
-    def _print_Max(self, e: Any) -> str:
-        a = [self._print(x) for x in e.args]
-        out = a[0]
-        for x in a[1:]:
-            out = f"tl.maximum({out}, {x})"
-        return str(out)
-
-    def _print_Min(self, e: Any) -> str:
-        a = [self._print(x) for x in e.args]
-        out = a[0]
-        for x in a[1:]:
-            out = f"tl.minimum({out}, {x})"
-        return str(out)
-
-
-_printer = IndexPrinter()
-_ = (CleanDiv, FloorDiv, Mod, ModularIndexing, PythonMod)
-
-
-def print_index(e: Expr) -> str:
-    return str(_printer.doprint(e))
-
-
-def literal(v: Const) -> str:
-    x = v.value
-    if isinstance(x, bool):
-        return "1" if x else "0"
-    if isinstance(x, float):
-        if math.isnan(x):
-            return "float('nan')"
-        if math.isinf(x):
-            return "float('inf')" if x > 0 else "float('-inf')"
-        return repr(x)
-    return repr(int(x))
 
 
 @dataclasses.dataclass
@@ -581,7 +282,7 @@ class KernelCodegen:
         buf = self.buffers[n.name]
         e = store_index(buf, n, p)
         idx = self._broadcast(self.index_code(e), e, self.k.is_reduction and p.reduced_space)
-        if _is_literal(val):
+        if is_literal(val):
             val = (
                 f"tl.full([XBLOCK], {val}, {TL_DTYPE[buf.dtype]})"
                 if not self.k.is_reduction
@@ -599,7 +300,7 @@ class KernelCodegen:
         e = n.index.xreplace(subs)
         idx = self._broadcast(self.index_code(e), e, False)
         ptr = self.ptr(n.name)
-        if _is_literal(val):
+        if is_literal(val):
             val = f"tl.full([XBLOCK], {val}, {TL_DTYPE[n.body.dtype]})"
         if n.mode == "add":
             self.has_atomics = True

@@ -13,7 +13,8 @@ from typing import Any
 import sympy
 import torch
 
-from .codegen_kernel import IndexPrinter, KernelSource
+from .codegen_kernel import KernelSource
+from .codegen_ops import IndexPrinter
 from .ir import Buffer, BufferRef, ExternNode, Program, ScatterNode, SymRef
 from .scheduler import Kernel, Schedule
 

@@ -21,7 +21,8 @@ import sympy
 import torch
 import torch.fx
 
-from .codegen_kernel import PRELUDE, KernelSource, generate_kernel
+from .codegen_kernel import KernelSource, generate_kernel
+from .codegen_ops import PRELUDE
 from .codegen_wrapper import generate_wrapper
 from .lowering import lower_graph
 from .report import CompileReport, KernelInfo
