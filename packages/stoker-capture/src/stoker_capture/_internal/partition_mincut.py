@@ -89,7 +89,7 @@ def min_cut_partition(
             break
         saved, lo, hi = cand, hi, hi * 8
     else:
-        return _relabel(_finish(joint, info, kinds, saved), memory_budget)
+        return _relabel(_finish(joint, info, kinds, saved, budget=True), memory_budget)
     for _ in range(_BISECT_STEPS):
         mid = (lo + hi) / 2
         cand = _cut(info, kinds, lam=mid)
@@ -97,7 +97,7 @@ def min_cut_partition(
             saved, lo = cand, mid
         else:
             hi = mid
-    return _relabel(_finish(joint, info, kinds, saved), memory_budget)
+    return _relabel(_finish(joint, info, kinds, saved, budget=True), memory_budget)
 
 
 def _activation_bytes(saved: set[fx.Node], info: JointInfo) -> int:
@@ -177,7 +177,12 @@ def _cut(info: JointInfo, kinds: dict[fx.Node, OpKind], *, lam: float) -> set[fx
 
 
 def _finish(
-    joint: fx.GraphModule, info: JointInfo, kinds: dict[fx.Node, OpKind], saved: set[fx.Node]
+    joint: fx.GraphModule,
+    info: JointInfo,
+    kinds: dict[fx.Node, OpKind],
+    saved: set[fx.Node],
+    *,
+    budget: bool = False,
 ) -> Partition:
     """Build the partition that saves `saved`, with a reason for each decision."""
     saved = set(saved)
@@ -187,7 +192,7 @@ def _finish(
     # forward-required ones; a non-recomputable node outside the forward's
     # needs (only reachable via a pinned SymInt) is saved instead, then rebuilt.
     for _ in range(len(candidates) + 1):
-        why = {n: _why_saved(n, kinds[n], info) for n in saved}
+        why = {n: _why_saved(n, kinds[n], info, budget) for n in saved}
         part = build_partition(joint, info, saved, kind="min_cut", why=why)
         bad = {
             name_to_node[r] for r in part.recomputed if not is_recomputable(kinds[name_to_node[r]])
@@ -198,11 +203,15 @@ def _finish(
     for name in part.recomputed:
         kind = kinds[name_to_node[name]]
         shape, nbytes, _ = part.notes[name]
-        part.notes[name] = (shape, nbytes, f"{kind} op, cheaper to recompute than to save")
+        if kind in ("view", "getitem"):
+            reason = f"{kind}: free to recompute from what is saved"
+        else:
+            reason = f"{kind} op, cheaper to recompute than to save"
+        part.notes[name] = (shape, nbytes, reason)
     return part
 
 
-def _why_saved(n: fx.Node, kind: OpKind, info: JointInfo) -> str:
+def _why_saved(n: fx.Node, kind: OpKind, info: JointInfo, budget: bool) -> str:
     target = getattr(n.target, "__name__", str(n.target))
     if kind == "getitem" and isinstance(n.args[0], fx.Node):
         parent = n.args[0]
@@ -214,4 +223,6 @@ def _why_saved(n: fx.Node, kind: OpKind, info: JointInfo) -> str:
         return "size used by the backward"
     if n in info.required_fw and not is_recomputable(kind):
         return f"{kind} op {target}: never recomputed"
+    if budget and n in info.required_fw:
+        return f"{kind} op {target}: saved, the memory budget allows it (no recompute)"
     return f"{kind} op {target}: cheaper to save than to recompute"
