@@ -79,13 +79,14 @@ def test_dynamic_true_compiles_once(train_and_compare: Callable[..., Any]) -> No
 
 
 _INTERPRET_SCRIPT = """
-import copy, json, torch, stoker, stoker_autograd
+import copy, json, sys, torch, stoker, stoker_autograd
 from stoker._internal.models import get_model
-spec = get_model("mlp")
-b = {"d_in": 8, "hidden": 16, "d_out": 4, "depth": 1}
+spec = get_model(sys.argv[1])
+b = json.loads(sys.argv[2])
+ca = sys.argv[3] == "1"
 model = spec.build(seed=0, **b)
 eager = copy.deepcopy(model)
-c = stoker.compile(model, backend="interpret")
+c = stoker.compile(model, backend="interpret", compiled_autograd=ca)
 opt_c = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-6)
 opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-3, eps=1e-6)
 gen = torch.Generator().manual_seed(1)
@@ -107,7 +108,32 @@ print(json.dumps({"worst": worst, "executors": sorted({r.executor for r in rep.c
 """
 
 
-def test_interpret_backend_tiny_mlp(tmp_path: Path) -> None:
+TINY = {
+    "mlp": {"d_in": 8, "hidden": 16, "d_out": 4, "depth": 1},
+    "gpt": {"vocab_size": 16, "block_size": 8, "n_layer": 1, "n_head": 2, "n_embd": 16},
+    "cnn": {"channels": 2, "width": 4, "classes": 3},
+}
+
+
+_CNN_CA_BUG = (
+    "stoker-autograd + stoker-triton: in the CNN's captured backward, the Triton wrapper's "
+    "aten fallback max_pool2d_with_indices_backward receives a FakeTensor at run time "
+    "('Please convert all Tensors to FakeTensors first'); the same CNN passes with "
+    "compiled_autograd=False (case cnn-aot-backward)"
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "compiled_autograd"),
+    [
+        ("mlp", True),
+        ("gpt", True),
+        pytest.param("cnn", True, marks=pytest.mark.xfail(reason=_CNN_CA_BUG, strict=True)),
+        ("cnn", False),
+    ],
+    ids=["mlp", "gpt", "cnn", "cnn-aot-backward"],
+)
+def test_interpret_backend_tiny(name: str, compiled_autograd: bool, tmp_path: Path) -> None:
     """Triton kernels under the interpreter, at tiny sizes, forward and backward.
 
     In a fresh process: TRITON_INTERPRET=1 must be set before triton is first imported,
@@ -117,7 +143,16 @@ def test_interpret_backend_tiny_mlp(tmp_path: Path) -> None:
     assert hasattr(stoker_triton, "compile_graph"), "stoker-triton has no compile_graph yet"
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_CACHE_DIR": str(tmp_path / "triton")}
     p = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", _INTERPRET_SCRIPT],
+        [
+            sys.executable,
+            "-W",
+            "ignore",
+            "-c",
+            _INTERPRET_SCRIPT,
+            name,
+            json.dumps(TINY[name]),
+            "1" if compiled_autograd else "0",
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -127,7 +162,10 @@ def test_interpret_backend_tiny_mlp(tmp_path: Path) -> None:
     res = json.loads(p.stdout.strip().splitlines()[-1])
     assert res["executors"] == ["interpret"]
     assert res["kernels"] >= 1, "no Triton kernels were recorded"
-    assert res["autograd"]["captures"] >= 1 and res["autograd"]["compiles"] >= 1
+    if compiled_autograd:
+        assert res["autograd"]["captures"] >= 1 and res["autograd"]["compiles"] >= 1
+    else:
+        assert res["autograd"]["captures"] == 0
     assert res["worst"]["loss"] < 1e-5 and res["worst"]["grad"] < 1e-5, res["worst"]
     assert res["worst"]["param"] < 5e-5, res["worst"]
 
