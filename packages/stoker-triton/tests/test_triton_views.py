@@ -121,3 +121,16 @@ def test_backward_graphs_with_in_place_copies_and_expanded_extern_results():
         return torch.autograd.grad((a * a).sum() + torch.diag(y).sum(), [x, y])
 
     check(f, x, y)
+
+
+def test_writes_through_an_extern_view_reach_the_base():
+    # householder_product's backward: copy_ into diagonal(where(...)), then reads of where(...)
+    x = torch.randn(5, 5)
+
+    def f(x):
+        w = torch.where(x > 0, x, 0.0)
+        d = torch.ops.aten.diagonal.default(w, 0, -2, -1)
+        torch.ops.aten.copy_.default(d, torch.ones(5))
+        return ((w * 2).sum(0), w[:, :2] + 1)
+
+    check(f, x)

@@ -212,7 +212,15 @@ class WrapperCodegen:
             self.emit(f"return [{', '.join(rets)}]")
         else:
             self.emit(f"return ({''.join(r + ', ' for r in rets)})")
-        self.emit("return call", 1)
+        if any(isinstance(st, ExternNode) for st in s.steps):
+            # aten calls run without autograd recording, like the kernels
+            self.emit("no_grad = torch.no_grad", 1)
+            self.emit("def call_no_grad(args):", 1)
+            self.emit("with no_grad():", 2)
+            self.emit("return call(args)", 3)
+            self.emit("return call_no_grad", 1)
+        else:
+            self.emit("return call", 1)
         consts_lines = [f"    C{i} = consts['C{i}']" for i in range(len(self.consts))]
         return "\n".join(out[:body_start] + consts_lines + self.lines) + "\n"
 

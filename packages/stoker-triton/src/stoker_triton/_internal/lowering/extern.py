@@ -57,7 +57,12 @@ def extern_call(ctx: LoweringContext, node: Any, args: Any, kwargs: Any, reason:
     vals = [val] if single else list(val) if isinstance(val, list | tuple) else [val]
     outs: list[str | None] = []
     results: list[Any] = []
-    for v in vals:
+    schema = getattr(node.target, "_schema", None)
+    returns = list(schema.returns) if schema is not None else []
+    first_ref = next(
+        (a for a in torch.utils._pytree.tree_leaves(xargs) if isinstance(a, BufferRef)), None
+    )
+    for k, v in enumerate(vals):
         if isinstance(v, torch.Tensor):
             name = ctx.new_name("buf")
             size = [ctx.expr(s) for s in v.shape]
@@ -75,6 +80,9 @@ def extern_call(ctx: LoweringContext, node: Any, args: Any, kwargs: Any, reason:
             )
             outs.append(name)
             results.append(ctx.buffer_value(buf))
+            if k < len(returns) and returns[k].alias_info is not None and first_ref is not None:
+                # a view of its input: writes through either reach both
+                ctx.aliases[name] = ctx.aliases.get(first_ref.buf, first_ref.buf)
         else:
             outs.append(None)
             results.append(None)
@@ -86,7 +94,7 @@ def extern_call(ctx: LoweringContext, node: Any, args: Any, kwargs: Any, reason:
             xkwargs,
             tuple(outs),
             single,
-            _mutated(node, xargs, xkwargs),
+            _mutated(ctx, node, xargs, xkwargs),
         )
     )
     if single:
@@ -94,7 +102,9 @@ def extern_call(ctx: LoweringContext, node: Any, args: Any, kwargs: Any, reason:
     return tuple(results) if not isinstance(val, list) else results
 
 
-def _mutated(node: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, ...]:
+def _mutated(
+    ctx: LoweringContext, node: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[str, ...]:
     """Buffers an op writes in place (schema arguments marked `(a!)`)."""
     schema = getattr(node.target, "_schema", None)
     if schema is None:
@@ -107,7 +117,9 @@ def _mutated(node: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[
         for leaf in v if isinstance(v, list | tuple) else [v]:
             if isinstance(leaf, BufferRef):
                 out.append(leaf.buf)
-    return tuple(out)
+                if leaf.buf in ctx.aliases:
+                    out.append(ctx.aliases[leaf.buf])  # the base a view writes through to
+    return tuple(dict.fromkeys(out))
 
 
 def _by_design(ctx: LoweringContext, node: Any, *args: Any, **kwargs: Any) -> Any:
