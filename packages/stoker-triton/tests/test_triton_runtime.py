@@ -114,6 +114,7 @@ def test_block_choice_under_the_interpreter_is_one_config():
     from stoker_triton._internal.runtime import Launcher
 
     lau = Launcher(None, "sha", is_reduction=True, persistent=True, has_atomics=False)
+    lau.interpret = True  # as under TRITON_INTERPRET=1, also when this suite runs on a GPU
     cands = lau.candidates(100, 300)
     assert len(cands) == 1 and cands[0][1] == 512  # RBLOCK holds the whole row
     lau2 = Launcher(None, "sha", is_reduction=False, persistent=True, has_atomics=False)
