@@ -285,3 +285,59 @@ def test_zoo_unknown_name() -> None:
     assert {"mlp", "gpt", "cnn"} <= set(model_zoo())
     with pytest.raises(KeyError, match=r"no model 'resnet'.*available: mlp"):
         get_model("resnet")
+
+
+# ----------------------------------------------------------------------------- bench
+
+
+def test_bench_table_and_json(tmp_path: os.PathLike[str]) -> None:
+    from stoker._internal import bench
+
+    rows = [
+        {
+            "model": "mlp",
+            "backend": "eager",
+            "first_step_s": 0.5,
+            "warm_first_step_s": 0.4,
+            "steady_ms": 1.25,
+            "peak_mem": 4096,
+            "recompiles": 0,
+        },
+        {"model": "mlp", "backend": "stoker", "error": "exit 1: boom"},
+    ]
+    table = bench.format_table(rows)
+    assert "cold first step s" in table and "1.25" in table and "4 KiB" in table
+    assert "error: exit 1: boom" in table
+    path = os.path.join(os.fspath(tmp_path), "out", "bench.json")
+    bench.write_json(path, rows, {"shapes": {"status": "ok"}})
+    doc = json.load(open(path, encoding="utf-8"))
+    assert doc["models"] == rows and doc["suites"]["shapes"]["status"] == "ok"
+    assert doc["machine"]["torch"] == torch.__version__
+
+
+def test_bench_runs_sibling_scripts(tmp_path: os.PathLike[str]) -> None:
+    from stoker._internal import bench
+
+    root = os.fspath(tmp_path)
+    os.makedirs(os.path.join(root, "tools"))
+    with open(os.path.join(root, "tools", "bench_shapes.py"), "w") as f:
+        f.write(
+            "import argparse, json\np = argparse.ArgumentParser(); p.add_argument('--json')\n"
+            "a = p.parse_args(); print('shapes table')\n"
+            "json.dump({'us': 1.5}, open(a.json, 'w'))\n"
+        )
+    with open(os.path.join(root, "tools", "bench_triton.py"), "w") as f:
+        # a script without --json: argparse rejects it (exit 2), then it is run bare
+        f.write("import argparse\nargparse.ArgumentParser().parse_args()\nprint('no args ok')\n")
+    suites = bench.run_tool_scripts(timeout=120, root=root)
+    assert suites["shapes"]["status"] == "ok" and suites["shapes"]["json"] == {"us": 1.5}
+    assert suites["capture"] == {"status": "absent"}
+    assert suites["triton"]["status"] == "ok" and "no args ok" in suites["triton"]["stdout"]
+
+
+def test_bench_worker_eager_mlp() -> None:
+    code = "from stoker._internal.bench import _main; _main(['worker', 'mlp', 'eager', '--steps', '2'])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    assert row["model"] == "mlp" and row["backend"] == "eager" and row["recompiles"] == 0
+    assert row["peak_mem"] > 0 and row["steady_ms"] > 0
