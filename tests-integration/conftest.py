@@ -30,11 +30,12 @@ def _train_and_compare(
     build: dict[str, Any] | None = None,
     rtol: float = 1e-4,
     atol: float = 1e-5,
+    device: str = "cpu",
 ) -> Any:
     """Train eager and compiled copies with AdamW on the same batches; compare the loss
     and every parameter and buffer after each step.  Returns the compiled model."""
     spec = get_model(name)
-    eager = spec.build(seed=0, **(build or {}))
+    eager = spec.build(device=device, seed=0, **(build or {}))
     model = copy.deepcopy(eager)
     compiled = compile_fn(model)
     # eps=1e-6: Adam divides by |grad| + eps, so for a gradient near zero the default 1e-8
@@ -43,7 +44,7 @@ def _train_and_compare(
     opt_c = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-6)
     gen = torch.Generator().manual_seed(1)
     for step, n in enumerate(batch_sizes):
-        inputs, target = spec.batch(n, gen, **(build or {}))
+        inputs, target = spec.batch(n, gen, device, **(build or {}))
         with stoker.autograd_enabled(False):
             loss_e = spec.loss(eager(*inputs), target)
             opt_e.zero_grad(set_to_none=True)

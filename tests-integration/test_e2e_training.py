@@ -193,3 +193,17 @@ def test_export_is_stoker_capture_export() -> None:
     import stoker_capture
 
     assert stoker.export is stoker_capture.export
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (Triton kernels on device)"
+)
+@pytest.mark.parametrize("name", ["mlp", "gpt", "cnn"])
+def test_triton_on_cuda_matches_eager(name: str, train_and_compare: Callable[..., Any]) -> None:
+    compiled = train_and_compare(
+        name, lambda m: stoker.compile(m), device="cuda", rtol=1e-3, atol=1e-4
+    )
+    rep = compiled.stoker_report
+    assert all(c.executor == "triton" for c in rep.compiles)
+    assert rep.n_kernels >= 1
