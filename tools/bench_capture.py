@@ -216,11 +216,17 @@ def bench_bytes(name: str) -> dict[str, Any]:
     row["default_bytes"] = d.saved_bytes
     row["min_cut_bytes"] = m.saved_bytes
     row["min_cut_recomputed"] = len(m.recomputed)
+    row["budget_bytes"] = {
+        str(b): min_cut_partition(gm, num_fw_outputs=n, memory_budget=b).saved_bytes
+        for b in BUDGETS
+    }
     t0 = time.perf_counter()
     row["torch_min_cut_bytes"] = torch_min_cut_bytes(gm, n)
     row["torch_min_cut_ms"] = 1e3 * (time.perf_counter() - t0)
     return row
 
+
+BUDGETS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 # --------------------------------------------------------------------------- table
 
@@ -259,6 +265,12 @@ def print_tables(compile_rows: list[dict[str, Any]], byte_rows: list[dict[str, A
             f"{r['model']:<6} {r['default_bytes']:>10} {r['min_cut_bytes']:>10} "
             f"{r['torch_min_cut_bytes']:>14} {r['min_cut_recomputed']:>11}"
         )
+    print("\nmin_cut saved activation bytes by memory_budget")
+    print(f"{'model':<6} " + " ".join(f"{b:>10}" for b in BUDGETS))
+    for r in byte_rows:
+        if "error" not in r:
+            cells = " ".join(f"{r['budget_bytes'][str(b)]:>10}" for b in BUDGETS)
+            print(f"{r['model']:<6} {cells}")
     print("\nstage times on the same joint graph, ms")
     print(f"{'model':<6} {'capture':>9} {'default':>9} {'min_cut':>9} {'torch min-cut':>14}")
     for r in byte_rows:
