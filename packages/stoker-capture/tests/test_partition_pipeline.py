@@ -135,3 +135,24 @@ def test_stage1_joint_bytes_vs_torch_min_cut(model: str, dynamic: str) -> None:
     theirs = sum(node_bytes(s) for s in saved)
     assert ours.saved_bytes <= theirs, (ours.report(), theirs)
     assert ours.saved_bytes <= default.saved_bytes
+
+
+@pytest.mark.parametrize("partitioner", ["default", "min_cut"])
+def test_data_dependent_size(partitioner: str) -> None:
+    """A boolean-mask gather has an unbacked size; saved bytes use a fallback hint."""
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = x[x > 0]
+        return (y.sin() * y.exp()).sum() * w
+
+    compiled = stoker_capture.aot_function(f, **PARTITIONERS[partitioner])
+    for _ in range(2):  # new data, new number of selected elements
+        x, w = torch.randn(20, requires_grad=True), torch.randn(3, requires_grad=True)
+        x2, w2 = (t.detach().clone().requires_grad_() for t in (x, w))
+        g = torch.randn(3)
+        out, ref = compiled(x, w), f(x2, w2)
+        torch.testing.assert_close(out, ref)
+        out.backward(g)
+        ref.backward(g)
+        torch.testing.assert_close(x.grad, x2.grad)
+        torch.testing.assert_close(w.grad, w2.grad)
