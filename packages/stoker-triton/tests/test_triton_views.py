@@ -134,3 +134,16 @@ def test_writes_through_an_extern_view_reach_the_base():
         return ((w * 2).sum(0), w[:, :2] + 1)
 
     check(f, x)
+
+
+def test_a_clone_taken_before_an_in_place_write_keeps_the_old_values():
+    # margin_ranking_loss's joint graph: clone(add), then clamp_min_(add)
+    x = torch.randn(6)
+
+    def f(x):
+        a = x * 2 - 1
+        c = torch.ops.aten.clone.default(a)
+        m = torch.ops.aten.clamp_min_.default(a, 0)
+        return (c + 0, m.sum(), a * 1)
+
+    check(f, x)

@@ -103,7 +103,9 @@ def lower_graph(
         ) and not isinstance(val, torch.Tensor):
             env[node] = ctx.expr(val)
             continue
+        n_before = len(ctx.nodes)
         env[node] = _lower_call(ctx, node, args, kwargs)
+        _after_in_place_writes(ctx, ctx.nodes[n_before:], env)
         _maybe_realize_shared(ctx, node, env)
 
     program = Program(
@@ -157,6 +159,29 @@ def _has_unsupported_dtype(node: torch.fx.Node) -> bool:
         if isinstance(v, torch.Tensor) and v.dtype not in _KERNEL_DTYPES:
             return True
     return False
+
+
+def _after_in_place_writes(
+    ctx: LoweringContext, new_nodes: Any, env: dict[torch.fx.Node, Any]
+) -> None:
+    """An extern wrote a buffer in place (a non-functional graph): graph nodes
+    whose value lives in that buffer read it from now on; values built before
+    the write keep computing the old contents (so a clone taken earlier stays
+    a copy of the old values)."""
+    from ..ir import ExternNode
+
+    for n in new_nodes:
+        if not isinstance(n, ExternNode):
+            continue
+        for b in n.mutated:
+            old = ctx.realized_by.pop(b, None)
+            if old is None:
+                continue
+            old.realized = None  # realizing the old value again recomputes it
+            post = ctx.buffer_value(ctx.buffers[b])
+            for k, v in env.items():
+                if v is old:
+                    env[k] = post
 
 
 def _maybe_realize_shared(

@@ -118,6 +118,8 @@ class LoweringContext:
     fallback_reasons: dict[str, str] = dataclasses.field(default_factory=dict)
     # extern results that are views of another buffer (aten view ops run as externs)
     aliases: dict[str, str] = dataclasses.field(default_factory=dict)
+    # buffer -> the lazy value realize() stored in it (for in-place writes by externs)
+    realized_by: dict[str, TensorValue] = dataclasses.field(default_factory=dict)
     random_streams: int = 0
     persistent_rnumel_max: int = 4096  # see scheduler.PERSISTENT_RNUMEL_MAX
     _counter: int = 0
@@ -200,11 +202,8 @@ class LoweringContext:
         self.nodes.append(PointwiseNode(name, tv.size, body))
         out = self.buffer_value(buf)
         if stride is None:
-            # later reads of this value go through the buffer (so they see an
-            # in-place write an extern makes to it); earlier reads inlined it
             tv.realized = out
-            tv._loader, tv.layout = out._loader, out.layout
-            tv._cache.clear()
+            self.realized_by[name] = tv
         return out
 
     def add_reduction(
