@@ -204,17 +204,14 @@ def aot_function(
     ``dynamic``: "auto" (a size that changes recompiles once, symbolically),
     "static" or "dynamic".
     """
-    cfg = AOTConfig(
-        partition=partition,
-        memory_budget=memory_budget,
-        fw_compiler=compiler,
-        bw_compiler=bw_compiler,
-        dynamic=dynamic,
-        lazy_backward=lazy_backward,
+    return AOTCompiled(
+        fn,
+        _aot_config(
+            compiler, bw_compiler, partition, memory_budget, dynamic, lazy_backward, debug_checks
+        ),
+        None,
+        limit,
     )
-    if debug_checks is not None:
-        cfg.debug_checks = debug_checks
-    return AOTCompiled(fn, cfg, None, limit)
 
 
 def aot_module(
@@ -234,6 +231,26 @@ def aot_module(
     Guards name parameters ``self.<path>``; replacing a parameter by one of
     another shape recompiles.
     """
+    return AOTCompiled(
+        module,
+        _aot_config(
+            compiler, bw_compiler, partition, memory_budget, dynamic, lazy_backward, debug_checks
+        ),
+        None,
+        limit,
+    )
+
+
+def _aot_config(
+    compiler: Compiler | None,
+    bw_compiler: Compiler | None,
+    partition: Callable[..., Any] | None,
+    memory_budget: float | None,
+    dynamic: str,
+    lazy_backward: bool,
+    debug_checks: bool | None,
+) -> AOTConfig:
+    """The training config `aot_function` and `aot_module` share (None: config's default)."""
     cfg = AOTConfig(
         partition=partition,
         memory_budget=memory_budget,
@@ -244,4 +261,4 @@ def aot_module(
     )
     if debug_checks is not None:
         cfg.debug_checks = debug_checks
-    return AOTCompiled(module, cfg, None, limit)
+    return cfg

@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -268,14 +268,18 @@ class JointInfo:
     order: dict[fx.Node, int]
 
 
-def _ancestors(roots: Iterable[fx.Node]) -> set[fx.Node]:
+def _ancestors(roots: Iterable[Any], stop: Container[fx.Node] = frozenset()) -> set[fx.Node]:
+    """The nodes among `roots` and their inputs, transitively; the walk does not
+    go past a node in `stop` (that node is included)."""
     seen: set[fx.Node] = set()
-    stack = list(roots)
+    stack = [r for r in roots if isinstance(r, fx.Node)]
     while stack:
         n = stack.pop()
         if n in seen:
             continue
         seen.add(n)
+        if n in stop:
+            continue
         stack.extend(n.all_input_nodes)
     return seen
 
@@ -371,21 +375,14 @@ def _extract(
 ) -> fx.GraphModule:
     """Copy the nodes `outputs` need, starting from `inputs`, into a new graph module."""
     input_set = set(inputs)
-    needed: set[fx.Node] = set()
-    stack = [o for o in (*outputs, *extra_roots) if isinstance(o, fx.Node)]
-    while stack:
-        n = stack.pop()
-        if n in needed:
-            continue
-        needed.add(n)
-        if n in input_set:
-            continue
-        if n.op == "placeholder":
-            raise PartitionError(
-                f"internal error building the {what} graph: it needs {n.name!r}, "
-                "which is not among its inputs"
-            )
-        stack.extend(n.all_input_nodes)
+    needed = _ancestors((*outputs, *extra_roots), stop=input_set)
+    missing = [n for n in needed if n.op == "placeholder" and n not in input_set]
+    if missing:
+        first = min(missing, key=info.order.__getitem__)
+        raise PartitionError(
+            f"internal error building the {what} graph: it needs {first.name!r}, "
+            "which is not among its inputs"
+        )
 
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
@@ -436,8 +433,8 @@ def build_partition(
     fw_impure = [n for n in info.impure if n not in info.tangent_dependent]
 
     # Nodes the backward computes: ancestors of the grads stopping at its inputs.
-    bw_nodes = _ancestors_until(info.grads, set(bw_inputs))
-    fw_nodes = _ancestors_until([*info.fw_outputs, *saved_list, *fw_impure], set(info.primals))
+    bw_nodes = _ancestors(info.grads, set(bw_inputs))
+    fw_nodes = _ancestors([*info.fw_outputs, *saved_list, *fw_impure], set(info.primals))
     recomputed = sorted(
         (n for n in bw_nodes if n in fw_nodes and n.op != "placeholder" and n not in bw_inputs),
         key=info.order.__getitem__,
@@ -496,20 +493,6 @@ def _default_why(n: fx.Node) -> str:
     return f"{name} output used by the backward"
 
 
-def _ancestors_until(roots: Iterable[Any], stop: set[fx.Node]) -> set[fx.Node]:
-    seen: set[fx.Node] = set()
-    stack = [r for r in roots if isinstance(r, fx.Node)]
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n in stop:
-            continue
-        stack.extend(n.all_input_nodes)
-    return seen
-
-
 # --------------------------------------------------------------------------- default
 
 
@@ -543,17 +526,7 @@ def default_partition(
             fw_set.add(n)
     # Walk back from the grads; a forward value stops the walk and is saved,
     # except SymFloat/SymBool scalars, which the backward recomputes.
-    saved: set[fx.Node] = set()
-    seen: set[fx.Node] = set()
-    stack = [g for g in info.grads if isinstance(g, fx.Node)]
-    stack += [n for n in info.impure if n in info.tangent_dependent]
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n in fw_set and not (is_sym_node(n) and not is_symint_node(n)):
-            saved.add(n)
-            continue
-        stack.extend(n.all_input_nodes)
+    savable = {n for n in fw_set if not (is_sym_node(n) and not is_symint_node(n))}
+    roots = [*info.grads, *(n for n in info.impure if n in info.tangent_dependent)]
+    saved = _ancestors(roots, stop=savable) & savable
     return build_partition(joint, info, saved, kind="default")
