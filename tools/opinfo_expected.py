@@ -68,10 +68,6 @@ _DATA_VALUE = (
     "which a graph cannot capture (export raises DataDependentError)"
 )
 _DATA_SHAPE = "data-dependent output shape (unbacked size): not supported by capture yet"
-_EFFECT = (
-    "effectful op aten._linalg_check_errors (ORDERED effect token, torch 2.13) is not "
-    "threaded through functionalization yet"
-)
 
 # Ops that run and are known to fail, with why.
 XFAIL: dict[str, str] = {
@@ -95,14 +91,4 @@ XFAIL: dict[str, str] = {
     "to_sparse": "sparse outputs: capture supports strided tensors only",
     "view_as_complex": "complex view outputs: the runtime regenerates the alias with the "
     "input's real dtype (stoker-capture runtime bug)",
-    # effect tokens
-    "linalg.cholesky": _EFFECT,
-    "linalg.eig": _EFFECT,
-    "linalg.eigvals": _EFFECT,
-    "linalg.ldl_factor": _EFFECT,
-    "linalg.lu_factor": _EFFECT,
-    "linalg.inv": _EFFECT,
-    "linalg.solve": _EFFECT,
-    "linalg.tensorinv": _EFFECT,
-    "linalg.tensorsolve": _EFFECT,
 }

@@ -305,3 +305,32 @@ def test_forward_hook_added_after_compiling_is_seen() -> None:
     assert_same(compiled(x), m(x))  # a new graph with the hook traced in
     handle.remove()
     assert_same(compiled(x), m(x))
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_linalg_error_check_is_kept_and_raises(grad: bool) -> None:
+    # torch 2.13 registers aten._linalg_check_errors as an ordered side effect;
+    # capture records it as a plain call, which must survive to the compiled graph
+    def f(a, b):
+        return torch.linalg.solve(a, b) + torch.linalg.inv(a)
+
+    graphs: list[str] = []
+
+    def compiler(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm
+
+    compiled = aot_function(f, compiler, dynamic="static")
+
+    def make() -> list[torch.Tensor]:
+        a = torch.randn(3, 3, dtype=torch.float64) + 3 * torch.eye(3, dtype=torch.float64)
+        return [a.requires_grad_(grad), torch.randn(3, 3, dtype=torch.float64, requires_grad=grad)]
+
+    with torch.set_grad_enabled(grad):
+        check_fn(f, compiled, make)
+        assert "_linalg_check_errors" in graphs[0]
+        singular = torch.zeros(3, 3, dtype=torch.float64, requires_grad=grad)
+        with pytest.raises(torch.linalg.LinAlgError, match="singular"):
+            f(singular, torch.randn(3, 3, dtype=torch.float64))  # eager raises ...
+        with pytest.raises(torch.linalg.LinAlgError, match="singular"):
+            compiled(singular, torch.randn(3, 3, dtype=torch.float64))  # ... and so does capture

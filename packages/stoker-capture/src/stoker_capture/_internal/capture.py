@@ -21,7 +21,7 @@ import torch.fx as fx
 from torch._decomp import core_aten_decompositions
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
-from .functional import from_fun, functionalized, to_fun
+from .functional import from_fun, functionalized, keep_node, to_fun
 from .lint import lint_graph
 from .node_meta import backward_meta, module_path, recording_node_meta
 from .state import AOTState
@@ -202,7 +202,7 @@ def _flatten_signature(gm: fx.GraphModule, state: AOTState, n_tangents: int) -> 
     vals = out.args[0]
     out.args = (tuple(vals) if isinstance(vals, list | tuple) else (vals,),)
     gm.graph._codegen = fx.graph.CodeGen()
-    gm.graph.eliminate_dead_code()
+    gm.graph.eliminate_dead_code(is_impure_node=keep_node)
     gm.recompile()
 
 

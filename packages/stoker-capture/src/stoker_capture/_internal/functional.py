@@ -3,6 +3,13 @@
 `FunctionalTensorMode` (with the python dispatcher) turns every in-place and
 view op into functional ops; mutated inputs are read back as new values, which
 the captured graph returns and the runtime writes back (``copy_``).
+
+Error checks torch registers as ordered side effects (torch 2.13 registers
+``aten._linalg_check_errors``, which raises when a linalg op failed, e.g. on a
+singular matrix) would need an effect token threaded through the graph.  They
+return nothing and mutate nothing, so `functionalized` records them as plain
+calls instead; `keep_node` keeps them through dead-code elimination, so the
+compiled graph still raises where eager raises.
 """
 
 from __future__ import annotations
@@ -12,8 +19,41 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.fx as fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+# Ops that only raise on bad input: no outputs, no mutation; traced as plain calls
+# and never dead-code eliminated.
+ERROR_CHECK_OPS: frozenset[object] = frozenset({torch.ops.aten._linalg_check_errors.default})
+
+
+def keep_node(n: fx.Node) -> bool:
+    """Whether dead-code elimination and CSE must leave `n` alone: side effects
+    (torch's own notion) and the error checks above (not effectful in torch 2.11)."""
+    return n.is_impure() or (n.op == "call_function" and n.target in ERROR_CHECK_OPS)
+
+
+class _StokerFunctionalMode(FunctionalTensorMode):  # type: ignore[no-untyped-call]  # torch's TorchDispatchMode.__init_subclass__ is untyped
+    """FunctionalTensorMode that records `ERROR_CHECK_OPS` as plain calls instead of
+    effect-token ``with_effects`` calls (torch 2.13 marks them ORDERED effects; the
+    captured graph has no token input to thread)."""
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: Any = (),
+        kwargs: Any = None,
+    ) -> Any:
+        if func in ERROR_CHECK_OPS:
+            # what handle_effects does, minus the token: unwrap and redispatch to
+            # the modes below (fake / proxy), which record and run the check
+            args, kwargs = torch.utils._pytree.tree_map_only(
+                FunctionalTensor, FunctionalTensor.from_functional, (args, kwargs or {})
+            )
+            return func(*args, **kwargs)
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 @contextlib.contextmanager
@@ -23,7 +63,7 @@ def functionalized() -> Iterator[FunctionalTensorMode]:
     disable_above = torch._C._ExcludeDispatchKeyGuard(
         torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
     )
-    mode = FunctionalTensorMode()
+    mode = _StokerFunctionalMode()
     with disable_above, mode, enable_python_dispatcher():
         yield mode
 

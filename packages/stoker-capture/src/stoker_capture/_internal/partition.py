@@ -38,6 +38,7 @@ import torch.fx as fx
 from torch.fx.experimental import symbolic_shapes
 
 from .errors import StokerCaptureError
+from .functional import keep_node
 
 __all__ = [
     "JointInfo",
@@ -240,7 +241,7 @@ def cse(joint: fx.GraphModule) -> fx.GraphModule:
 def _never_merge(n: fx.Node) -> bool:
     target = n.target
     tags = getattr(target, "tags", ())
-    return torch.Tag.nondeterministic_seeded in tags or n.is_impure()
+    return torch.Tag.nondeterministic_seeded in tags or keep_node(n)
 
 
 # --------------------------------------------------------------------------- analysis
@@ -341,7 +342,7 @@ def analyze_joint(joint: fx.GraphModule, num_fw_outputs: int) -> JointInfo:
     impure = [
         n
         for n in graph.nodes
-        if n.op == "call_function" and not n.users and n.is_impure() and n not in required_fw
+        if n.op == "call_function" and not n.users and keep_node(n) and n not in required_fw
     ]
     # what the backward computes: the grads and its runtime asserts
     bw_roots = [g for g in grads if isinstance(g, fx.Node)]
