@@ -89,6 +89,4 @@ XFAIL: dict[str, str] = {
     "sparse.sampled_addmm": "sparse CSR inputs: capture supports strided tensors only",
     "sparse.mm.reduce": "sparse CSR inputs: capture supports strided tensors only",
     "to_sparse": "sparse outputs: capture supports strided tensors only",
-    "view_as_complex": "complex view outputs: the runtime regenerates the alias with the "
-    "input's real dtype (stoker-capture runtime bug)",
 }

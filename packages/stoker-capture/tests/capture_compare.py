@@ -28,7 +28,9 @@ def grads_of(outs: Any, leaves: Sequence[torch.Tensor], seed: int = 0) -> list[A
     flat = [o for o in pytree.tree_leaves(outs) if isinstance(o, torch.Tensor) and o.requires_grad]
     if not flat:
         return [None] * len(leaves)
-    loss = sum((o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum() for o in flat)
+    terms = [(o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum() for o in flat]
+    # a complex output contributes the real part of its projection (a real loss)
+    loss = sum(t.real if t.is_complex() else t for t in terms)
     return list(torch.autograd.grad(loss, list(leaves), allow_unused=True))
 
 

@@ -334,3 +334,36 @@ def test_linalg_error_check_is_kept_and_raises(grad: bool) -> None:
             f(singular, torch.randn(3, 3, dtype=torch.float64))  # eager raises ...
         with pytest.raises(torch.linalg.LinAlgError, match="singular"):
             compiled(singular, torch.randn(3, 3, dtype=torch.float64))  # ... and so does capture
+
+
+def test_outputs_aliasing_with_another_dtype() -> None:
+    # a view of an input (or of another output) in another dtype comes back in that
+    # dtype, still a view of its base, with eager's gradients
+    def f(x, c):
+        z = x * 2
+        return (
+            torch.view_as_complex(x),
+            torch.view_as_real(c),
+            z,
+            torch.view_as_complex(z)[1:],
+            x[1].view(torch.int32),
+        )
+
+    compiled = aot_function(f)
+    check_fn(
+        f,
+        compiled,
+        lambda: [
+            torch.randn(3, 2, requires_grad=True),
+            torch.randn(4, dtype=torch.complex64, requires_grad=True),
+        ],
+    )
+    x, c = torch.randn(3, 2), torch.randn(4, dtype=torch.complex64)
+    with torch.no_grad():
+        out = compiled(x, c)
+    want = f(x, c)
+    assert [o.dtype for o in out] == [w.dtype for w in want]
+    assert_same(out, want)
+    assert out[0]._base is x and out[1]._base is c
+    assert out[4].untyped_storage()._cdata == x.untyped_storage()._cdata
+    assert out[3].untyped_storage()._cdata == out[2].untyped_storage()._cdata

@@ -60,6 +60,9 @@ class Layout:
     size: tuple[SizeExpr, ...]  # per dim: int or sympy expr
     stride: tuple[SizeExpr, ...]  # per dim: int or sympy expr
     offset: SizeExpr  # storage offset: int or sympy expr
+    # element type the sizes, strides and offset count in; a view may differ from its
+    # base (view_as_complex, view_as_real, view(dtype)).  None: the base's.
+    dtype: torch.dtype | None = None
 
     @staticmethod
     def of(t: torch.Tensor) -> Layout:
@@ -67,6 +70,7 @@ class Layout:
             tuple(_expr(s) for s in t.size()),
             tuple(_expr(s) for s in t.stride()),
             _expr(t.storage_offset()),
+            t.dtype,
         )
 
     def __str__(self) -> str:

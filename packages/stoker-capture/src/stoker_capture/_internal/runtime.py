@@ -51,6 +51,7 @@ def function_plan(meta: ForwardMeta, num_fw_outputs: int, name: str) -> Function
 class _LayoutSlot:
     start: int  # offset of this layout's ints in the evaluator's result
     ndim: int
+    dtype: torch.dtype | None = None  # the element type of the view (None: the base's)
 
     def read(self, vals: Sequence[int]) -> tuple[list[int], list[int], int]:
         s, n = self.start, self.ndim
@@ -99,7 +100,7 @@ class Runtime:
         exprs: list[Any] = []
         self._slots: dict[object, _LayoutSlot] = {}
         for key, lay in layouts:
-            self._slots[key] = _LayoutSlot(len(exprs), len(lay.size))
+            self._slots[key] = _LayoutSlot(len(exprs), len(lay.size), lay.dtype)
             exprs += [*lay.size, *lay.stride, lay.offset]
         self._ev = build_evaluator(env, fake_primals, exprs, name)
         spec = meta.out_spec
@@ -158,15 +159,15 @@ class Runtime:
                 v = primals[o.base]
             elif o.kind == OutputKind.ALIAS_OF_INPUT:
                 assert o.base is not None
-                size, stride, off = self._slots[("output", j)].read(vals)
-                v = primals[o.base].as_strided(size, stride, off)
+                slot = self._slots[("output", j)]
+                v = _view_as(primals[o.base], *slot.read(vals), slot.dtype)
             elif o.kind == OutputKind.ALIAS_OF_OUTPUT:
                 assert o.base is not None
                 base = bases.get(o.base)
                 if base is None:
                     base = bases[o.base] = self._base(o.base, user, vals)
-                size, stride, off = self._slots[("output", j)].read(vals)
-                v = base.as_strided(size, stride, off)
+                slot = self._slots[("output", j)]
+                v = _view_as(base, *slot.read(vals), slot.dtype)
             if o.kind in _VIEWS and v.requires_grad and not o.requires_grad:
                 v = v.detach()  # e.g. x.detach(): a view of x that does not require grad
             out.append(v)
@@ -212,3 +213,33 @@ class Runtime:
 
     def _n_user_graph(self) -> int:
         return sum(o.kind != OutputKind.CONSTANT for o in self.meta.outputs)
+
+
+def _view_as(
+    base: torch.Tensor,
+    size: list[int],
+    stride: list[int],
+    offset: int,
+    dtype: torch.dtype | None,
+) -> torch.Tensor:
+    """A view of `base`'s storage with this layout, counted in `dtype` elements.
+
+    Same dtype: ``as_strided``.  Otherwise the whole storage is first viewed as a
+    flat tensor of `dtype` (``view_as_complex`` / ``view_as_real`` for a complex
+    dtype and its real counterpart, which autograd differentiates like eager's
+    views; ``view(dtype)`` else), then ``as_strided`` in its elements.
+    """
+    if dtype is None or dtype == base.dtype:
+        return base.as_strided(size, stride, offset)
+    item = base.element_size()
+    n = base.untyped_storage().nbytes() // item
+    flat = base.as_strided((n,), (1,), 0)
+    if dtype.is_complex and dtype.to_real() == base.dtype:
+        flat = torch.view_as_complex(flat[: n - n % 2].view(-1, 2))
+    elif base.dtype.is_complex and base.dtype.to_real() == dtype:
+        flat = torch.view_as_real(flat).view(-1)
+    else:
+        out_item = dtype.itemsize
+        keep = n * item // out_item * out_item // item  # whole elements of `dtype`
+        flat = flat[:keep].view(dtype)
+    return flat.as_strided(size, stride, offset)
