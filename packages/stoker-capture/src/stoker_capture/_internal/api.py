@@ -202,16 +202,19 @@ def aot_function(
     """Compile ``fn`` ahead of time per guarded input signature (None: the aten executor).
 
     ``dynamic``: "auto" (a size that changes recompiles once, symbolically),
-    "static" or "dynamic".
+    "static" or "dynamic".  A module is compiled as `aot_module` says.
     """
-    return AOTCompiled(
-        fn,
-        _aot_config(
-            compiler, bw_compiler, partition, memory_budget, dynamic, lazy_backward, debug_checks
-        ),
-        None,
-        limit,
+    cfg = AOTConfig(
+        partition=partition,
+        memory_budget=memory_budget,
+        fw_compiler=compiler,
+        bw_compiler=bw_compiler,
+        dynamic=dynamic,
+        lazy_backward=lazy_backward,
     )
+    if debug_checks is not None:
+        cfg.debug_checks = debug_checks
+    return AOTCompiled(fn, cfg, None, limit)
 
 
 def aot_module(
@@ -229,36 +232,16 @@ def aot_module(
     """Compile ``module`` with its parameters and buffers lifted as inputs.
 
     Guards name parameters ``self.<path>``; replacing a parameter by one of
-    another shape recompiles.
+    another shape recompiles.  Options as in `aot_function`.
     """
-    return AOTCompiled(
+    return aot_function(
         module,
-        _aot_config(
-            compiler, bw_compiler, partition, memory_budget, dynamic, lazy_backward, debug_checks
-        ),
-        None,
-        limit,
-    )
-
-
-def _aot_config(
-    compiler: Compiler | None,
-    bw_compiler: Compiler | None,
-    partition: Callable[..., Any] | None,
-    memory_budget: float | None,
-    dynamic: str,
-    lazy_backward: bool,
-    debug_checks: bool | None,
-) -> AOTConfig:
-    """The training config `aot_function` and `aot_module` share (None: config's default)."""
-    cfg = AOTConfig(
+        compiler,
+        dynamic=dynamic,
+        bw_compiler=bw_compiler,
         partition=partition,
         memory_budget=memory_budget,
-        fw_compiler=compiler,
-        bw_compiler=bw_compiler,
-        dynamic=dynamic,
         lazy_backward=lazy_backward,
+        debug_checks=debug_checks,
+        limit=limit,
     )
-    if debug_checks is not None:
-        cfg.debug_checks = debug_checks
-    return cfg
