@@ -7,27 +7,17 @@ lint, have no dead code and keep node meta.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import pathlib
 from collections.abc import Callable
 from typing import Any
 
+import partition_compare as H
 import pytest
 import torch
 import torch.nn.functional as F
 
 from stoker_capture._internal.partition import PartitionError, default_partition
 from stoker_capture._internal.partition_mincut import min_cut_partition
-
-_spec = importlib.util.spec_from_file_location(
-    "stoker_capture_partition_helpers",
-    pathlib.Path(__file__).with_name("test_partition_helpers.py"),
-)
-assert _spec is not None and _spec.loader is not None
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
-
 
 # --------------------------------------------------------------------------- models
 # Each returns (f, make_primals): f(*primals) -> output(s); make_primals(batch) -> fresh inputs.

@@ -9,25 +9,16 @@ saves no more than default and never recomputes matmul/reduction/random ops.
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 from collections.abc import Callable
 from typing import Any
 
+import partition_compare as H
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stoker_capture._internal.partition import default_partition
 from stoker_capture._internal.partition_mincut import min_cut_partition
-
-_spec = importlib.util.spec_from_file_location(
-    "stoker_capture_partition_helpers_r",
-    pathlib.Path(__file__).with_name("test_partition_helpers.py"),
-)
-assert _spec is not None and _spec.loader is not None
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 
 UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sin": torch.sin,

@@ -2,8 +2,8 @@
 
 The partitioner tests build joint graphs themselves with make_fx over a
 joint function (core-aten decompositions), so they do not depend on the
-capture pipeline.  Loaded by path from the test files (pytest runs in
-importlib mode, so test files cannot import each other by name).
+capture pipeline.  Imported by name like capture_compare.py (conftest.py puts
+this folder on sys.path; pytest's importlib mode does not).
 """
 
 from __future__ import annotations
