@@ -17,6 +17,7 @@ import torch.fx as fx
 from torch._decomp import core_aten_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from stoker_capture._internal.functional import keep_node
 from stoker_capture._internal.partition import Partition
 from stoker_capture._internal.partition_ops import classify
 
@@ -141,7 +142,7 @@ def check_graphs(part: Partition, joint: fx.GraphModule) -> None:
         for n in gm.graph.nodes:
             if n.op in ("placeholder", "output"):
                 continue
-            assert n.users or n.is_impure(), f"dead node {n.name} in {gm.__class__.__name__}"
+            assert n.users or keep_node(n), f"dead node {n.name} in {gm.__class__.__name__}"
             src = joint_nodes[n.name]
             for key in ("val", "stoker_phase", "stack_trace"):
                 if key in src.meta:

@@ -320,7 +320,7 @@ def test_linalg_error_check_is_kept_and_raises(grad: bool) -> None:
         graphs.append(gm.code)
         return gm
 
-    compiled = aot_function(f, compiler, dynamic="static")
+    compiled = aot_function(f, compiler, dynamic="static", debug_checks=True)
 
     def make() -> list[torch.Tensor]:
         a = torch.randn(3, 3, dtype=torch.float64) + 3 * torch.eye(3, dtype=torch.float64)
