@@ -255,19 +255,25 @@ assert set(OPS) | {"masked"} == POINTWISE_OPS, set(OPS) ^ POINTWISE_OPS
 class IndexPrinter(StrPrinter):  # type: ignore[misc]
     """sympy index expressions as Triton integer arithmetic (all operands >= 0)."""
 
+    # Every operand of // and % is parenthesized: a symbolic divisor prints as a
+    # product (``2*s0``), and ``x % 2*s0`` parses as ``(x % 2)*s0``.
+    def _operand(self, e: Any) -> str:
+        text = str(self._print(e))
+        return text if e.is_Atom else f"({text})"
+
     def _print_FloorDiv(self, e: Any) -> str:
-        return f"({self._print(e.args[0])} // {self._print(e.args[1])})"
+        return f"({self._operand(e.args[0])} // {self._operand(e.args[1])})"
 
     def _print_CleanDiv(self, e: Any) -> str:
         return self._print_FloorDiv(e)
 
     def _print_ModularIndexing(self, e: Any) -> str:
         base, div, mod = e.args
-        b = self._print(base) if div == 1 else f"({self._print(base)} // {self._print(div)})"
-        return f"({b} % {self._print(mod)})"
+        b = self._operand(base) if div == 1 else f"({self._operand(base)} // {self._operand(div)})"
+        return f"({b} % {self._operand(mod)})"
 
     def _print_Mod(self, e: Any) -> str:
-        return f"({self._print(e.args[0])} % {self._print(e.args[1])})"
+        return f"({self._operand(e.args[0])} % {self._operand(e.args[1])})"
 
     _print_PythonMod = _print_Mod
 
