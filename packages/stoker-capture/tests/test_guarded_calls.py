@@ -153,6 +153,18 @@ def test_debug_checks_lint_every_stage() -> None:
             aot_stage2_compile(state, graph)
 
 
+def test_debug_checks_accept_tensor_constants() -> None:
+    # a tensor made inside fn is lifted as a get_attr constant: valid in every stage
+    def f(x):
+        return x[torch.tensor([0, 2])] * torch.tensor(2.0)
+
+    compiled = aot_function(f, debug_checks=True)
+    check_fn(f, compiled, lambda: [torch.randn(4, 3, requires_grad=True)])
+    with torch.no_grad():
+        x = torch.randn(4, 3)
+        torch.testing.assert_close(compiled(x), f(x))
+
+
 def test_debug_checks_from_environment(monkeypatch) -> None:
     monkeypatch.setenv("STOKER_CHECK", "1")
     assert AOTConfig().debug_checks

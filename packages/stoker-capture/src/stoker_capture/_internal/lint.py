@@ -2,7 +2,8 @@
 
 Invariants every graph between stages keeps: ``graph.lint()`` passes; every
 call is a functional (non-mutating, no ``out=``) aten/prims op, a symbolic
-size op, or ``operator.getitem``; every node that returns something has a
+size op, or ``operator.getitem``; other nodes are inputs, tensor constants
+(``get_attr``) and the output; every node that returns something has a
 ``val`` in its meta.
 """
 
@@ -52,6 +53,8 @@ def lint_graph(gm: fx.GraphModule, where: str) -> None:
     for n in gm.graph.nodes:
         if n.op in ("placeholder", "output"):
             continue
+        if n.op == "get_attr" and isinstance(_attr(gm, str(n.target)), torch.Tensor):
+            continue  # a tensor constant the trace lifted (e.g. torch.tensor(...) in fn)
         if n.op != "call_function":
             raise GraphLintError(
                 f"{where}: node {n.name} is a {n.op}; only call_function "
@@ -75,3 +78,10 @@ def lint_graph(gm: fx.GraphModule, where: str) -> None:
         returns_nothing = isinstance(t, torch._ops.OpOverload) and not t._schema.returns
         if "val" not in n.meta and not returns_nothing:  # e.g. aten._linalg_check_errors
             raise GraphLintError(f"{where}: node {n.name} has no meta['val']")
+
+
+def _attr(gm: fx.GraphModule, target: str) -> object:
+    obj: object = gm
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    return obj
