@@ -115,22 +115,12 @@ TINY = {
 }
 
 
-_CNN_CA_BUG = (
-    "stoker-autograd + stoker-triton: stoker-autograd cuts the CNN's captured backward so that "
-    "a segment's input is the TUPLE output of an opaque aten.convolution_backward (getitem "
-    "inside the segment); stoker_triton.compile_graph does not treat a tuple input as a "
-    "runtime input, so the fake example reaches aten.max_pool2d_with_indices_backward at run "
-    "time ('Please convert all Tensors to FakeTensors first'). The same CNN passes with "
-    "compiled_autograd=False (case cnn-aot-backward)"
-)
-
-
 @pytest.mark.parametrize(
     ("name", "compiled_autograd"),
     [
         ("mlp", True),
         ("gpt", True),
-        pytest.param("cnn", True, marks=pytest.mark.xfail(reason=_CNN_CA_BUG, strict=True)),
+        ("cnn", True),
         ("cnn", False),
     ],
     ids=["mlp", "gpt", "cnn", "cnn-aot-backward"],

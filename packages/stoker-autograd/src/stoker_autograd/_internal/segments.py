@@ -31,6 +31,33 @@ def is_python_node(n: fx.Node) -> bool:
     return n.target is operator.getitem and isinstance(src, fx.Node) and is_python_node(src)
 
 
+def _is_aten_item(n: fx.Node) -> bool:
+    src = n.args[0] if n.args else None
+    return (
+        n.op == "call_function"
+        and n.target is operator.getitem
+        and isinstance(src, fx.Node)
+        and not is_python_node(src)
+    )
+
+
+def _items_beside_their_source(graph: fx.Graph) -> list[fx.Node]:
+    """Graph order, except that the items of a multi-output aten op follow it at once.
+
+    A segment takes and returns tensors and SymInts, never a tuple; keeping each
+    ``getitem`` beside its source puts both in the same segment (retracing may
+    have scheduled an item after an opaque call that cuts the run).
+    """
+    order: list[fx.Node] = []
+    for n in graph.nodes:
+        if _is_aten_item(n):
+            continue  # placed right after its source
+        order.append(n)
+        if not is_python_node(n):
+            order += [u for u in n.users if _is_aten_item(u)]
+    return order
+
+
 @dataclass
 class _Segment:
     fn: Callable[..., Any]
@@ -53,7 +80,7 @@ class SegmentedBackward:
         self.output = next(n for n in graph.nodes if n.op == "output")
         self.steps: list[_Segment | _Call] = []
         run: list[fx.Node] = []
-        for n in graph.nodes:
+        for n in _items_beside_their_source(graph):
             if n.op in ("placeholder", "output"):
                 continue
             if is_python_node(n):
