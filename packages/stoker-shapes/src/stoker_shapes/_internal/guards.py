@@ -497,12 +497,12 @@ def build_guard_set(ctx: Any) -> GuardSet:
             src = ti.source.size(i).name
             if isinstance(r, sympy.Symbol) and r not in bound:
                 bound[r] = src
-                bindings.append((str(r.name), f"{var}.size()[{i}]"))
+                bindings.append((str(r.name), f"{var}.shape[{i}]"))
             else:
                 pending.append(
                     (
                         src,
-                        f"{var}.size()[{i}]",
+                        f"{var}.shape[{i}]",
                         r,
                         ctx.notes.get(e) or ctx.replacement_origins.get(e),
                     )
