@@ -239,3 +239,65 @@ def test_max_min_propagate_nan_like_eager():
         fresh_inputs=False,
         options={"persistent_rnumel_max": 16},
     )
+
+
+def _arg_rows() -> torch.Tensor:
+    """Rows that trip NaN-blind or tie-blind argmax/argmin (40 wide, so looped runs lanes)."""
+    nan, inf = float("nan"), float("inf")
+    x = torch.randn(13, 40)
+    x[0, 0] = nan  # NaN first
+    x[1, 21] = nan  # NaN in the middle
+    x[2, 39] = nan  # NaN last
+    x[3, 30] = nan  # two NaNs: the first one counts
+    x[3, 9] = nan
+    x[4] = nan  # all NaN
+    x[5, [3, 17, 33]] = 5.0  # tied maxima
+    x[5, [20, 36]] = -5.0  # tied minima
+    x[6] = -inf  # all -inf
+    x[7] = inf  # all +inf
+    x[8, [10, 25]] = inf
+    x[8, [2, 12]] = -inf
+    x[9] = 0.0  # all equal
+    x[10, [4, 20]] = inf  # NaN after inf and -inf
+    x[10, 6] = -inf
+    x[10, 31] = nan
+    x[11, 17] = nan  # NaN in a later lane block than the maximum
+    x[11, 2] = 100.0
+    return x
+
+
+@pytest.mark.parametrize("looped", [False, True], ids=["persistent", "looped"])
+def test_argmax_argmin_nan_ties_and_infs_like_eager(looped):
+    x = _arg_rows()
+    opts = {"options": {"persistent_rnumel_max": 16}} if looped else {}
+
+    def f(x):
+        xt = x.t().contiguous()
+        return (
+            x.argmax(1),
+            x.argmin(1),
+            x.argmax(-1, keepdim=True),
+            x.argmin(1, keepdim=True),
+            xt.argmax(0),
+            xt.argmin(0, keepdim=True),
+            x[4:5].argmax(),  # flattened, all NaN
+            x[6:8].argmin(),  # flattened, -inf row then +inf row
+            x.argmax(),
+            x.argmin(),
+            torch.max(x, 1).indices,
+            torch.min(x, 1).indices,
+        )
+
+    ref = f(x)
+    assert ref[0][:5].tolist() == [0, 21, 39, 9, 0]  # the rows mean what they say
+    check(f, x, fresh_inputs=False, **opts)
+
+
+@pytest.mark.parametrize("looped", [False, True], ids=["persistent", "looped"])
+def test_argmax_argmin_of_rows_at_the_dtype_limits(looped):
+    lo, hi = torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max
+    x = torch.randint(-5, 5, (3, 40))
+    x[0] = lo
+    x[1] = hi
+    opts = {"options": {"persistent_rnumel_max": 16}} if looped else {}
+    check(lambda x: (x.argmax(1), x.argmin(1)), x, fresh_inputs=False, **opts)

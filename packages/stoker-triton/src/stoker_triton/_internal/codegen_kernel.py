@@ -335,6 +335,12 @@ class KernelCodegen:
             return f"tl.reduce({x}, 1, _{t}_nan)"
         return f"tl.{t}({x}, 1)"
 
+    def _arg_hit(self, n: ReductionNode, v: str, best: str) -> str:
+        """Where `v` equals the row's `best` (a NaN `best` matches only NaNs, as in eager)."""
+        if n.body.dtype.is_floating_point:
+            return f"(({v} == {best}) | (({v} != {v}) & ({best} != {best})))"
+        return f"({v} == {best})"
+
     def persistent_reduction(self, n: ReductionNode, p: Placement) -> None:
         t = n.reduce_type
         v = self.value(n.body, p, "xrmask", True)
@@ -351,10 +357,11 @@ class KernelCodegen:
         elif t == "all":
             res = self.assign(f"(tl.min(({masked} != 0).to(tl.int32), 1) != 0)[:, None]")
         elif t in ("argmax", "argmin"):
-            best = self.assign(f"tl.{t[3:]}({masked}, 1)[:, None]")
+            best = self.assign(f"{self._maxmin_reduce(n, t[3:], masked)}[:, None]")
             big = "9223372036854775807"
+            hit = self._arg_hit(n, masked, best)
             cand = self.assign(
-                f"tl.where(xrmask & ({masked} == {best}), (rindex + 0 * xindex).to(tl.int64), {big})"
+                f"tl.where(xrmask & {hit}, (rindex + 0 * xindex).to(tl.int64), {big})"
             )
             res = self.assign(f"tl.min({cand}, 1)[:, None]")
         elif t in ("welford_mean", "welford_m2"):
@@ -432,7 +439,13 @@ class KernelCodegen:
             cmp = ">" if t == "argmax" else "<"
             m = self.new_var("m")
             self.line(f"{m} = {masked}")
-            self.line(f"take = xrmask & ({m} {cmp} {a})")
+            # the lane's first element is always taken (an all -inf row for argmax still
+            # has index 0); later ones only when strictly better, so ties keep the first.
+            # Floats: the first NaN wins and stays, as in eager.
+            better = f"({m} {cmp} {a}) | ({i} == 9223372036854775807)"
+            if n.body.dtype.is_floating_point:
+                better += f" | (({m} != {m}) & ({a} == {a}))"
+            self.line(f"take = xrmask & ({better})")
             self.line(f"{a} = tl.where(take, {m}, {a})")
             self.line(f"{i} = tl.where(take, (rindex + 0 * xindex).to(tl.int64), {i})")
 
@@ -464,8 +477,9 @@ class KernelCodegen:
         else:
             a, i = acc
             best = self.new_var("best")
-            self.line(f"{best} = tl.{t[3:]}({a}, 1)[:, None]")
-            res = f"tl.min(tl.where({a} == {best}, {i}, 9223372036854775807), 1)[:, None]"
+            self.line(f"{best} = {self._maxmin_reduce(n, t[3:], a)}[:, None]")
+            hit = self._arg_hit(n, a, best)
+            res = f"tl.min(tl.where({hit}, {i}, 9223372036854775807), 1)[:, None]"
         var = self.new_var("red")
         self.line(f"{var} = {res}")
         self.registers[n.name] = var
