@@ -284,34 +284,40 @@ def cat(ctx: LoweringContext, node: Any, xs: Sequence[TensorValue], dim: int = 0
     size = out_size(ctx, node)
     xs = [x for x in xs if not (x.ndim == 1 and x.size[0] == 0)]
     dim = _dim(dim, len(size))
+    xs = [x for x in xs if not (x.size[dim].is_number and int(x.size[dim]) == 0)]
     starts: list[Expr] = []
     acc: Expr = sympy.Integer(0)
     for x in xs:
         starts.append(acc)
         acc = acc + x.size[dim]
 
+    def index(e: Expr) -> Value:
+        from ..ir import IndexValue
+
+        return Const(int(e), torch.int64) if e.is_number else IndexValue(e, torch.int64)
+
     def loader(idx: tuple[Expr, ...]) -> Value:
         from ..ir import IndexValue
 
+        # Each piece loads only where the output index lies in [start, end): a lane
+        # outside it would read before or past that input's buffer.
         out: Value | None = None
         pos = IndexValue(idx[dim], torch.int64)
-        for x, st in reversed(list(zip(xs, starts))):
+        last = len(xs) - 1
+        for k, (x, st) in reversed(list(enumerate(zip(xs, starts)))):
             sub = list(idx)
             sub[dim] = idx[dim] - st
             v = cast(x.load(tuple(sub)), val.dtype)
-            if out is None:
-                out = v
-                continue
-            end = (
-                Const(int(st + x.size[dim]), torch.int64) if (st + x.size[dim]).is_number else None
-            )
-            lim: Value = end if end is not None else IndexValue(st + x.size[dim], torch.int64)
-            inside = Op("lt", (pos, lim), torch.bool)
-            out = Op(
-                "where",
-                (inside, Op("masked", (inside, v, Const(0, val.dtype)), val.dtype), out),
-                val.dtype,
-            )
+            conds: list[Value] = []
+            if k > 0:
+                conds.append(Op("ge", (pos, index(st)), torch.bool))
+            if k < last:
+                conds.append(Op("lt", (pos, index(st + x.size[dim])), torch.bool))
+            if not conds:
+                return v  # a single piece
+            inside = conds[0] if len(conds) == 1 else Op("bitwise_and", tuple(conds), torch.bool)
+            piece = Op("masked", (inside, v, Const(0, val.dtype)), val.dtype)
+            out = piece if out is None else Op("where", (inside, piece, out), val.dtype)
         assert out is not None
         return out
 
