@@ -11,7 +11,7 @@ stop after any stage, inspect or edit its result, and resume::
 
 from .__about__ import __version__
 from ._internal.api import AOTCompiled, aot_function, aot_module, export
-from ._internal.capture import CapturedGraph, aot_stage1_graph_capture
+from ._internal.capture import CapturedGraph, aot_stage1_graph_capture, eager_autograd_engine
 from ._internal.compile import CompiledFn, aot_stage2_compile
 from ._internal.config import AOTConfig, aten_executor
 from ._internal.dynamo import dynamo_backend
@@ -68,6 +68,7 @@ __all__ = [
     "create_aot_state",
     "default_partition",
     "dynamo_backend",
+    "eager_autograd_engine",
     "export",
     "lint_graph",
     "load",

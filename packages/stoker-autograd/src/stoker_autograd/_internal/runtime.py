@@ -16,9 +16,8 @@ running the captured graph: the result is the same as eager, only slower.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,22 +25,12 @@ import sympy
 import torch
 import torch.fx as fx
 
+from stoker_capture import eager_autograd_engine
+
 from . import ops
 from .retrace import Position, Retraced, concrete_values, retrace, unpack_index
 from .segments import SegmentedBackward
 from .session import Session, aten_executor
-
-
-@contextlib.contextmanager
-def engine_hook_off() -> Iterator[None]:
-    """Compiled autograd off while a compiled backward runs (hooks may call backward,
-    reentrant checkpointing does); restored afterwards."""
-    mod = torch._C._dynamo.compiled_autograd
-    prior = mod.set_autograd_compiler(None, False)
-    try:
-        yield
-    finally:
-        mod.set_autograd_compiler(*prior)
 
 
 def runtime_wrapper(
@@ -53,7 +42,7 @@ def runtime_wrapper(
     packed_data: list[Any],
     *rest: Any,
 ) -> Any:
-    with engine_hook_off():
+    with eager_autograd_engine():  # hooks may call backward
         out = compiled_fn(inputs, sizes, scalars, hooks, packed_data)
     return out if type(out) is list else list(out)  # the engine wants exactly a list
 

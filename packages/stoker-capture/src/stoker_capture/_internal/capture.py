@@ -138,7 +138,7 @@ def aot_stage1_graph_capture(state: AOTState) -> CapturedGraph:
             ]
             grads: list[Any] = [None] * len(primals)
             if diff and want:
-                with backward_meta(), _eager_autograd_engine():
+                with backward_meta(), eager_autograd_engine():
                     got = torch.autograd.grad(
                         [v for v, _ in diff],
                         [fp[i] for i in want],
@@ -223,9 +223,12 @@ def _tag_phases(gm: fx.GraphModule, fw_names: set[str] | None) -> None:
 
 
 @contextlib.contextmanager
-def _eager_autograd_engine() -> Iterator[None]:
-    """The joint trace's ``autograd.grad`` must run on the eager engine: a compiled-autograd
-    hook (stoker-autograd's or torch's) would otherwise capture it, on tracing tensors."""
+def eager_autograd_engine() -> Iterator[None]:
+    """Unset the compiled-autograd engine hook for a block (its cache is kept).
+
+    The joint trace's ``autograd.grad`` must run on the eager engine: a compiled-autograd
+    hook (stoker-autograd's or torch's) would otherwise capture it, on tracing tensors.
+    stoker-autograd runs compiled backwards under it too (hooks may call backward)."""
     hook = torch._C._dynamo.compiled_autograd
     prior = hook.set_autograd_compiler(None, False)
     try:

@@ -60,23 +60,12 @@ class AutogradSwitch:
             finally:
                 self.turn_off()
         elif not enabled and self.on:
-            with _engine_hook_paused():
+            from stoker_capture import eager_autograd_engine  # lazily: `import stoker` stays light
+
+            with eager_autograd_engine():
                 yield
         else:
             yield
-
-
-@contextlib.contextmanager
-def _engine_hook_paused() -> Iterator[None]:
-    """Unset torch's compiled-autograd engine hook for a block, without clearing its cache."""
-    import torch
-
-    hook = torch._C._dynamo.compiled_autograd
-    prior = hook.set_autograd_compiler(None, False)
-    try:
-        yield
-    finally:
-        hook.set_autograd_compiler(*prior)
 
 
 def _enable_fn() -> Callable[..., Any]:
