@@ -75,6 +75,10 @@ def compile_graph_impl(
         n_guards = len(shape_env.guards) if shape_env is not None else 0
         gm = decompose(gm, fake_inputs, fake_mode)
         device = _device(fake_inputs)
+    if _has_data_dependent_sizes(gm):
+        # Sizes that only exist at run time (nonzero, unique, masked_select, .item())
+        # have no input to bind them from: the whole graph runs through aten.
+        return _aten_graph(gm, report, "sizes that depend on tensor data (unbacked symbols)")
     # 1. lowering: each aten op -> loop-level IR by the rule table
     with report.stage("lower"):
         program, ctx = lower_graph(gm, fake_inputs, shape_env, device, persistent_max)
@@ -107,6 +111,20 @@ def compile_graph_impl(
     if debug:
         print(_debug_text(report, wrapper_src), file=sys.stderr)
     return CompiledGraph(call, report, wrapper_src, out_spec)
+
+
+def _has_data_dependent_sizes(gm: torch.fx.GraphModule) -> bool:
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return any(free_unbacked_symbols(n.meta.get("val")) for n in gm.graph.nodes)
+
+
+def _aten_graph(gm: torch.fx.GraphModule, report: CompileReport, reason: str) -> CompiledGraph:
+    """The whole graph through aten: logged once per graph and counted in the report."""
+    log.info("stoker-triton: the whole graph runs through aten (%s)", reason)
+    report.fallback_ops["<whole graph>"] = 1
+    report.fallback_reasons["<whole graph>"] = reason
+    return CompiledGraph(lambda args: gm(*args), report, "# the whole graph runs through aten\n")
 
 
 # --------------------------------------------------------------------------
