@@ -19,7 +19,6 @@ The engine binds a node type's functional backward once per process (across
 from __future__ import annotations
 
 import operator
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -76,8 +75,6 @@ class _Registry:
     def get(self, name: str) -> BoundBackward:
         op = self._ops.get(name)
         if op is None:
-            op = self._borrow(name)
-        if op is None:
             raise RuntimeError(
                 f"stoker-autograd: the engine asked for the functional backward {name!r}, "
                 "which was bound to another compiled-autograd implementation in this process "
@@ -85,20 +82,6 @@ class _Registry:
                 "implementation per process: do not mix torch's compiled autograd with "
                 "stoker_autograd.enable()."
             )
-        return op
-
-    def _borrow(self, name: str) -> BoundBackward | None:
-        """The engine bound ``name`` to torch's own compiled autograd earlier in this
-        process (and will not bind it again): take the function from torch's registry
-        if that module is loaded.  We never import it ourselves."""
-        mod = sys.modules.get("torch._dynamo.compiled_autograd")
-        namespace = getattr(mod, "ops", None)
-        theirs = getattr(namespace, name, None)
-        fn = getattr(theirs, "fn", None)
-        if fn is None:
-            return None
-        op = BoundBackward(name, fn, bool(getattr(theirs, "is_custom_function", False)), True)
-        self._ops[name] = op
         return op
 
     def __contains__(self, name: str) -> bool:
