@@ -127,37 +127,29 @@ def _finish(ctx: LoweringContext, node: Any, out: TensorValue) -> TensorValue:
     return TensorValue(out.size, dt, ctx.device, lambda idx: cast(out.load(idx), dt))
 
 
-@register("reduction", aten.sum, prims.sum)
-def sum_(
-    ctx: LoweringContext,
-    node: Any,
-    x: TensorValue,
-    dims: Any = None,
-    keepdim: bool = False,
-    *,
-    dtype: Any = None,
-    **kw: Any,
-) -> TensorValue:
-    if node.target == aten.sum.default:
-        dims, keepdim = None, False
-    out = reduce(ctx, x, _dims(dims, x.ndim), keepdim, "sum", meta_val(node).dtype)
-    return _finish(ctx, node, out)
+def _plain_reduction(kind: str, whole: Any) -> Any:
+    """sum/prod: reduce ``dims`` (all of them for the ``whole``-tensor overload)."""
+
+    def rule(
+        ctx: LoweringContext,
+        node: Any,
+        x: TensorValue,
+        dims: Any = None,
+        keepdim: bool = False,
+        *,
+        dtype: Any = None,
+        **kw: Any,
+    ) -> TensorValue:
+        if node.target == whole:
+            dims, keepdim = None, False
+        out = reduce(ctx, x, _dims(dims, x.ndim), keepdim, kind, meta_val(node).dtype)
+        return _finish(ctx, node, out)
+
+    return rule
 
 
-@register("reduction", aten.prod)
-def prod(
-    ctx: LoweringContext,
-    node: Any,
-    x: TensorValue,
-    dim: Any = None,
-    keepdim: bool = False,
-    *,
-    dtype: Any = None,
-) -> TensorValue:
-    if node.target == aten.prod.default:
-        dim, keepdim = None, False
-    out = reduce(ctx, x, _dims(dim, x.ndim), keepdim, "prod", meta_val(node).dtype)
-    return _finish(ctx, node, out)
+sum_ = register("reduction", aten.sum, prims.sum)(_plain_reduction("sum", aten.sum.default))
+prod = register("reduction", aten.prod)(_plain_reduction("prod", aten.prod.default))
 
 
 @register("reduction", aten.mean)
