@@ -197,6 +197,12 @@ def create_aot_state(
         return flat
 
     joint = _wants_joint(config, inputs)
+    # nn.MultiheadAttention and nn.TransformerEncoderLayer take a fused "fast
+    # path" in eval mode whose ops (`_transformer_encoder_layer_fwd`) have no
+    # fake kernel on torch 2.11: trace their standard path, the same graph on
+    # every torch version (the numbers agree with eager's fast path).
+    stack.enter_context(_mha_fastpath_disabled())
+    stack.enter_context(_lstm_hidden_shape_fixed())
     if joint:
         # The CPU LSTM's oneDNN path saves a workspace its fake kernel cannot describe;
         # trace the portable decomposition instead, for as long as the pipeline runs.
@@ -237,6 +243,48 @@ def _dims_of(spec: Any) -> dict[int, Dim] | None:
     if isinstance(spec, Sequence) and not isinstance(spec, str):
         return {d: v for d, v in enumerate(spec) if isinstance(v, Dim)} or None
     return None
+
+
+@contextlib.contextmanager
+def _mha_fastpath_disabled() -> Iterator[None]:
+    prev = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(prev)
+
+
+@contextlib.contextmanager
+def _lstm_hidden_shape_fixed() -> Iterator[None]:
+    """torch 2.11's LSTM decomposition (`one_layer_lstm`, traced whenever oneDNN is
+    off or the input needs grad) returns each layer's final hidden state as
+    `hx.squeeze(1)`: for a batch > 1 that keeps a leading 1 and `h_n` comes out
+    `(layers, 1, batch, hidden)`. torch 2.13 squeezes dim 0. While the pipeline
+    runs, reshape the per-layer states to the shape they came in with."""
+    from torch._decomp import decompositions as decomp
+
+    orig = getattr(decomp, "one_layer_lstm", None)
+    if orig is None or torch_version() >= (2, 12):
+        yield
+        return
+
+    def one_layer_lstm(
+        inp: Any, hidden: Any, params: Any, has_biases: Any, reverse: bool = False
+    ) -> Any:
+        out, (h, c) = orig(inp, hidden, params, has_biases, reverse)
+        return out, (h.reshape(hidden[0].shape), c.reshape(hidden[1].shape))
+
+    decomp.one_layer_lstm = one_layer_lstm
+    try:
+        yield
+    finally:
+        decomp.one_layer_lstm = orig
+
+
+def torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
 
 
 @contextlib.contextmanager

@@ -30,6 +30,25 @@ TL_DTYPE = {
     torch.bool: "tl.int1",
 }
 
+# float32 -> bfloat16. A GPU rounds to nearest even; Triton's interpreter
+# truncates (one ulp off half the time), so under the interpreter the
+# rounding is done on the bits. Both return the same values.
+PRELUDE_BF16 = {
+    "native": """
+@triton.jit
+def _to_bf16(x):
+    return x.to(tl.bfloat16)
+""",
+    "interpret": """
+@triton.jit
+def _to_bf16(x):
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    r = bits.to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, r).to(tl.bfloat16)
+""",
+}
+
 # Helpers every kernel module defines once (plain @triton.jit functions).
 PRELUDE = """
 @triton.jit
@@ -163,6 +182,15 @@ def is_literal(code: str) -> bool:
 def _cast(a: Sequence[str], dts: Sequence[torch.dtype], out: torch.dtype) -> str:
     if out == torch.bool:
         return f"({a[0]} != 0)"
+    src = dts[0] if dts else None
+    if out == torch.bfloat16 and src != torch.bfloat16:
+        # through float32, as eager does (c10::BFloat16 is built from a float),
+        # rounded to nearest even by `_to_bf16` (see PRELUDE_BF16)
+        x = a[0] if src == torch.float32 else f"{a[0]}.to(tl.float32)"
+        return f"_to_bf16({x})"
+    if out == torch.float16 and src is not None and not src.is_floating_point:
+        # integer/bool -> half through float32, as eager does (c10::Half is built from a float)
+        return f"{a[0]}.to(tl.float32).to({TL_DTYPE[out]})"
     return f"{a[0]}.to({TL_DTYPE[out]})"
 
 

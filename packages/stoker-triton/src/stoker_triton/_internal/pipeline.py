@@ -22,11 +22,11 @@ import torch
 import torch.fx
 
 from .codegen_kernel import KernelSource, generate_kernel
-from .codegen_ops import PRELUDE
+from .codegen_ops import PRELUDE, PRELUDE_BF16
 from .codegen_wrapper import generate_wrapper
 from .lowering import lower_graph
 from .report import CompileReport, KernelInfo
-from .runtime import Launcher, load_module, precompile
+from .runtime import Launcher, interpreting, load_module, precompile
 from .scheduler import PERSISTENT_RNUMEL_MAX, Kernel, schedule
 from .verify import verify_program, verify_schedule
 
@@ -347,6 +347,7 @@ def kernel_module_source(ks: KernelSource) -> str:
     return (
         "# stoker-triton kernel\nimport triton\nimport triton.language as tl\n"
         + PRELUDE
+        + PRELUDE_BF16["interpret" if interpreting() else "native"]
         + "\n\n"
         + body
     )
@@ -355,6 +356,9 @@ def kernel_module_source(ks: KernelSource) -> str:
 def load_kernels(kernels: dict[str, KernelSource]) -> tuple[dict[str, Launcher], dict[str, str]]:
     import hashlib
 
+    from .xcompile import targets
+
+    check_gpu = interpreting() and bool(targets())
     launchers: dict[str, Launcher] = {}
     paths: dict[str, str] = {}
     for name, ks in kernels.items():
@@ -363,6 +367,8 @@ def load_kernels(kernels: dict[str, KernelSource]) -> tuple[dict[str, Launcher],
         sha = hashlib.sha256(src.encode()).hexdigest()[:24]
         lau = Launcher(mod.kernel, sha, ks.is_reduction, ks.persistent, ks.has_atomics)
         lau.n_ptrs = len(ks.pointer_args)
+        lau.path = str(path)
+        lau.check_gpu = check_gpu
         launchers[name] = lau
         paths[name] = str(path)
     return launchers, paths

@@ -111,10 +111,16 @@ class Launcher:
         self.has_atomics = has_atomics
         self.interpret = interpreting()
         self.configs: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self.path: str | None = None  # the kernel module's file (set by the loader)
+        self.check_gpu = False  # cross-compile for STOKER_TRITON_CHECK_TARGETS (set by the loader)
 
-    def candidates(self, xnumel: int, rnumel: int) -> list[tuple[int, int, int]]:
+    def candidates(
+        self, xnumel: int, rnumel: int, native: bool | None = None
+    ) -> list[tuple[int, int, int]]:
+        """Block sizes and warps to try: the interpreter's one choice, or the
+        GPU autotuner's (`native=True` asks for those even when interpreting)."""
         xp = next_pow2(xnumel)
-        if self.interpret:
+        if self.interpret if native is None else not native:
             # the interpreter pays per program: big blocks, small grids
             if not self.is_reduction:
                 return [(min(xp, 4096), 1, 4)]
@@ -140,6 +146,10 @@ class Launcher:
             return
         cfg = self.configs.get((xnumel, rnumel))
         if cfg is None:
+            if self.check_gpu and self.path is not None:
+                from .xcompile import check
+
+                check(self.path, args, self.candidates(xnumel, rnumel, native=True))
             cfg = self._choose(args, xnumel, rnumel)
             self.configs[(xnumel, rnumel)] = cfg
         xb, rb, w = cfg

@@ -70,7 +70,7 @@ def reduce(
             raise LoweringError(f"{reduce_type} of an empty tensor")
         fill = Const(EMPTY_IDENTITY[reduce_type], res_dtype)
         out = TensorValue(size, res_dtype, ctx.device, lambda i: cast(fill, res_dtype))
-        return _keep(ctx, out, x.ndim, dims, keepdim)
+        return _keep(ctx, _as(ctx, out, dtype, reduce_type), x.ndim, dims, keepdim)
     if not rsize:  # reducing one element: no reduction node
 
         def single(i: tuple[Expr, ...]) -> Value:
@@ -82,9 +82,17 @@ def reduce(
             return _single(reduce_type, v, res_dtype)
 
         out = TensorValue(size, res_dtype, ctx.device, single)
-        return _keep(ctx, out, x.ndim, dims, keepdim)
+        return _keep(ctx, _as(ctx, out, dtype, reduce_type), x.ndim, dims, keepdim)
     out = ctx.add_reduction(size, rsize, reduce_type, body, res_dtype)
-    return _keep(ctx, out, x.ndim, dims, keepdim)
+    return _keep(ctx, _as(ctx, out, dtype, reduce_type), x.ndim, dims, keepdim)
+
+
+def _as(ctx: LoweringContext, out: TensorValue, dtype: torch.dtype, kind: str) -> TensorValue:
+    """The accumulator's result in the dtype the caller asked for (a float16
+    max accumulates in float32 and comes back as float16)."""
+    if kind in ("argmax", "argmin") or out.dtype == dtype:
+        return out
+    return TensorValue(out.size, dtype, ctx.device, lambda idx: cast(out.load(idx), dtype))
 
 
 EMPTY_IDENTITY: dict[str, bool | int | float] = {

@@ -1,0 +1,78 @@
+"""Cross-compilation for a GPU target with Triton's real compiler, without a GPU."""
+
+import os
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from triton_helpers import check
+
+from stoker_triton._internal import xcompile
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="cross-compiling checks the interpreter's kernels; a GPU run compiles them natively",
+)
+
+
+def test_every_kernel_and_config_is_compiled_for_the_target(monkeypatch):
+    monkeypatch.setenv(xcompile.ENV, "cuda:90,cuda:80")
+    before = xcompile.compiled_count
+    x = torch.randn(24, 40, requires_grad=True)
+    w = torch.randn(40, requires_grad=True)
+    idx = torch.randint(0, 24, (7,))
+
+    def f(x, w, idx):
+        y = F.layer_norm(x, (40,), w).relu()
+        e = F.embedding(idx, y)  # gather forward, scatter-add (atomics) backward
+        return torch.autograd.grad((e * 1.5).sum() + y.softmax(-1).amax(), [x, w])
+
+    check(f, x, w, idx, atol=1e-4, rtol=1e-4)
+    # each kernel x each GPU autotuning candidate x two targets, all compiled to cubin
+    assert xcompile.compiled_count - before >= 2 * 2
+
+
+def test_a_kernel_the_compiler_rejects_names_its_file(tmp_path, monkeypatch):
+    monkeypatch.setenv(xcompile.ENV, "cuda:90")
+    path = tmp_path / "bad_kernel.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            import triton
+            import triton.language as tl
+
+            @triton.jit
+            def kernel(ptr_a, ptr_b, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+                i = tl.arange(0, XBLOCK)
+                v = tl.load(ptr_a + i)
+                tl.store(ptr_b + i, tl.dot(v, v))  # tl.dot needs 2-D blocks
+            """
+        )
+    )
+    a = torch.randn(64)
+    with pytest.raises(xcompile.CrossCompileError, match=r"bad_kernel\.py.*cuda:90.*XBLOCK=64"):
+        xcompile.check(str(path), [a, a.clone(), 64, 1], [(64, 1, 4)])
+
+
+def test_a_bad_target_spec_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(xcompile.ENV, "sm90")
+    with pytest.raises(ValueError, match="cuda:<compute capability>"):
+        xcompile.targets()
+
+
+def test_signature_specializes_like_tritons_launcher():
+    a = torch.empty(32, dtype=torch.bfloat16)
+    sig, consts, attrs = xcompile.signature(
+        ["p", "xnumel", "rnumel", "s0"], [a, 48, 1, 2**40], {"XBLOCK": 64, "RBLOCK": 1}
+    )
+    assert sig == {
+        "p": "*bf16",
+        "xnumel": "i32",
+        "rnumel": "constexpr",
+        "s0": "i64",
+        "XBLOCK": "constexpr",
+        "RBLOCK": "constexpr",
+    }
+    assert consts == {"XBLOCK": 64, "RBLOCK": 1, "rnumel": 1}
+    assert attrs[(1,)] == [["tt.divisibility", 16]] and (3,) in attrs  # 48 and 2**40 % 16 == 0
