@@ -153,7 +153,23 @@ class Launcher:
             cfg = self._choose(args, xnumel, rnumel)
             self.configs[(xnumel, rnumel)] = cfg
         xb, rb, w = cfg
-        self.fn[(cdiv(xnumel, xb),)](*args, XBLOCK=xb, RBLOCK=rb, num_warps=w)
+        if not self.interpret:
+            self.fn[(cdiv(xnumel, xb),)](*args, XBLOCK=xb, RBLOCK=rb, num_warps=w)
+            return
+        try:
+            self.fn[(cdiv(xnumel, xb),)](*args, XBLOCK=xb, RBLOCK=rb, num_warps=w)
+        except Exception as e:
+            if "only 0-dimensional arrays can be converted" in str(e):
+                import numpy
+                import triton
+
+                raise RuntimeError(
+                    f"Triton {triton.__version__}'s interpreter cannot loop over a kernel "
+                    f"argument with NumPy {numpy.__version__} (it calls int() on a 1-element "
+                    "array, which NumPy 2.4 refuses). Install numpy<2.4, or triton>=3.8 "
+                    f"(kernel: {self.path})."
+                ) from e
+            raise
 
     n_ptrs = 0
 
