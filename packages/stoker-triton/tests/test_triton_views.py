@@ -147,3 +147,44 @@ def test_a_clone_taken_before_an_in_place_write_keeps_the_old_values():
         return (c + 0, m.sum(), a * 1)
 
     check(f, x)
+
+
+def test_expanded_outputs_keep_the_graphs_strides():
+    # a forward that saves `norm.expand_as(x)` for its backward: the backward is
+    # compiled for stride 0 along the expanded dim, so the forward must return that
+    from triton_helpers import trace
+
+    from stoker_triton import compile_graph
+
+    x = torch.randn(5, 7)
+
+    def f(x):
+        return (
+            # pointwise after the reduction: the expanded value is not a stored buffer
+            x.norm(dim=1, keepdim=True).clamp_min(1e-3).expand_as(x),
+            (x.amax(0) + 1).expand(3, 7).t(),
+            x.sum(1, keepdim=True).expand(5, 7) * x,
+        )
+
+    check(f, x)
+    out, ref = compile_graph(trace(f, x), [x])(x), f(x)
+    assert [o.stride() for o in out] == [o.stride() for o in ref] == [(1, 0), (1, 0), (7, 1)]
+
+
+def test_normalize_forward_and_backward_as_aot_compiler():
+    from functorch.compile import aot_function
+
+    from stoker_triton import compile_graph
+
+    def f(x):
+        return F.normalize(x, dim=1) * 2
+
+    compiled = aot_function(f, fw_compiler=compile_graph, bw_compiler=compile_graph)
+    for _ in range(2):
+        a = torch.randn(4, 6, requires_grad=True)
+        out, ref = compiled(a), f(a)
+        torch.testing.assert_close(out, ref)
+        w = torch.randn(4, 6)
+        (g,) = torch.autograd.grad((out * w).sum(), a)
+        (ge,) = torch.autograd.grad((ref * w).sum(), a)
+        torch.testing.assert_close(g, ge)

@@ -11,7 +11,7 @@ import sympy
 import torch
 import torch.fx
 
-from ..ir import BufferRef, Program, SymRef
+from ..ir import BufferRef, Expr, Program, SymRef
 from . import extern, indexing, pointwise, random, reduction, views  # register the rules
 from .core import LOWERINGS, REUSE_BODY_LIMIT, LoweringContext, TensorValue
 from .extern import extern_call
@@ -198,6 +198,36 @@ def _maybe_realize_shared(
         env[node] = ctx.realize(tv)
 
 
+def _expanded_output(ctx: LoweringContext, v: TensorValue, val: torch.Tensor) -> BufferRef | None:
+    """An output the graph produces as an expanded view (stride 0 along some
+    dims, e.g. `x.sum(1, keepdim=True).expand_as(x)` saved for the backward):
+    store one slice and return the same expanded view, so whatever consumes
+    it (a backward compiled for those strides) sees the layout eager gives.
+    None when the output is not expanded or its strides are symbolic."""
+    st = val.stride()
+    if val.ndim == 0 or not all(isinstance(s, int) for s in st):
+        return None
+    exp = {d for d in range(val.ndim) if st[d] == 0 and v.size[d] != 1}
+    if not exp:
+        return None
+    size = [sympy.Integer(1) if d in exp else v.size[d] for d in range(val.ndim)]
+    # dense over the kept dims, in the order of the graph's strides (largest outermost)
+    stride: list[Expr] = [sympy.Integer(0)] * val.ndim
+    acc: Expr = sympy.Integer(1)
+    for d in sorted((d for d in range(val.ndim) if d not in exp), key=lambda d: (st[d], d)):
+        stride[d] = acc
+        acc = acc * size[d]
+    base = TensorValue(
+        size,
+        v.dtype,
+        ctx.device,
+        lambda idx: v.load(tuple(sympy.Integer(0) if d in exp else idx[d] for d in range(len(idx)))),
+    )
+    r = ctx.realize(base, stride)
+    assert r.layout is not None
+    return BufferRef(r.layout.buf, tuple(v.size), tuple(stride), sympy.Integer(0))
+
+
 def _output(
     ctx: LoweringContext, o: Any, env: dict[torch.fx.Node, Any], k: int, views: dict[int, BufferRef]
 ) -> Any:
@@ -215,6 +245,11 @@ def _output(
         views[k] = v.layout
         return v.layout.buf
     val = o.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        ref = _expanded_output(ctx, v, val)
+        if ref is not None:
+            views[k] = ref
+            return ref.buf
     stride = None
     if isinstance(val, torch.Tensor) and _is_dense(val) and val.ndim > 0:
         stride = [sympy.Integer(s) for s in val.stride()]
