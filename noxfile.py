@@ -80,6 +80,25 @@ def tests(session: nox.Session, package: str) -> None:
 
 
 @nox.session
+def compat(session: nox.Session) -> None:
+    """Every suite on the GPU machine's stack (torch 2.11, triton 3.6), on the CPU.
+
+    Heavy: PyPI's torch 2.11 is a CUDA build (about 3 GB of CUDA libraries come
+    with it), so this is not in CI. Triton 3.6's interpreter needs numpy<2.4.
+    Kernels are also cross-compiled for sm_90 with Triton 3.6's own compiler,
+    the one the GPU machine runs."""
+    session.install("torch==2.11.0", "triton==3.6.0")
+    args: list[str] = []
+    for k in PACKAGES:
+        args += ["-e", str(ROOT / "packages" / PACKAGES[k][0])]
+    session.install(*args, *TEST_DEPS, "numpy<2.4", "transformers", "torch==2.11.0")
+    env = {**INTERPRET_ENV, "CUDA_VISIBLE_DEVICES": ""}
+    for k in PACKAGES:
+        session.run("pytest", f"packages/{PACKAGES[k][0]}/tests", *session.posargs, env=env)
+    session.run("pytest", "tests-integration", *session.posargs, env=env)
+
+
+@nox.session
 def integration(session: nox.Session) -> None:
     """The full install plus tests-integration/."""
     _install(session, list(PACKAGES), TEST_DEPS)
