@@ -221,7 +221,9 @@ def _expanded_output(ctx: LoweringContext, v: TensorValue, val: torch.Tensor) ->
         size,
         v.dtype,
         ctx.device,
-        lambda idx: v.load(tuple(sympy.Integer(0) if d in exp else idx[d] for d in range(len(idx)))),
+        lambda idx: v.load(
+            tuple(sympy.Integer(0) if d in exp else idx[d] for d in range(len(idx)))
+        ),
     )
     r = ctx.realize(base, stride)
     assert r.layout is not None
