@@ -3,8 +3,10 @@ device-to-device copy, and cold compile times.
 
     python tools/bench_triton.py            # on a machine with CUDA
     python tools/bench_triton.py --quick    # smaller sizes
+    python tools/bench_triton.py --smoke    # tiny sizes on the CPU (interpreter): checks
+                                            # the script runs; its numbers mean nothing
 
-On a machine without CUDA it says so and exits 0.
+On a machine without CUDA (and no --smoke) it says so and exits 0.
 """
 
 from __future__ import annotations
@@ -24,18 +26,27 @@ def main() -> int:
     )
     ap.add_argument("--quick", action="store_true", help="smaller sizes")
     ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes on the CPU under Triton's interpreter (checks the script, not speed)",
+    )
+    ap.add_argument(
         "--inductor",
         action="store_true",
         help="also time torch.compile (Inductor) on the same graphs",
     )
     args = ap.parse_args()
 
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
-    if not torch.cuda.is_available():
+    if args.smoke:
+        pass
+    elif not torch.cuda.is_available():
         print("bench_triton: needs a CUDA GPU (none found); nothing to measure.")
         return 0
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if os.environ.get("TRITON_INTERPRET") == "1" and not args.smoke:
         print("bench_triton: TRITON_INTERPRET=1 is set; unset it to measure native kernels.")
         return 0
     # cold compiles: fresh caches for stoker and for Triton's binaries
@@ -45,12 +56,14 @@ def main() -> int:
     import torch.nn.functional as F
     from torch._decomp import core_aten_decompositions
     from torch.fx.experimental.proxy_tensor import make_fx
-    from triton.testing import do_bench
 
     from stoker_triton import compile_graph
 
-    dev = "cuda"
-    rows, cols = (4096, 4096) if args.quick else (16384, 8192)
+    dev = "cpu" if args.smoke else "cuda"
+    do_bench = _cpu_bench if args.smoke else _cuda_bench()
+    sync = (lambda: None) if args.smoke else torch.cuda.synchronize
+    name = "CPU (Triton interpreter)" if args.smoke else torch.cuda.get_device_name()
+    rows, cols = (64, 128) if args.smoke else (4096, 4096) if args.quick else (16384, 8192)
     n = rows * cols
     x = torch.randn(rows, cols, device=dev)
     w = torch.randn(cols, device=dev)
@@ -58,7 +71,7 @@ def main() -> int:
     y = torch.empty_like(x)
     copy_ms = do_bench(lambda: y.copy_(x))
     copy_gbs = 2 * x.numel() * 4 / copy_ms / 1e6
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    print(f"device: {name}  torch {torch.__version__}")
     print(f"device-to-device copy of {x.numel() * 4 / 2**20:.0f} MiB: {copy_gbs:.0f} GB/s\n")
 
     cases: list[tuple[str, Callable[..., Any], tuple[Any, ...], int]] = [
@@ -86,13 +99,13 @@ def main() -> int:
         t0 = time.perf_counter()
         fn = compile_graph(gm, list(inputs))
         fn(*inputs)  # first call: Triton compiles and autotunes
-        torch.cuda.synchronize()
+        sync()
         cold = time.perf_counter() - t0
         torch.testing.assert_close(fn(*inputs), gm(*inputs), atol=1e-3, rtol=1e-3)
         ms = do_bench(lambda fn=fn, inputs=inputs: fn(*inputs))
         gbs = nbytes / ms / 1e6
         line = f"{name:28s} {fn.report.n_kernels:7d} {ms:8.3f} {gbs:8.0f} {100 * gbs / copy_gbs:6.0f}% {cold:15.2f}"
-        if args.inductor:
+        if args.inductor and not args.smoke:
             try:
                 cf = torch.compile(f)
                 cf(*inputs)
@@ -102,6 +115,22 @@ def main() -> int:
                 line += f" {'n/a: ' + type(e).__name__:>14s}"
         print(line)
     return 0
+
+
+def _cuda_bench() -> Callable[[Callable[[], Any]], float]:
+    from triton.testing import do_bench
+
+    return do_bench  # type: ignore[no-any-return]
+
+
+def _cpu_bench(fn: Callable[[], Any]) -> float:
+    """Milliseconds per call, best of 3 (smoke mode only)."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
 
 
 if __name__ == "__main__":
