@@ -146,3 +146,52 @@ def test_stage_checks_catch_a_broken_program():
     program.nodes[0] = PointwiseNode(node.name, node.size, Load("nowhere", 0, torch.float32))
     with pytest.raises(AssertionError, match="unknown buffer nowhere"):
         verify_program(program)
+
+
+def test_gpu_autotuner_picks_the_fastest_config_skips_broken_ones_and_remembers(
+    tmp_path, monkeypatch
+):
+    # The GPU path of Launcher._choose, with a stub kernel and a stub timer:
+    # no GPU here, but the selection logic is the one a GPU run uses.
+    import triton.testing
+
+    from stoker_triton._internal import runtime
+
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(runtime._Tuned, "data", None)
+    launched = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            def run(*args, XBLOCK, RBLOCK, num_warps):
+                if XBLOCK == 2048:
+                    raise RuntimeError("out of resources")  # a config that does not compile
+                launched.append((grid, XBLOCK, RBLOCK, num_warps))
+
+            return run
+
+    cost = {1024: 3.0, 512: 2.0, 4096: 1.5}  # XBLOCK -> stub milliseconds
+
+    def fake_bench(fn, warmup, rep):
+        fn()
+        return cost[launched[-1][1]]
+
+    monkeypatch.setattr(triton.testing, "do_bench", fake_bench)
+    lau = runtime.Launcher(
+        Kernel(), "sha-x", is_reduction=False, persistent=False, has_atomics=False
+    )
+    lau.interpret = False
+    lau.n_ptrs = 1
+    lau(object(), 1 << 20, 1)
+    assert lau.configs[(1 << 20, 1)] == (4096, 1, 8)
+    assert launched[-1] == (((1 << 20) // 4096,), 4096, 1, 8)  # the real launch, best config
+    # a new process reads the choice from disk and benchmarks nothing
+    monkeypatch.setattr(runtime._Tuned, "data", None)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **k: 1 / 0)
+    lau2 = runtime.Launcher(
+        Kernel(), "sha-x", is_reduction=False, persistent=False, has_atomics=False
+    )
+    lau2.interpret = False
+    lau2.n_ptrs = 1
+    lau2(object(), 1 << 20, 1)
+    assert lau2.configs[(1 << 20, 1)] == (4096, 1, 8)
