@@ -80,3 +80,20 @@ def test_symint_scalar_input():
     fn = compile_graph(gm, [fx, fn_])
     x = torch.randn(7, 4)
     assert_same(fn(x, 3), f(x, 3), rtol=1e-4)
+
+
+def test_symbols_seen_only_in_strides_and_offsets_are_read_from_the_input():
+    # a slice of a tensor whose width varies: its row stride is a symbol no size carries
+    def f(x):
+        return (x * 2).sum(1), x.t() + 1
+
+    ctx = ShapeContext(policy="dynamic")
+    fake = ctx.fakeify(torch.randn(6, 9)[1::2, 2:5], Source.arg(0))
+    sizes = {str(s) for s in fake.shape}
+    assert any(str(s) not in sizes for s in (fake.stride(0), fake.storage_offset()))
+    with ctx.tracing():
+        gm = make_fx(f, decomposition_table=core_aten_decompositions())(fake)
+    fn = compile_graph(gm, [fake])
+    for rows, n in ((6, 7), (8, 11), (6, 13)):
+        x = torch.randn(rows, n)[1::2, 2:5]
+        assert_same(fn(x), f(x), rtol=1e-5)

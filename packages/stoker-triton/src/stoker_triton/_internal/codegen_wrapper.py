@@ -100,11 +100,15 @@ class WrapperCodegen:
         names = [n if isinstance(n, str) else "_" for n in p.inputs]
         if names:
             self.emit(f"{', '.join(names)}{',' if len(names) == 1 else ''} = args")
-        for sym, (i, d) in p.symbols.items():
-            if d is None:
+        for sym, (i, kind, d) in p.symbols.items():
+            if kind == "scalar":
                 self.emit(f"{sym} = args[{i}]")
-            else:
+            elif kind == "size":
                 self.emit(f"{sym} = {names[i]}.shape[{d}]")
+            elif kind == "stride":
+                self.emit(f"{sym} = {names[i]}.stride({d})")
+            else:
+                self.emit(f"{sym} = {names[i]}.storage_offset()")
         for n in p.inputs:
             if isinstance(n, str):
                 b = p.buffers[n]

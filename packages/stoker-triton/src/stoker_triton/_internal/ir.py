@@ -364,7 +364,9 @@ class Program:
     nodes: list[Node]
     outputs: list[Any]
     output_views: dict[int, BufferRef]  # output position -> strided view of a buffer
-    symbols: dict[sympy.Symbol, tuple[int, int | None]]  # size symbol -> (input, dim or None)
+    symbols: dict[
+        sympy.Symbol, tuple[int, str, int]
+    ]  # symbol -> (input, size|stride|offset|scalar, dim)
     constants: dict[str, torch.Tensor]
     random_streams: int  # how many random ops (0: no seed argument)
     device: torch.device

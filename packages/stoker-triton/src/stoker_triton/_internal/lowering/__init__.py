@@ -45,7 +45,7 @@ def lower_graph(
     ctx = LoweringContext(shape_env, device, persistent_rnumel_max=persistent_rnumel_max)
     env: dict[torch.fx.Node, Any] = {}
     in_names: list[str | SymRef | None] = []
-    symbols: dict[sympy.Symbol, tuple[int, int | None]] = {}
+    symbols: dict[sympy.Symbol, tuple[int, str, int]] = {}
     constants: dict[str, torch.Tensor] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for i, (ph, val) in enumerate(zip(placeholders, inputs)):
@@ -63,16 +63,28 @@ def lower_graph(
             in_names.append(name)
             for d, s in enumerate(buf.size):
                 if isinstance(s, sympy.Symbol) and s not in symbols:
-                    symbols[s] = (i, d)
+                    symbols[s] = (i, "size", d)
         elif isinstance(val, torch.SymInt | torch.SymFloat):
             e = ctx.expr(val)
             env[ph] = e
             in_names.append(SymRef(e))
             if isinstance(e, sympy.Symbol) and e not in symbols:
-                symbols[e] = (i, None)
+                symbols[e] = (i, "scalar", 0)
         else:
             env[ph] = val
             in_names.append(None)
+    # symbols seen only in a stride or storage offset (a slice of a tensor whose
+    # width varies): read from the input at call time
+    for i, n in enumerate(in_names):
+        if not isinstance(n, str):
+            continue
+        b = ctx.buffers[n]
+        for kind, d, e in [
+            *(("stride", d, e) for d, e in enumerate(b.stride)),
+            ("offset", 0, b.offset),
+        ]:
+            if isinstance(e, sympy.Symbol) and e not in symbols:
+                symbols[e] = (i, kind, d)
 
     outputs: list[Any] = []
     output_views: dict[int, BufferRef] = {}
