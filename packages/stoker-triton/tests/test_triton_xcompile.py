@@ -76,3 +76,61 @@ def test_signature_specializes_like_tritons_launcher():
     }
     assert consts == {"XBLOCK": 64, "RBLOCK": 1, "rnumel": 1}
     assert attrs[(1,)] == [["tt.divisibility", 16]] and (3,) in attrs  # 48 and 2**40 % 16 == 0
+
+
+_SAME_KEY = r"""
+import os, sys, torch
+os.environ["TRITON_INTERPRET"] = "0"
+import triton
+from triton.backends.compiler import GPUTarget
+from stoker_triton._internal import xcompile as xc
+path = sys.argv[1]
+fn = xc._native_module(path).kernel
+backend = triton.compiler.make_backend(GPUTarget("cuda", 90, 32))
+real = [torch.randn(48), torch.randn(64)[1:49], 48, 1]
+kw = {"XBLOCK": 64, "RBLOCK": 1, "num_warps": 4}
+a, ao = xc._source(fn, real, kw, backend)
+b, bo = xc._source(fn, [xc._stand_in(xc._arg_spec(x)) for x in real], kw, backend)
+assert a.hash() == b.hash() and ao.hash() == bo.hash(), (a.attrs, b.attrs)
+print("same key")
+"""
+
+
+def test_gpu_precompile_builds_what_the_launch_will_look_up(tmp_path, monkeypatch):
+    # Workers compile from a description of the launch arguments; the key they
+    # compile under must be the one Triton's launcher computes from the real ones.
+    import subprocess
+    import sys
+
+    path = tmp_path / "k.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            import triton
+            import triton.language as tl
+
+            @triton.jit
+            def kernel(ptr_a, ptr_b, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+                i = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+                m = i < xnumel
+                tl.store(ptr_b + i, tl.load(ptr_a + i, m) * 2, m)
+            """
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _SAME_KEY, str(path)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0 and "same key" in proc.stdout, proc.stderr[-2000:]
+
+    # and the workers fill Triton's disk cache for the target, every config
+    xcompile._executor().shutdown(wait=True)  # new workers see the cache dir below
+    xcompile._pool = None
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    args = [torch.randn(48), torch.randn(64)[1:49], 48, 1]
+    ok, errors = xcompile.precompile(
+        [(str(path), args, [(64, 1, 4), (128, 1, 8)])], ("cuda", 90, 32)
+    )
+    assert (ok, errors) == (2, [])
+    assert len(list((tmp_path / "cache").rglob("*.cubin"))) == 2
+    xcompile._executor().shutdown(wait=True)
+    xcompile._pool = None  # later tests start workers with the usual cache dir

@@ -236,27 +236,30 @@ def new_seed() -> int:
 
 
 def precompile(jobs: list[tuple[Launcher, list[Any], int, int]], device: torch.device) -> int:
-    """Compile kernels ahead of the first call, in parallel threads (GPU only).
+    """Compile kernels ahead of the first call, in parallel worker processes (GPU only).
 
     `jobs`: (launcher, example arguments, xnumel, rnumel) with the static sizes
-    the wrapper will pass, so Triton's specialization key matches the real
-    launch and the first call finds every binary (each block-size candidate
-    the autotuner will try). Returns how many compiles were started; a
-    failure only costs the head start (the launch compiles as usual)."""
+    the wrapper will pass; every block-size candidate the autotuner will try is
+    compiled for this GPU through Triton's own binder, so the first launch
+    finds each binary in Triton's disk cache (`xcompile.precompile`). Returns
+    how many compiles succeeded; a failure only costs the head start (the
+    launch compiles, and reports errors, as usual)."""
     if device.type != "cuda" or interpreting() or len(jobs) < 2:
         return 0
-    from concurrent.futures import ThreadPoolExecutor
+    import logging
 
-    def one(job: tuple[Launcher, list[Any], int, int, tuple[int, int, int]]) -> None:
-        lau, args, x, _r, (xb, rb, w) = job
-        try:
-            lau.fn.warmup(*args, grid=(cdiv(x, xb),), XBLOCK=xb, RBLOCK=rb, num_warps=w)
-        except Exception as e:  # a config that does not compile; the autotuner skips it too
-            import logging
+    log = logging.getLogger("stoker.kernels")
+    work = [(lau.path, args, lau.candidates(x, r)) for lau, args, x, r in jobs if lau.path]
+    try:
+        from triton.runtime import driver
 
-            logging.getLogger("stoker.kernels").debug("precompile failed: %s", e)
+        from .xcompile import precompile as in_workers
 
-    work = [(lau, args, x, r, cfg) for lau, args, x, r in jobs for cfg in lau.candidates(x, r)]
-    with ThreadPoolExecutor(max_workers=min(16, len(work))) as pool:
-        list(pool.map(one, work))
-    return len(work)
+        t = driver.active.get_current_target()
+        ok, errors = in_workers(work, (t.backend, t.arch, t.warp_size))
+    except Exception as e:  # no worker processes here: the launches compile
+        log.debug("precompile skipped: %s", e)
+        return 0
+    for err in errors:
+        log.debug("precompile failed: %s", err)
+    return ok

@@ -10,10 +10,16 @@ from ptxas) for each target, with every block-size and warp configuration
 the GPU autotuner would try. No driver and no GPU are needed; a kernel that
 does not compile raises `CrossCompileError` naming its source file.
 
-The signature is derived from the launch arguments the way Triton's own
-launcher specializes them: a tensor becomes a typed pointer (16-byte
-aligned ones carry `tt.divisibility`), an integer equal to 1 a constant,
-other integers `i32`/`i64` (with `tt.divisibility` when a multiple of 16).
+The same worker pool compiles kernels for the GPU at hand ahead of their
+first launch (`precompile`): in processes, so compiles run in parallel, and
+through Triton's own argument binder (`create_function_from_signature` and
+`JITFunction._pack_args`), so the signature, constants, attributes and
+options, and hence Triton's on-disk cache key, are the ones the launch will
+compute: the launch then loads the binary from disk. Where a Triton version
+lacks those internals, `signature` derives the same specialization (a tensor
+is a typed pointer, 16-byte aligned ones carry `tt.divisibility`; an integer
+equal to 1 is a constant, others `i32`/`i64`, with `tt.divisibility` when a
+multiple of 16).
 """
 
 from __future__ import annotations
@@ -64,9 +70,11 @@ def targets() -> list[tuple[str, int]]:
 
 
 _lock = threading.Lock()
-_done: set[tuple[str, str, tuple[str, int], tuple[int, int, int]]] = set()
+_done: set[tuple[Any, ...]] = set()
 _pool: Any = None
-compiled_count = 0  # cross-compiles run in this process (tests read it)
+compiled_count = 0  # compiles run by this process's workers (tests read it)
+
+Target = tuple[str, Any, int]  # (backend, arch, warp size), as triton's GPUTarget
 
 
 def _worker_init() -> None:
@@ -75,25 +83,51 @@ def _worker_init() -> None:
     os.environ["TRITON_INTERPRET"] = "0"
 
 
-def _compile_job(
-    path: str,
-    sig: dict[str, str],
-    consts: dict[str, Any],
-    attrs: dict[tuple[int, ...], list[list[Any]]],
-    target: tuple[str, int],
-    num_warps: int,
-) -> str | None:
-    """In the worker: compile one kernel; None on success, else the error."""
+def _arg_spec(a: Any) -> Any:
+    """What a worker needs of a launch argument (tensors are not sent)."""
+    if isinstance(a, torch.Tensor):
+        return ("tensor", str(a.dtype).removeprefix("torch."), a.data_ptr() % 16 == 0)
+    return a
+
+
+def _stand_in(spec: Any) -> Any:
+    """A tensor with the dtype and alignment of the one launched."""
+    if isinstance(spec, tuple) and len(spec) == 3 and spec[0] == "tensor":
+        t = torch.empty(32, dtype=getattr(torch, spec[1]))
+        return t if spec[2] else t[1:]
+    return spec
+
+
+def _source(fn: Any, args: list[Any], kw: dict[str, int], backend: Any) -> tuple[Any, Any]:
+    """(ASTSource, options) for launching `fn(*args, **kw)`: Triton's own binder
+    when this Triton has it, else our derivation of the same specialization."""
+    from triton.compiler import ASTSource
+
+    try:
+        from triton.runtime.jit import create_function_from_signature
+
+        binder = create_function_from_signature(fn.signature, fn.params, backend)
+        bound, spec, opts = binder(*args, **kw)
+        options, sig, consts, attrs = fn._pack_args(backend, kw, bound, spec, opts)
+        return ASTSource(fn, sig, consts, attrs), options
+    except (ImportError, AttributeError, TypeError, ValueError):
+        sig, consts_by_name, attrs = signature(
+            fn.arg_names, args, {"XBLOCK": kw["XBLOCK"], "RBLOCK": kw["RBLOCK"]}
+        )
+        src = ASTSource(fn=fn, signature=sig, constexprs=consts_by_name, attrs=attrs)
+        return src, backend.parse_options({"num_warps": kw["num_warps"]})
+
+
+def _compile_job(path: str, arg_specs: list[Any], kw: dict[str, int], target: Target) -> str | None:
+    """In a worker: compile one kernel; None on success, else the error."""
     try:
         import triton
         from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
 
         fn = _native_module(path).kernel
-        tgt = GPUTarget(target[0], target[1], 32)
-        be = triton.compiler.make_backend(tgt)
-        src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-        options = be.parse_options({"num_warps": num_warps})
+        tgt = GPUTarget(target[0], target[1], target[2])
+        backend = triton.compiler.make_backend(tgt)
+        src, options = _source(fn, [_stand_in(a) for a in arg_specs], kw, backend)
         triton.compile(src, target=tgt, options=options.__dict__)
     except Exception as e:  # reported to the launching process
         return f"{type(e).__name__}: {e}"
@@ -120,33 +154,24 @@ def _executor() -> Any:
     global _pool
     with _lock:
         if _pool is None:
+            import atexit
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
             _pool = ProcessPoolExecutor(
-                max_workers=max(1, min(4, (os.cpu_count() or 1))),
+                max_workers=max(1, min(16, os.cpu_count() or 1)),
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_worker_init,
             )
-            import atexit
-
             atexit.register(_pool.shutdown, wait=True, cancel_futures=True)
         return _pool
-
-
-def _arg_names(path: str) -> list[str]:
-    """The kernel's parameter names, read from its source (`def kernel(...)`)."""
-    text = Path(path).read_text()
-    head = text[text.index("def kernel(") + len("def kernel(") :]
-    params = head[: head.index("):")]
-    return [p.split(":")[0].strip() for p in params.split(",") if p.strip()]
 
 
 def signature(
     arg_names: Sequence[str], args: Sequence[Any], constexprs: dict[str, int]
 ) -> tuple[dict[str, str], dict[str, Any], dict[tuple[int, ...], list[list[Any]]]]:
     """Triton's (signature, constants, attrs) for launching with `args` positionally
-    and `constexprs` by keyword."""
+    and `constexprs` by keyword (the fallback when Triton's binder is not there)."""
     sig: dict[str, str] = {}
     consts: dict[str, Any] = dict(constexprs)
     attrs: dict[tuple[int, ...], list[list[Any]]] = {}
@@ -176,38 +201,63 @@ def signature(
     return sig, consts, attrs
 
 
-def check(
-    path: str,
-    args: Sequence[Any],
-    configs: Sequence[tuple[int, int, int]],
-) -> int:
-    """Compile the kernel in `path` for each target and config (XBLOCK, RBLOCK,
-    num_warps) with these launch arguments, in worker processes; returns how
-    many compiles ran. Raises `CrossCompileError` for the first that fails."""
-    global compiled_count
-    tgts = targets()
-    if not tgts:
-        return 0
-    names = _arg_names(path)
+def _submit(
+    path: str, args: Sequence[Any], configs: Sequence[tuple[int, int, int]], tgts: list[Target]
+) -> list[tuple[tuple[Any, ...], Any]]:
+    specs = [_arg_spec(a) for a in args]
     jobs = []
     for tgt in tgts:
         for xb, rb, w in configs:
-            sig, consts, attrs = signature(names, args, {"XBLOCK": xb, "RBLOCK": rb})
-            key = (path, repr(sorted(sig.items())) + repr(sorted(attrs.items())), tgt, (xb, rb, w))
+            key = (path, repr(specs), tgt, (xb, rb, w))
             with _lock:
                 if key in _done:
                     continue
-            fut = _executor().submit(_compile_job, path, sig, consts, attrs, tgt, w)
-            jobs.append((key, sig, fut))
-    for key, sig, fut in jobs:
+            kw = {"XBLOCK": xb, "RBLOCK": rb, "num_warps": w}
+            jobs.append((key, _executor().submit(_compile_job, path, specs, kw, tgt)))
+    return jobs
+
+
+def _finish(key: tuple[Any, ...]) -> None:
+    global compiled_count
+    with _lock:
+        _done.add(key)
+        compiled_count += 1
+
+
+def check(path: str, args: Sequence[Any], configs: Sequence[tuple[int, int, int]]) -> int:
+    """Compile the kernel in `path` for each target in `STOKER_TRITON_CHECK_TARGETS`
+    and each config (XBLOCK, RBLOCK, num_warps) with these launch arguments, in
+    worker processes; returns how many compiles ran. Raises `CrossCompileError`
+    for the first that fails."""
+    tgts = [(b, cap, 32) for b, cap in targets()]
+    if not tgts:
+        return 0
+    jobs = _submit(path, args, configs, tgts)
+    for key, fut in jobs:
         err = fut.result()
         if err is not None:
-            _, _, (backend, cap), (xb, rb, w) = key
+            _, _, (backend, cap, _w), (xb, rb, w) = key
             raise CrossCompileError(
                 f"stoker-triton: kernel {path} does not compile for {backend}:{cap} "
-                f"(XBLOCK={xb}, RBLOCK={rb}, num_warps={w}, signature {sig}): {err}"
+                f"(XBLOCK={xb}, RBLOCK={rb}, num_warps={w}): {err}"
             )
-        with _lock:
-            _done.add(key)
-            compiled_count += 1
+        _finish(key)
     return len(jobs)
+
+
+def precompile(
+    work: Sequence[tuple[str, Sequence[Any], Sequence[tuple[int, int, int]]]], target: Target
+) -> tuple[int, list[str]]:
+    """Compile kernels for the GPU at hand in parallel worker processes, ahead of
+    their first launch, which then finds each binary in Triton's disk cache.
+    `work`: (kernel module path, launch arguments, configs). Returns (compiles
+    that succeeded, errors): a failure only costs the head start."""
+    jobs = [j for path, args, configs in work for j in _submit(path, args, configs, [target])]
+    errors = []
+    for key, fut in jobs:
+        err = fut.result()
+        if err is None:
+            _finish(key)
+        else:
+            errors.append(f"{key[0]} {key[3]}: {err}")
+    return len(jobs) - len(errors), errors
