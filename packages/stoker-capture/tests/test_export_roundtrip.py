@@ -176,3 +176,16 @@ def test_transformer_layer_export_with_two_dynamic_dims() -> None:
             want = layer(x)
             assert_same(ep(x), want, atol=1e-5, rtol=1e-4)
             assert_same(prog.module()(x), want, atol=1e-5, rtol=1e-4)
+
+
+def test_mha_fast_path_is_traced_as_the_standard_path_and_restored() -> None:
+    # the eval fast path's fused op has no fake kernel on torch 2.11
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).eval()
+    assert torch.backends.mha.get_fastpath_enabled()
+    ep = export(layer, (torch.randn(2, 3, 8),))
+    assert torch.backends.mha.get_fastpath_enabled()  # switched back on after the pipeline
+    ops = {str(n.target) for n in ep.gm.graph.nodes if n.op == "call_function"}
+    assert not any("_transformer_encoder_layer_fwd" in o for o in ops), ops
+    x = torch.randn(2, 3, 8)
+    with torch.no_grad():
+        assert_same(ep(x), layer(x), atol=1e-5, rtol=1e-4)
