@@ -134,3 +134,37 @@ def test_gpu_precompile_builds_what_the_launch_will_look_up(tmp_path, monkeypatc
     assert len(list((tmp_path / "cache").rglob("*.cubin"))) == 2
     xcompile._executor().shutdown(wait=True)
     xcompile._pool = None  # later tests start workers with the usual cache dir
+
+
+_SCRIPT_WITHOUT_MAIN_GUARD = """
+import os
+os.environ["TRITON_INTERPRET"] = "1"
+os.environ["STOKER_TRITON_CHECK_TARGETS"] = "cuda:90"
+import torch
+from torch._decomp import core_aten_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
+from stoker_triton import compile_graph
+from stoker_triton._internal import xcompile
+
+x = torch.randn(8, 16)
+gm = make_fx(lambda x: torch.softmax(x * 2, -1), decomposition_table=core_aten_decompositions())(x)
+out = compile_graph(gm, [x])(x)
+torch.testing.assert_close(out, torch.softmax(x * 2, -1))
+print("script body ran; cross-compiles:", xcompile.compiled_count)
+"""
+
+
+def test_workers_do_not_rerun_a_script_without_a_main_guard(tmp_path):
+    # multiprocessing's spawn would import this script again in every worker
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT_WITHOUT_MAIN_GUARD)
+    env = {**os.environ, "STOKER_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("script body ran")]
+    assert len(lines) == 1 and int(lines[0].rsplit(" ", 1)[1]) >= 1, proc.stdout

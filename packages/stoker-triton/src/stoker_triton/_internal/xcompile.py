@@ -77,12 +77,6 @@ compiled_count = 0  # compiles run by this process's workers (tests read it)
 Target = tuple[str, Any, int]  # (backend, arch, warp size), as triton's GPUTarget
 
 
-def _worker_init() -> None:
-    # The interpreter patches triton.language in the process that runs it, and
-    # the real compiler cannot use the patched functions: compile elsewhere.
-    os.environ["TRITON_INTERPRET"] = "0"
-
-
 def _arg_spec(a: Any) -> Any:
     """What a worker needs of a launch argument (tensors are not sent)."""
     if isinstance(a, torch.Tensor):
@@ -119,7 +113,8 @@ def _source(fn: Any, args: list[Any], kw: dict[str, int], backend: Any) -> tuple
 
 
 def _compile_job(path: str, arg_specs: list[Any], kw: dict[str, int], target: Target) -> str | None:
-    """In a worker: compile one kernel; None on success, else the error."""
+    """In a worker (TRITON_INTERPRET=0 there): compile one kernel; None on
+    success, else the error."""
     try:
         import triton
         from triton.backends.compiler import GPUTarget
@@ -151,19 +146,16 @@ def _native_module(path: str) -> ModuleType:
 
 
 def _executor() -> Any:
+    """The compile workers (plain subprocesses: see `workers.py`)."""
     global _pool
     with _lock:
         if _pool is None:
             import atexit
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
 
-            _pool = ProcessPoolExecutor(
-                max_workers=max(1, min(16, os.cpu_count() or 1)),
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_worker_init,
-            )
-            atexit.register(_pool.shutdown, wait=True, cancel_futures=True)
+            from .workers import Pool
+
+            _pool = Pool(max(1, min(16, os.cpu_count() or 1)))
+            atexit.register(_pool.shutdown)
         return _pool
 
 
@@ -213,7 +205,7 @@ def _submit(
                 if key in _done:
                     continue
             kw = {"XBLOCK": xb, "RBLOCK": rb, "num_warps": w}
-            jobs.append((key, _executor().submit(_compile_job, path, specs, kw, tgt)))
+            jobs.append((key, _executor().submit("_compile_job", path, specs, kw, tgt)))
     return jobs
 
 
