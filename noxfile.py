@@ -38,6 +38,7 @@ TEST_DEPS = [
     "numpy",
     "expecttest",
 ]  # expecttest: torch.testing._internal (OpInfo)
+INTEGRATION_DEPS = ["transformers"]  # the zoo's tiny HF GPT-2/BERT/Llama (pure Python, no torch)
 INTERPRET_ENV = {"TRITON_INTERPRET": "1"}
 
 
@@ -62,7 +63,7 @@ def _closure(key: str) -> list[str]:
 def tests(session: nox.Session, package: str) -> None:
     """One package in its own venv with only its declared dependencies (+ pytest)."""
     keys = list(PACKAGES) if package == "integration" else _closure(package)
-    _install(session, keys, TEST_DEPS)
+    _install(session, keys, TEST_DEPS + (INTEGRATION_DEPS if package == "integration" else []))
     if not any(PACKAGES[k][2] for k in keys):
         # The capture-only install must not drag in triton.
         session.run(
@@ -101,7 +102,7 @@ def compat(session: nox.Session) -> None:
 @nox.session
 def integration(session: nox.Session) -> None:
     """The full install plus tests-integration/."""
-    _install(session, list(PACKAGES), TEST_DEPS)
+    _install(session, list(PACKAGES), TEST_DEPS + INTEGRATION_DEPS)
     session.run("pytest", "tests-integration", *session.posargs, env=INTERPRET_ENV)
 
 
