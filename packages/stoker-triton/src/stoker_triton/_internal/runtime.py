@@ -153,13 +153,10 @@ class Launcher:
             cfg = self._choose(args, xnumel, rnumel)
             self.configs[(xnumel, rnumel)] = cfg
         xb, rb, w = cfg
-        if not self.interpret:
-            self.fn[(cdiv(xnumel, xb),)](*args, XBLOCK=xb, RBLOCK=rb, num_warps=w)
-            return
         try:
             self.fn[(cdiv(xnumel, xb),)](*args, XBLOCK=xb, RBLOCK=rb, num_warps=w)
         except Exception as e:
-            if "only 0-dimensional arrays can be converted" in str(e):
+            if self.interpret and "only 0-dimensional arrays can be converted" in str(e):
                 import numpy
                 import triton
 
