@@ -176,22 +176,22 @@ def test_gpu_autotuner_picks_the_fastest_config_skips_broken_ones_and_remembers(
         fn()
         return cost[launched[-1][1]]
 
+    def native_launcher():
+        lau = runtime.Launcher(
+            Kernel(), "sha-x", is_reduction=False, persistent=False, has_atomics=False
+        )
+        lau.interpret = False  # the GPU path
+        lau.n_ptrs = 1
+        return lau
+
     monkeypatch.setattr(triton.testing, "do_bench", fake_bench)
-    lau = runtime.Launcher(
-        Kernel(), "sha-x", is_reduction=False, persistent=False, has_atomics=False
-    )
-    lau.interpret = False
-    lau.n_ptrs = 1
+    lau = native_launcher()
     lau(object(), 1 << 20, 1)
     assert lau.configs[(1 << 20, 1)] == (4096, 1, 8)
     assert launched[-1] == (((1 << 20) // 4096,), 4096, 1, 8)  # the real launch, best config
     # a new process reads the choice from disk and benchmarks nothing
     monkeypatch.setattr(runtime._Tuned, "data", None)
     monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **k: 1 / 0)
-    lau2 = runtime.Launcher(
-        Kernel(), "sha-x", is_reduction=False, persistent=False, has_atomics=False
-    )
-    lau2.interpret = False
-    lau2.n_ptrs = 1
+    lau2 = native_launcher()
     lau2(object(), 1 << 20, 1)
     assert lau2.configs[(1 << 20, 1)] == (4096, 1, 8)

@@ -150,8 +150,8 @@ def _plain_reduction(kind: str, whole: Any) -> Any:
     ) -> TensorValue:
         if node.target == whole:
             dims, keepdim = None, False
-        out = reduce(ctx, x, _dims(dims, x.ndim), keepdim, kind, meta_val(node).dtype)
-        return _finish(ctx, node, out)
+        # `reduce` hands back the graph's dtype (accumulating half inputs in float32)
+        return reduce(ctx, x, _dims(dims, x.ndim), keepdim, kind, meta_val(node).dtype)
 
     return rule
 
