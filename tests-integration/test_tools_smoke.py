@@ -27,3 +27,63 @@ def test_bench_triton_smoke_prints_every_case(tmp_path):
     assert len(rows) == 7, proc.stdout
     # fusion: every case is one kernel (softmax, layernorm+gelu included)
     assert all(int(r[28:36]) == 1 for r in rows), proc.stdout
+
+
+def test_bench_gpu_suite_smoke_runs_every_configuration(tmp_path):
+    """``tools/bench.py --suite gpu --smoke``: every entry of the H100 suite trains at tiny
+    sizes, eager and stoker, and the driver fills in parity against eager."""
+    import json
+
+    out = tmp_path / "suite.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "bench.py"),
+            "--suite",
+            "gpu",
+            "--smoke",
+            "--backends",
+            "eager,stoker",
+            "--steps",
+            "1",
+            "--no-warm",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "STOKER_CACHE_DIR": str(tmp_path / "cache")},
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["models"]
+    from stoker._internal.bench_suite import SUITE
+
+    assert [(r["model"], r["backend"]) for r in rows] == [
+        (e.name, b) for e in SUITE for b in ("eager", "stoker")
+    ]
+    for r in rows:
+        assert r["steady_ms"] > 0 and len(r["losses"]) == 3, r
+        if r["backend"] == "stoker":
+            # fp32 entries at fp32 tolerance; bf16-autocast entries at bf16's
+            tol = 2e-2 if r["model"].endswith("bf16") else 1e-4
+            assert r["loss_rel"] <= tol, r
+
+
+def test_gpu_suite_is_the_h100_findings_configurations():
+    """The suite trains exactly the six configurations of the first H100 run (plus the small
+    forward+backward table): the numbers in docs/benchmarks.md compare like with like."""
+    import torch
+
+    from stoker._internal.bench_suite import SUITE
+
+    models = {e.name: e for e in SUITE if e.table == "models"}
+    assert set(models) == {"gpt-m", "gpt-m-bf16", "hf-llama", "hf-gpt2", "mlp-l", "cnn-m-bf16"}
+    assert models["gpt-m"].size["hidden"] == 512 and models["gpt-m"].size["seq"] == 256
+    assert models["hf-llama"].size["kv_heads"] == 4 and models["mlp-l"].size["batch"] == 512
+    assert {n for n, e in models.items() if e.autocast is torch.bfloat16} == {
+        "gpt-m-bf16",
+        "cnn-m-bf16",
+    }
+    assert all(e.optimizer for e in models.values())
+    assert {e.name for e in SUITE if e.table == "small"} == {"tiny-gpt", "small-cnn", "tiny-llama"}

@@ -2,6 +2,7 @@
 
 stoker demo [--steps N]          train a small GPT eager and compiled, side by side
 stoker bench [--models ...]      the benchmark suite (table + bench-results/bench.json)
+stoker bench --suite gpu [--smoke]  the H100 training suite, side by side with Inductor
 stoker explain SCRIPT [ARGS...]  run a script with every log topic and the report on
 """
 
@@ -36,11 +37,26 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     b = sub.add_parser("bench", help="benchmark eager, aot_eager, inductor and stoker")
-    b.add_argument("--models", default=None, help="comma-separated zoo names (default: all)")
+    b.add_argument(
+        "--suite",
+        choices=("models", "gpu"),
+        default="models",
+        help="models: the zoo (default); gpu: the H100 suite of GPU_FINDINGS (6 training "
+        "configurations + the small forward/backward table)",
+    )
+    b.add_argument(
+        "--smoke", action="store_true", help="with --suite gpu: the same entries at tiny sizes"
+    )
+    b.add_argument(
+        "--models",
+        default=None,
+        help="comma-separated zoo names, or suite entries with --suite gpu (default: all)",
+    )
     b.add_argument(
         "--backends",
-        default="eager,aot_eager,inductor,stoker",
-        help="comma-separated (default: eager,aot_eager,inductor,stoker)",
+        default=None,
+        help="comma-separated (default: eager,aot_eager,inductor,stoker; with --suite gpu: "
+        "eager,inductor,inductor-ro,stoker,stoker-ro)",
     )
     b.add_argument(
         "--steps", type=int, default=20, help="steady-state steps per model (default 20)"
@@ -81,16 +97,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_bench(
             models=args.models.split(",") if args.models else None,
-            backends=args.backends.split(","),
+            backends=(args.backends or default_backends(args.suite)).split(","),
             steps=args.steps,
             json_path=args.json,
             warm=not args.no_warm,
             device=args.device,
             timeout=args.timeout,
+            suite=args.suite,
+            smoke=args.smoke,
         )
     if args.command == "explain":
         return explain(args.script, args.args, logs=args.logs, report=args.report)
     raise AssertionError(args.command)  # argparse rejects unknown commands
+
+
+def default_backends(suite: str) -> str:
+    if suite == "gpu":
+        return "eager,inductor,inductor-ro,stoker,stoker-ro"
+    return "eager,aot_eager,inductor,stoker"
 
 
 def explain(script: str, script_args: Sequence[str], *, logs: str, report: str) -> int:

@@ -126,11 +126,91 @@ def worker(model_name: str, backend: str, steps: int, device: str) -> dict[str, 
     return out
 
 
+def suite_worker(
+    entry_name: str, backend: str, steps: int, device: str, smoke: bool, params_path: str | None
+) -> dict[str, Any]:
+    """One GPU-suite configuration under one backend (see `bench_suite`)."""
+    import torch
+
+    from .bench_suite import count_device_kernels, get_entry, wrap_model
+
+    entry = get_entry(entry_name)
+    size = entry.sized(smoke)
+    torch.manual_seed(0)
+    model = entry.build(size).to(device)
+    gen = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(3):  # a few distinct batches, cycled: every backend sees the same ones
+        inputs, target = entry.batch(size, gen)
+        batches.append((tuple(t.to(device) for t in inputs), target.to(device)))
+    fn = wrap_model(model, backend)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3) if entry.optimizer else None
+    dev_type = torch.device(device).type
+    calls = [0]
+
+    def step() -> float:
+        inputs, target = batches[calls[0] % len(batches)]
+        calls[0] += 1
+        with torch.autocast(dev_type, dtype=entry.autocast, enabled=entry.autocast is not None):
+            loss = entry.loss(fn(*inputs), target)
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
+        else:
+            model.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        if opt is not None:
+            opt.step()
+        if dev_type == "cuda":
+            torch.cuda.synchronize()
+        return float(loss.detach())
+
+    losses: list[float] = []
+    t0 = time.perf_counter()
+    losses.append(step())
+    first = time.perf_counter() - t0
+    losses.append(step())
+    if dev_type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        losses.append(step())
+        times.append(time.perf_counter() - t0)
+    peak: int | None = int(torch.cuda.max_memory_allocated()) if dev_type == "cuda" else None
+    kernels = count_device_kernels(step)
+    out: dict[str, Any] = {
+        "model": entry_name,
+        "backend": backend,
+        "device": device,
+        "smoke": smoke,
+        "first_step_s": first,
+        "steady_ms": statistics.median(times) * 1e3 if times else None,
+        "peak_mem": peak,
+        "peak_kind": "cuda max allocated (steady steps)" if peak is not None else None,
+        "kernels_per_step": kernels,
+        "losses": losses,
+    }
+    rep = getattr(fn, "stoker_report", None)
+    if rep is not None:
+        out["stoker"] = rep.summary()
+    if params_path:
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, params_path)
+        out["params_path"] = params_path
+    return out
+
+
 # ---------------------------------------------------------------------- driver
 
 
 def _run_worker(
-    model: str, backend: str, steps: int, device: str, cache: str, timeout: float
+    model: str,
+    backend: str,
+    steps: int,
+    device: str,
+    cache: str,
+    timeout: float,
+    extra: Sequence[str] = (),
+    command: str = "worker",
 ) -> dict[str, Any]:
     env = dict(os.environ)
     env.update(
@@ -145,13 +225,14 @@ def _run_worker(
         sys.executable,
         "-m",
         "stoker._internal.bench",
-        "worker",
+        command,
         model,
         backend,
         "--steps",
         str(steps),
         "--device",
         device,
+        *extra,
     ]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
@@ -171,6 +252,8 @@ def _fmt(v: Any, unit: str = "") -> str:
         return f"{v:.2f}"
     if unit == "ms":
         return f"{v:.2f}"
+    if unit == "e":
+        return f"{v:.1e}"
     if unit == "B":
         return f"{v / 1024:.0f} KiB" if v < 1 << 20 else f"{v / (1 << 20):.1f} MiB"
     return str(v)
@@ -204,6 +287,10 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
                 _fmt(r.get("recompiles")),
             ]
         )
+    return _text_table(head, body)
+
+
+def _text_table(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     widths = [
         max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)
     ]
@@ -211,6 +298,114 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     sep = "-|-".join("-" * w for w in widths)
     out = [line, sep] + [" | ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
     return "\n".join(out)
+
+
+# ---------------------------------------------------------------------- the GPU suite
+
+
+def run_suite(
+    *,
+    entries: Sequence[str] | None,
+    backends: Sequence[str],
+    steps: int,
+    warm: bool,
+    device: str | None,
+    timeout: float,
+    smoke: bool,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Every suite entry × backend in fresh processes; parity measured against eager's run."""
+    import torch
+
+    from .bench_suite import SUITE, SUITE_BACKENDS, compare_runs
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    bad = [b for b in backends if b not in SUITE_BACKENDS]
+    if bad:
+        raise SystemExit(
+            f"stoker bench --suite gpu: unknown backend(s) {bad}; "
+            f"choose from {', '.join(SUITE_BACKENDS)}"
+        )
+    names = list(entries) if entries else [e.name for e in SUITE]
+    order = (["eager"] if "eager" in backends else []) + [b for b in backends if b != "eager"]
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="stoker-suite-params-") as params_dir:
+        for name in names:
+            eager_row: dict[str, Any] | None = None
+            for be in order:
+                cache = tempfile.mkdtemp(prefix=f"stoker-bench-{name}-{be}-")
+                extra = ["--params", os.path.join(params_dir, f"{name}-{be}.pt")]
+                extra += ["--smoke"] if smoke else []
+                try:
+                    if progress:
+                        print(f"  {name:<11} {be:<12} cold ...", file=sys.stderr, flush=True)
+                    row = _run_worker(
+                        name, be, steps, device, cache, timeout, extra, "suite-worker"
+                    )
+                    if warm and "error" not in row:
+                        if progress:
+                            print(f"  {name:<11} {be:<12} warm ...", file=sys.stderr, flush=True)
+                        w = _run_worker(name, be, 1, device, cache, timeout, (), "suite-worker")
+                        row["warm_first_step_s"] = w.get("first_step_s")
+                finally:
+                    shutil.rmtree(cache, ignore_errors=True)
+                if be == "eager" and "error" not in row:
+                    eager_row = row
+                elif eager_row is not None and "error" not in row:
+                    row.update(compare_runs(row, eager_row))
+                    if row.get("steady_ms") and eager_row.get("steady_ms"):
+                        row["vs_eager"] = row["steady_ms"] / eager_row["steady_ms"]
+                rows.append(row)
+    for row in rows:  # the ratio the suite's targets are stated in
+        ind = next(
+            (
+                r
+                for r in rows
+                if r["model"] == row["model"] and r["backend"] == "inductor" and r.get("steady_ms")
+            ),
+            None,
+        )
+        if ind is not None and row.get("steady_ms"):
+            row["vs_inductor"] = row["steady_ms"] / ind["steady_ms"]
+        row.pop("params_path", None)
+    return rows
+
+
+def format_suite_table(rows: Sequence[dict[str, Any]]) -> str:
+    head = [
+        "config",
+        "backend",
+        "cold 1st s",
+        "warm 1st s",
+        "steady ms",
+        "÷ eager",
+        "÷ inductor",
+        "peak mem",
+        "kernels/step",
+        "loss rel",
+        "params rel",
+    ]
+    body: list[list[str]] = []
+    for r in rows:
+        if "error" in r:
+            body.append([r["model"], r["backend"], "error: " + str(r["error"])[:70]] + [""] * 8)
+            continue
+        body.append(
+            [
+                r["model"],
+                r["backend"],
+                _fmt(r.get("first_step_s"), "s"),
+                _fmt(r.get("warm_first_step_s"), "s"),
+                _fmt(r.get("steady_ms"), "ms"),
+                _fmt(r.get("vs_eager"), "s"),
+                _fmt(r.get("vs_inductor"), "s"),
+                _fmt(r.get("peak_mem"), "B"),
+                _fmt(r.get("kernels_per_step")),
+                _fmt(r.get("loss_rel"), "e"),
+                _fmt(r.get("params_rel"), "e"),
+            ]
+        )
+    return _text_table(head, body)
 
 
 def run_models(
@@ -262,8 +457,35 @@ def run_bench(
     warm: bool,
     device: str | None,
     timeout: float,
+    suite: str = "models",
+    smoke: bool = False,
 ) -> int:
-    """``stoker bench``: the sibling benchmark scripts (when run from a checkout) and the models."""
+    """``stoker bench``: the sibling benchmark scripts (when run from a checkout) and the models.
+
+    ``suite="gpu"`` runs the GPU model suite (`bench_suite`) instead: models are suite
+    entries and backends suite backends; ``smoke`` shrinks every entry to tiny sizes.
+    """
+    if suite == "gpu":
+        print(
+            f"stoker bench --suite gpu{' --smoke' if smoke else ''}: "
+            f"{steps} steady steps per configuration",
+            file=sys.stderr,
+        )
+        rows = run_suite(
+            entries=models,
+            backends=backends,
+            steps=steps,
+            warm=warm,
+            device=device,
+            timeout=timeout,
+            smoke=smoke,
+        )
+        print(format_suite_table(rows))
+        write_json(json_path, rows, {})
+        print(f"stoker bench: JSON written to {os.path.abspath(json_path)}", file=sys.stderr)
+        return 0 if all("error" not in r for r in rows) else 1
+    if suite != "models":
+        raise SystemExit(f"stoker bench: unknown suite {suite!r}; choose models or gpu")
     suites = run_tool_scripts(timeout=timeout)
     print(f"stoker bench: models × backends, {steps} steady steps each", file=sys.stderr)
     rows = run_models(
@@ -367,8 +589,19 @@ def _main(argv: Sequence[str] | None = None) -> int:
     w.add_argument("backend", choices=BACKENDS)
     w.add_argument("--steps", type=int, default=20)
     w.add_argument("--device", default="cpu")
+    sw = sub.add_parser("suite-worker")
+    sw.add_argument("model")
+    sw.add_argument("backend")
+    sw.add_argument("--steps", type=int, default=20)
+    sw.add_argument("--device", default="cpu")
+    sw.add_argument("--smoke", action="store_true")
+    sw.add_argument("--params", default=None, help="save the final parameters here")
     a = p.parse_args(argv)
-    print(json.dumps(worker(a.model, a.backend, a.steps, a.device)))
+    if a.cmd == "suite-worker":
+        row = suite_worker(a.model, a.backend, a.steps, a.device, a.smoke, a.params)
+    else:
+        row = worker(a.model, a.backend, a.steps, a.device)
+    print(json.dumps(row))
     return 0
 
 
