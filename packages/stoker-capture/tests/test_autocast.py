@@ -64,6 +64,15 @@ def inner_autocast(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return h.float() + g
 
 
+def nested_dtypes(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An fp16 autocast region inside the caller's bf16 region (eager's weight-cast cache
+    would hand the inner region the outer region's bf16 casts: it is off there)."""
+    h = x @ w  # bf16
+    with torch.autocast("cpu", dtype=torch.float16, cache_enabled=False):
+        g = torch.relu(x @ w) @ w  # fp16
+    return h, g
+
+
 def _args(*shapes: tuple[int, ...], seed: int = 0) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randn(s, generator=gen).requires_grad_() for s in shapes]
@@ -158,6 +167,20 @@ def test_mixed_regions_forward_and_gradients_match_eager() -> None:
     assert_like_eager(
         region, aot_function(region), [h.requires_grad_(), args[2]], bf16_autocast, FP32, FP32
     )
+
+
+def test_nested_autocast_dtypes() -> None:
+    args = _args((4, 8), (8, 8))
+    compiled = aot_function(nested_dtypes)
+    a_e, a_c = clone_inputs(args), clone_inputs(args)
+    with bf16_autocast():
+        want, got = nested_dtypes(*a_e), compiled(*a_c)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype, (g.dtype, w.dtype)
+        torch.testing.assert_close(g, w, **BF16)
+    for g, w in zip(grads_of(got, a_c), grads_of(want, a_e)):
+        assert g.dtype == w.dtype == torch.float32
+        torch.testing.assert_close(g, w, **BF16)
 
 
 def test_autocast_inside_the_function() -> None:
