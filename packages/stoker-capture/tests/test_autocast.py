@@ -243,6 +243,9 @@ def test_dynamo_backend_disabled_region_and_both_contexts() -> None:
         assert_like_eager(mixed, compiled, args, ctx, tol, tol)
     compiled_r = torch.compile(disabled_region, backend=dynamo_backend())
     assert_like_eager(disabled_region, compiled_r, _args((8, 8), (8, 8)), bf16_autocast, FP32, FP32)
+    # autocast entered inside the compiled function: _enter_autocast nodes in Dynamo's graph
+    compiled_i = torch.compile(inner_autocast, backend=dynamo_backend())
+    assert_like_eager(inner_autocast, compiled_i, _args((4, 8), (8, 8)), no_autocast, BF16, BF16)
 
 
 # ---------------------------------------------------------------------- export / load
