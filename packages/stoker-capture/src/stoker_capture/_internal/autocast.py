@@ -60,7 +60,8 @@ class autocast_off:  # a class used like a function: ``with autocast_off():``
 
     Sets the per-device flags (not only the dispatch keys), so code inside that
     enters ``torch.autocast`` again (a ``custom_bwd`` backward, a checkpoint's
-    recomputation) gets autocast as in eager.  About 0.4 µs when autocast is off.
+    recomputation) gets autocast as in eager.  With autocast off (the common case)
+    it costs one C call on entry and nothing on exit.
     """
 
     __slots__ = ("_was_on",)
