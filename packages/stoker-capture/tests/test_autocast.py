@@ -325,3 +325,34 @@ def test_compilers_run_without_autocast() -> None:
     compiled = aot_function(disabled_region, checking_compiler)
     assert_like_eager(disabled_region, compiled, args, bf16_autocast, FP32, FP32)
     assert seen and all(a == b for a, b in seen), seen
+
+
+def test_captured_graph_holds_the_casts_not_the_autocast_calls() -> None:
+    """Dynamo hands ``_enter_autocast``/``_exit_autocast`` nodes for a region inside the
+    function (none for autocast around the call: it guards that state); stoker's trace
+    runs them, so its core-aten graph holds only casts: bf16 matmuls outside the
+    region, an fp32 matmul inside it."""
+    torch._dynamo.reset()
+    graphs: list[torch.fx.GraphModule] = []
+
+    def recording(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        graphs.append(gm)
+        return gm
+
+    dynamo_graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        dynamo_graphs.append(gm)
+        return dynamo_backend(recording)(gm, example_inputs)
+
+    args = [t.detach() for t in _args((6, 8), (8, 8), (8, 8))]
+    with bf16_autocast():
+        torch.compile(mixed, backend=backend)(*args)
+    names = [str(n.target) for n in dynamo_graphs[0].graph.nodes]
+    assert any("_enter_autocast" in t for t in names) and any("_exit_autocast" in t for t in names)
+    (fw,) = graphs
+    assert not [n for n in fw.graph.nodes if "autocast" in str(n.target)]
+    mm = [n.meta["val"].dtype for n in fw.graph.nodes if n.target is torch.ops.aten.mm.default]
+    assert mm == [torch.bfloat16, torch.float32, torch.bfloat16], mm
+    casts = [n for n in fw.graph.nodes if n.target is torch.ops.aten._to_copy.default]
+    assert any(n.kwargs.get("dtype") == torch.bfloat16 for n in casts)
