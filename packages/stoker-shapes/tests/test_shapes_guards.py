@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from collections.abc import Callable
@@ -175,3 +176,26 @@ def test_guarded_cache_fallback_warns_once() -> None:
         torch.testing.assert_close(cache(torch.ones(3)), torch.full((3,), 2.0))
     assert len([w for w in rec if "Falling back to eager" in str(w.message)]) == 1
     assert len(eager_calls) == 2 and cache.stats()["fallbacks"] == 2
+
+
+@pytest.mark.parametrize("built_under", ["autocast", "none"])
+def test_tensor_guards_do_not_depend_on_autocast(built_under: str) -> None:
+    """Autocast is a thread-local mode, not tensor metadata: a guard set built (or loaded)
+    inside an autocast region checks the same inputs the same way outside it, and back.
+    Callers that depend on the autocast state key their caches on it themselves."""
+    ctx = ShapeContext()
+    x = ctx.fakeify(torch.randn(4, 3), Source.arg(0))
+    with ctx.tracing():
+        x * 2
+    region = torch.autocast("cpu", dtype=torch.bfloat16)
+    with region if built_under == "autocast" else contextlib.nullcontext():
+        gs = ctx.produce_guards()
+        loaded = GuardSet.from_json(gs.to_json())
+    good, bad = (torch.randn(4, 3),), (torch.randn(4, 3, dtype=torch.float64),)
+    for g in (gs, loaded):
+        for inside in (True, False):
+            with region if inside else contextlib.nullcontext():
+                assert g.check(good), (built_under, inside, g.explain(good))
+                assert g.explain(good) is None
+                assert not g.check(bad)
+                assert "dtype" in (g.explain(bad) or "")

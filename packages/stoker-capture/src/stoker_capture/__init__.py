@@ -11,6 +11,7 @@ stop after any stage, inspect or edit its result, and resume::
 
 from .__about__ import __version__
 from ._internal.api import AOTCompiled, aot_function, aot_module, export
+from ._internal.autocast import autocast_off, autocast_state
 from ._internal.capture import CapturedGraph, aot_stage1_graph_capture, eager_autograd_engine
 from ._internal.compile import CompiledFn, aot_stage2_compile
 from ._internal.config import AOTConfig, aten_executor
@@ -65,6 +66,8 @@ __all__ = [
     "aot_stage2_compile",
     "aot_stage2_export",
     "aten_executor",
+    "autocast_off",
+    "autocast_state",
     "create_aot_state",
     "default_partition",
     "dynamo_backend",

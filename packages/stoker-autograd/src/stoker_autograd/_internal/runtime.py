@@ -25,7 +25,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from stoker_capture import eager_autograd_engine
+from stoker_capture import autocast_off, eager_autograd_engine
 
 from . import ops
 from .retrace import Position, Retraced, concrete_values, retrace, unpack_index
@@ -42,7 +42,9 @@ def runtime_wrapper(
     packed_data: list[Any],
     *rest: Any,
 ) -> Any:
-    with eager_autograd_engine():  # hooks may call backward
+    # hooks may call backward; the graph is retraced and run as eager runs a backward
+    # called outside autocast (a backward inside an autocast region must not cast again)
+    with eager_autograd_engine(), autocast_off():
         out = compiled_fn(inputs, sizes, scalars, hooks, packed_data)
     return out if type(out) is list else list(out)  # the engine wants exactly a list
 

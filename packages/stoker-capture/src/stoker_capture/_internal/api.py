@@ -19,6 +19,7 @@ import torch
 
 from stoker_shapes import GuardedCache, ShapeContext
 
+from .autocast import autocast_state
 from .capture import aot_stage1_graph_capture
 from .compile import CompiledFn, aot_stage2_compile
 from .config import AOTConfig, Compiler
@@ -114,8 +115,10 @@ def export(
 class AOTCompiled:
     """What `aot_function` / `aot_module` return: call it like the original.
 
-    One `GuardedCache` per grad mode: training calls compile a joint graph,
-    ``torch.no_grad()`` calls an inference graph, each guarded separately.
+    One `GuardedCache` per grad mode and autocast state: training calls compile a
+    joint graph, ``torch.no_grad()`` calls an inference graph, each guarded
+    separately; a graph traced under autocast holds its casts, so it serves only
+    calls under the same autocast state (device types and dtypes).
     """
 
     def __init__(
@@ -134,8 +137,8 @@ class AOTCompiled:
         )
         self.name = name
         self.limit = limit
-        # one cache per grad mode and module state no input guard can read but that changes
-        # the graph: train/eval flags (dropout, BatchNorm) and forward hooks (traced in)
+        # one cache per grad mode, autocast state, and module state no input guard can read
+        # but that changes the graph: train/eval flags (dropout, BatchNorm), forward hooks
         self._submodules = list(self.module.modules()) if self.module is not None else []
         self.caches: dict[tuple[Any, ...], GuardedCache[CompiledFn]] = {}
         if self.module is not None:
@@ -152,12 +155,15 @@ class AOTCompiled:
         return compiled
 
     def _cache(self, grad: bool) -> GuardedCache[CompiledFn]:
-        key = (grad, _module_state(self._submodules))
+        autocast = autocast_state()
+        key = (grad, autocast, _module_state(self._submodules))
         cache = self.caches.get(key)
         if cache is None:
             mode = "grad" if grad else "no_grad"
             if self.module is not None:
                 mode += ", train" if self.module.training else ", eval"
+            for device, dtype in autocast:
+                mode += f", {device} autocast {str(dtype).removeprefix('torch.')}"
             cache = self.caches[key] = GuardedCache(
                 functools.partial(self._compile, grad),
                 limit=self.limit,
@@ -173,7 +179,7 @@ class AOTCompiled:
 
     def cache_stats(self, grad: bool = True) -> dict[str, Any]:
         """Hits, misses, recompile reasons of the cache for this grad mode (and the
-        module's current train/eval flags)."""
+        current autocast state and module train/eval flags)."""
         return self._cache(grad).stats()
 
 

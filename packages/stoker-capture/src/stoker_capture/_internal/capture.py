@@ -21,6 +21,7 @@ import torch.fx as fx
 from torch._decomp import core_aten_decompositions
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
+from .autocast import autocast_off
 from .functional import from_fun, functionalized, keep_node, to_fun
 from .lint import lint_graph
 from .node_meta import backward_meta, module_path, recording_node_meta
@@ -138,7 +139,8 @@ def aot_stage1_graph_capture(state: AOTState) -> CapturedGraph:
             ]
             grads: list[Any] = [None] * len(primals)
             if diff and want:
-                with backward_meta(), eager_autograd_engine():
+                # the backward as eager runs it outside autocast (see autocast.py)
+                with backward_meta(), eager_autograd_engine(), autocast_off():
                     got = torch.autograd.grad(
                         [v for v, _ in diff],
                         [fp[i] for i in want],

@@ -17,6 +17,7 @@ import torch.fx as fx
 
 from stoker_shapes import GuardSet
 
+from .autocast import autocast_off
 from .capture import CapturedGraph
 from .config import Compiler, PartitionFn
 from .errors import GuardViolationError, StokerCaptureError
@@ -109,7 +110,19 @@ def aot_stage2_compile(
 
     ``compiler`` overrides ``state.config.fw_compiler`` (and the backward's, unless
     ``config.bw_compiler`` is set).  ``partition`` overrides ``config.partition``.
+    Runs with autocast off: the graph holds its casts, and a compiler that runs or
+    fake-propagates ops must not see them cast again.
     """
+    with autocast_off():
+        return _stage2_compile(state, graph, compiler, partition)
+
+
+def _stage2_compile(
+    state: AOTState,
+    graph: CapturedGraph,
+    compiler: Compiler | None,
+    partition: PartitionFn | None,
+) -> CompiledFn:
     cfg = state.config
     fw_compiler = compiler or cfg.fw()
     bw_compiler = cfg.bw_compiler or fw_compiler

@@ -22,6 +22,7 @@ from torch.utils import _pytree as pytree
 
 from stoker_shapes import GuardSet
 
+from .autocast import autocast_off
 from .capture import CapturedGraph
 from .errors import ExportFormatError, GuardViolationError, UnsupportedError
 from .serialize import graph_from_json, graph_to_json
@@ -106,7 +107,8 @@ class ExportedGraph:
             raise GuardViolationError(f"inputs rejected by the exported graph's guards: {why}")
         leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
         primals = [*self.params.values(), *(leaves[p] for p in sig.user_positions)]
-        outs = list(self.gm(*primals))
+        with autocast_off():  # the graph holds the casts it was traced with
+            outs = list(self.gm(*primals))
         for k, i in enumerate(sig.mutated_inputs):  # write back (buffers and user inputs)
             with torch.no_grad():
                 primals[i].copy_(outs[k])
@@ -168,7 +170,8 @@ class ExportedGraph:
             raise UnsupportedError("to_torch_export() needs an inference export (joint=False)")
         from .torch_export import to_torch_export
 
-        return to_torch_export(self)
+        with autocast_off():  # torch.export traces the graph as it is, adding no casts
+            return to_torch_export(self)
 
 
 def load(path: str | os.PathLike[str]) -> ExportedGraph:

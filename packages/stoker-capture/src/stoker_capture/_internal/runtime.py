@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from .autocast import autocast_off
 from .runtime_fn import FunctionPlan
 from .state import ForwardMeta, Layout, OutputKind
 from .symeval import build_evaluator
@@ -114,7 +115,8 @@ class Runtime:
         if self.function_class is not None:
             assert self.plan is not None
             sink: list[Any] = []
-            res = self.function_class.apply(sink, *primals)  # type: ignore[no-untyped-call]
+            with autocast_off():  # the graph holds autocast's casts already (autocast.py)
+                res = self.function_class.apply(sink, *primals)  # type: ignore[no-untyped-call]
             fw: list[Any] = [None] * self.plan.num_fw_outputs
             for k, v in zip(self.plan.returned, res):
                 fw[k] = v
@@ -122,7 +124,8 @@ class Runtime:
                 fw[k] = v
         else:
             assert self.forward is not None
-            fw = list(self.forward(*primals))
+            with autocast_off():
+                fw = list(self.forward(*primals))
         vals = self._ev(primals) if self._slots else []
         # 1. write mutated inputs back into the real inputs
         for k, i in enumerate(meta.mutated_inputs):

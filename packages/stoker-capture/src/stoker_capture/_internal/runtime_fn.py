@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from .autocast import autocast_off
 from .errors import UnsupportedError
 
 _AOT_IDS = itertools.count()
@@ -87,7 +88,8 @@ def make_function_class(
         for g, k in zip(grads, plan.tangent_of):
             if k is not None:
                 tangents[k] = g.contiguous() if isinstance(g, torch.Tensor) else g
-        out = bw(*ctx._stoker_symints, *ctx.saved_tensors, *tangents)
+        with autocast_off():  # traced without autocast; eager's backward outside it runs so
+            out = bw(*ctx._stoker_symints, *ctx.saved_tensors, *tangents)
         return (None, *out)
 
     return type(

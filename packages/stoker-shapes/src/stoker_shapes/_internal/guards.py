@@ -6,6 +6,12 @@ stage.  A `GuardSet` checks inputs through ONE generated Python function (see
 keys, static sizes and strides) goes through torch's C++ ``TensorGuards`` when
 available, which keeps a 10-tensor check around 2 µs.  `explain` re-checks
 guard by guard, slowly, to name the first failure in user terms.
+
+Autocast is a thread-local mode, not tensor metadata: ``TensorGuards`` would
+see it in the dispatch keys, so it is built and checked with autocast's keys
+excluded (a guard set built or loaded in an autocast region checks the same
+inputs the same way outside it).  Whoever compiles differently under autocast
+keys on the autocast state itself (stoker-capture's caches, Dynamo's guards).
 """
 
 from __future__ import annotations
@@ -195,6 +201,9 @@ _NAMESPACE_BASE: dict[str, Any] = {
     "Parameter": torch.nn.Parameter,
     "int": int,
     "float": float,
+    # TensorGuards reads thread-local dispatch keys: check them with autocast's excluded
+    "___autocast_on": torch._C._is_any_autocast_enabled,
+    "___no_autocast": torch._C._DisableAutocast,
 }
 
 
@@ -213,11 +222,12 @@ def _tensor_guards(specs: Sequence[TensorSpec]) -> Any:
             elif s.requires_grad:
                 t.requires_grad_(True)
             dummies.append(t)
-        return TensorGuards(
-            *dummies,
-            dynamic_dims_sizes=[list(s.sizes) for s in specs],  # type: ignore[misc]
-            dynamic_dims_strides=[list(s.strides) for s in specs],  # type: ignore[misc]
-        )
+        with torch._C._DisableAutocast():  # as every check sees them (module docstring)
+            return TensorGuards(
+                *dummies,
+                dynamic_dims_sizes=[list(s.sizes) for s in specs],  # type: ignore[misc]
+                dynamic_dims_strides=[list(s.strides) for s in specs],  # type: ignore[misc]
+            )
     except (RuntimeError, TypeError, AssertionError):
         return None  # e.g. a CUDA spec loaded on a machine without CUDA
 
@@ -254,7 +264,11 @@ class GuardSet:
         for var, spec in zip(tvars, self.tensors):
             body.append(f"{var} = {spec.source.name}")
         if self._tg is not None:
-            body.append(f"if not ___tg.check({', '.join(tvars)}): return False")
+            call = f"___tg.check({', '.join(tvars)})"
+            body.append("if ___autocast_on():")  # one C call when autocast is off
+            body.append(f"    with ___no_autocast(): ___ok = {call}")
+            body.append("    if not ___ok: return False")
+            body.append(f"elif not {call}: return False")
         else:
             for var, spec in zip(tvars, self.tensors):
                 body.append(f"if not ({spec.python_check(var)}): return False")
@@ -317,7 +331,8 @@ class GuardSet:
         if not self.check(args, kwargs, self_) and self._tg is not None:
             tensors = [ev(s.source.name) for s in self.tensors]
             names = [s.source.name for s in self.tensors]
-            verbose = self._tg.check_verbose(*tensors, tensor_check_names=names)
+            with torch._C._DisableAutocast():
+                verbose = self._tg.check_verbose(*tensors, tensor_check_names=names)
             return f"tensor metadata differs: {verbose} (e.g. an inference-mode tensor)"
         return None
 
