@@ -3,58 +3,83 @@ small autotuner, and helpers the generated wrapper calls.
 
 Cache layout under `$STOKER_CACHE_DIR` (default `~/.cache/stoker`):
 `triton/kernels/<sha>.py` (kernel source, keyed by its content),
-`triton/wrappers/<sha>.py` (wrapper source), `triton/autotune.json`
-(best config per kernel source and size). Triton keeps the compiled
-binaries in its own cache, keyed by the same source and the launch options.
+`triton/wrappers/<sha>.py` (wrapper source), `triton/autotune/<sha>.json`
+(best config per size for one kernel). Every file is a `stoker_shapes.DiskCache`
+entry: written atomically, checked on read (a broken one is a miss, rewritten).
+Triton keeps the compiled binaries in its own cache, keyed by the same source
+and the launch options.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
+import linecache
 import os
 import sys
 import threading
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
+
+from stoker_shapes import DiskCache
+
+# Bump when the generated modules' layout changes: older entries become misses.
+MODULE_FORMAT = "1"
 
 
 def cache_dir() -> Path:
     root = os.environ.get("STOKER_CACHE_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "stoker"
     )
-    path = Path(root) / "triton"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return Path(root) / "triton"
 
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def module_store(kind: str) -> DiskCache:
+    """The cache of generated modules of one kind ("kernels", "wrappers")."""
+    return DiskCache(cache_dir, kind, MODULE_FORMAT, ".py")
+
+
 def load_module(kind: str, source: str) -> tuple[ModuleType, Path]:
-    """Write `source` under the cache (keyed by content) and import it."""
+    """Store `source` in the cache (keyed by content) and import it."""
     sha = hashlib.sha256(source.encode()).hexdigest()[:24]
-    d = cache_dir() / kind
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{sha}.py"
-    if not path.exists():
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)
     name = f"stoker_triton_{kind}_{sha}"
     mod = sys.modules.get(name)
-    if mod is None:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return mod, path
+    if mod is not None and mod.__file__ is not None:
+        return mod, Path(mod.__file__)
+    store = module_store(kind)
+    found = store.get_entry(sha)
+    if found is not None and found[1] == source.encode():
+        path = found[0]
+    else:
+        path = store.put(sha, source.encode())
+    return exec_module(name, path, source), path
+
+
+def exec_module(name: str, path: Path | str, source: str) -> ModuleType:
+    """Import `source` as module `name` whose file is `path` (a cache entry).
+
+    The source runs from memory (no `__pycache__`, no second read of the file)
+    and is registered with `linecache`, where `inspect.getsource` (hence
+    `@triton.jit`) reads it: the code, its line numbers and what Triton
+    hashes are the validated source's, whatever happens to the file later."""
+    mod = ModuleType(name)
+    mod.__file__ = str(path)
+    linecache.cache[str(path)] = (len(source), None, source.splitlines(True), str(path))
+    code = compile(source, str(path), "exec")
+    sys.modules[name] = mod
+    try:
+        exec(code, mod.__dict__)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return mod
 
 
 def next_pow2(n: int) -> int:
@@ -66,35 +91,38 @@ def cdiv(a: int, b: int) -> int:
 
 
 class _Tuned:
-    """Autotune results on disk: {kernel sha: {"x,r": [XBLOCK, RBLOCK, warps]}}."""
+    """Autotune results on disk, one entry per kernel: {"x,r": [XBLOCK, RBLOCK, warps]}."""
 
     lock = threading.Lock()
-    data: dict[str, dict[str, list[int]]] | None = None
+    data: ClassVar[dict[str, dict[str, list[int]]]] = {}
+
+    @staticmethod
+    def _store() -> DiskCache:
+        import triton
+
+        return DiskCache(cache_dir, "autotune", f"1-triton{triton.__version__}", ".json")
 
     @classmethod
-    def _load(cls) -> dict[str, dict[str, list[int]]]:
-        if cls.data is None:
-            p = cache_dir() / "autotune.json"
+    def _load(cls, sha: str) -> dict[str, list[int]]:
+        if sha not in cls.data:
+            body = cls._store().get(sha)
             try:
-                cls.data = json.loads(p.read_text()) if p.exists() else {}
-            except (OSError, ValueError):
-                cls.data = {}
-        assert cls.data is not None
-        return cls.data
+                loaded = json.loads(body) if body is not None else {}
+            except ValueError:
+                loaded = {}
+            cls.data[sha] = loaded if isinstance(loaded, dict) else {}
+        return cls.data[sha]
 
     @classmethod
     def get(cls, sha: str, key: str) -> list[int] | None:
         with cls.lock:
-            return cls._load().get(sha, {}).get(key)
+            return cls._load(sha).get(key)
 
     @classmethod
     def put(cls, sha: str, key: str, cfg: list[int]) -> None:
         with cls.lock:
-            cls._load().setdefault(sha, {})[key] = cfg
-            p = cache_dir() / "autotune.json"
-            tmp = p.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(cls.data))
-            os.replace(tmp, p)
+            cls._load(sha)[key] = cfg
+            cls._store().put(sha, json.dumps(cls.data[sha]).encode())
 
 
 class Launcher:

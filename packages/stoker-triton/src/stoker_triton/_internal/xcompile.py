@@ -24,7 +24,6 @@ multiple of 16).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import threading
 from collections.abc import Sequence
@@ -133,14 +132,14 @@ _modules: dict[str, ModuleType] = {}
 
 
 def _native_module(path: str) -> ModuleType:
-    """The kernel module at `path` imported with real `@triton.jit` functions."""
+    """The kernel module at `path` (a cache entry the launching process wrote)
+    imported with real `@triton.jit` functions."""
     mod = _modules.get(path)
     if mod is None:
-        name = f"stoker_triton_native_{Path(path).stem}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        from .runtime import exec_module, module_store
+
+        source = module_store("kernels").read_valid(path).decode()
+        mod = exec_module(f"stoker_triton_native_{Path(path).stem}", path, source)
         _modules[path] = mod
     return mod
 

@@ -56,6 +56,11 @@ class StokerBackend:
     >>> torch.compile(model, backend=stoker.backend.with_options(backend="interpret"))
     """
 
+    # How Dynamo names the backend in its messages ("backend='stoker' raised: ..."):
+    # instances have no __name__ of their own, and Dynamo's debug wrapper reads compiler_name.
+    __name__ = "stoker"
+    compiler_name = "stoker"
+
     def __init__(self, options: CompileOptions | None = None, report: Report | None = None) -> None:
         self.options = options or CompileOptions.from_kwargs()
         self.report = report if report is not None else Report(path=self.options.report)
