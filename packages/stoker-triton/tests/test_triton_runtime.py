@@ -122,7 +122,9 @@ def test_block_choice_under_the_interpreter_is_one_config():
     assert len(cands) == 1 and cands[0][1] == 512  # RBLOCK holds the whole row
     lau2 = Launcher(None, "sha", is_reduction=False, persistent=True, has_atomics=False)
     lau2.interpret = False
-    assert len(lau2.candidates(1 << 20, 1)) > 1  # on a GPU: configs to tune over
+    assert len(lau2.candidates(1 << 20, 1)) == 1  # on a GPU: one heuristic config ...
+    lau2.autotune = True
+    assert len(lau2.candidates(1 << 20, 1)) > 1  # ... or, under max-autotune, configs to time
 
 
 def test_complex_ops_run_through_aten():
@@ -181,7 +183,12 @@ def test_gpu_autotuner_picks_the_fastest_config_skips_broken_ones_and_remembers(
 
     def native_launcher():
         lau = runtime.Launcher(
-            Kernel(), "sha-x", is_reduction=False, persistent=False, has_atomics=False
+            Kernel(),
+            "sha-x",
+            is_reduction=False,
+            persistent=False,
+            has_atomics=False,
+            autotune=True,
         )
         lau.interpret = False  # the GPU path
         lau.n_ptrs = 1
@@ -198,3 +205,26 @@ def test_gpu_autotuner_picks_the_fastest_config_skips_broken_ones_and_remembers(
     lau2 = native_launcher()
     lau2(object(), 1 << 20, 1)
     assert lau2.configs[(1 << 20, 1)] == (4096, 1, 8)
+
+
+def test_without_max_autotune_nothing_is_timed(tmp_path, monkeypatch):
+    import triton.testing
+
+    from stoker_triton._internal import runtime
+
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **k: 1 / 0)
+    launched = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, XBLOCK, RBLOCK, num_warps: launched.append((XBLOCK, num_warps))
+
+    lau = runtime.Launcher(
+        Kernel(), "sha-y", is_reduction=False, persistent=False, has_atomics=False
+    )
+    lau.interpret = False
+    lau.n_ptrs = 1
+    lau(object(), 1 << 20, 1)
+    assert launched == [lau.heuristic(1 << 20, 1)[::2]]
+    assert not (tmp_path / "triton" / "autotune").exists()

@@ -29,7 +29,7 @@ def test_every_kernel_and_config_is_compiled_for_the_target(monkeypatch):
         return torch.autograd.grad((e * 1.5).sum() + y.softmax(-1).amax(), [x, w])
 
     check(f, x, w, idx, atol=1e-4, rtol=1e-4)
-    # each kernel x each GPU autotuning candidate x two targets, all compiled to cubin
+    # each kernel x the configuration its GPU launch uses x two targets, all compiled to cubin
     assert xcompile.compiled_count - before >= 2 * 2
 
 

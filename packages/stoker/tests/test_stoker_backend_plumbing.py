@@ -185,3 +185,27 @@ def test_dynamo_names_the_backend_stoker(monkeypatch: pytest.MonkeyPatch, how: s
         Exception, match=r"backend='stoker' raised:\s*RuntimeError: the compiler broke"
     ):
         g(torch.randn(3))
+
+
+@pytest.mark.parametrize("mode", ["default", "max-autotune"])
+def test_mode_reaches_the_triton_compiler(
+    stub_capture: None, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    import stoker_triton
+
+    seen: list[Any] = []
+
+    def compile_graph(gm: Any, inputs: Any, options: Any = None) -> Any:
+        seen.append(options)
+        return gm
+
+    monkeypatch.setattr(stoker_triton, "compile_graph", compile_graph)
+    g = stoker.compile(lambda x: x.sin() + 1, backend="interpret", mode=mode)
+    x = torch.randn(3)
+    torch.testing.assert_close(g(x), x.sin() + 1)
+    assert seen == [{"max_autotune": True} if mode == "max-autotune" else None]
+
+
+def test_unknown_mode_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"mode='fast'; choose one of default, max-autotune"):
+        stoker.compile(lambda x: x, mode="fast")
