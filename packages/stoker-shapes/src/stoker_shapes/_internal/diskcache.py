@@ -42,6 +42,40 @@ _warned: set[str] = set()  # files and directories already warned about, once pe
 _fallback_dir: Path | None = None
 
 
+def cache_root() -> Path:
+    """stoker's cache directory: ``$STOKER_CACHE_DIR``, else ``~/.cache/stoker``."""
+    root = os.environ.get("STOKER_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "stoker"
+    )
+    return Path(root)
+
+
+def _split(data: bytes) -> tuple[str, str, bytes] | str:
+    """(kind, version, body) of a sound entry (header and checksum), else what is wrong."""
+    if not data:
+        return "empty file"
+    nl = data.find(b"\n")
+    if not data.startswith(_MAGIC) or nl < 0:
+        return "not a stoker cache entry: corrupt or written by an older stoker"
+    parts = data[len(_MAGIC) : nl].decode(errors="replace").split(" ")
+    if len(parts) != 3:
+        return "a malformed header"
+    body = data[nl + 1 :]
+    if hashlib.sha256(body).hexdigest() != parts[2]:
+        return "checksum mismatch: truncated or corrupt"
+    return parts[0], parts[1], body
+
+
+def inspect_file(path: str | os.PathLike[str]) -> tuple[str, str, str | None]:
+    """(kind, version, problem) of a cache file; problem is None for a sound entry
+    (whether its version is current is the reader's call)."""
+    try:
+        got = _split(Path(path).read_bytes())
+    except OSError as e:
+        return "?", "?", f"unreadable: {e}"
+    return ("?", "?", got) if isinstance(got, str) else (got[0], got[1], None)
+
+
 def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and ``os.replace``.
 
@@ -186,19 +220,14 @@ class DiskCache:
 
     def _parse(self, data: bytes) -> tuple[bytes | None, str]:
         """(body, "") for a valid entry, else (None, why not)."""
-        if not data:
-            return None, "empty file"
-        nl = data.find(b"\n")
-        if not data.startswith(_MAGIC) or nl < 0:
-            return None, "not a stoker cache entry: corrupt or written by an older stoker"
-        parts = data[len(_MAGIC) : nl].decode(errors="replace").split(" ")
-        if len(parts) != 3 or parts[0] != self.kind:
-            return None, "a malformed header"
-        if parts[1] != self.version:
-            return None, f"version {parts[1]!r}, this stoker writes {self.version!r}"
-        body = data[nl + 1 :]
-        if hashlib.sha256(body).hexdigest() != parts[2]:
-            return None, "checksum mismatch: truncated or corrupt"
+        got = _split(data)
+        if isinstance(got, str):
+            return None, got
+        kind, version, body = got
+        if kind != self.kind:
+            return None, f"an entry of kind {kind!r}, not {self.kind!r}"
+        if version != self.version:
+            return None, f"version {version!r}, this stoker writes {self.version!r}"
         return body, ""
 
     def _fallback_path(self, key: str, create: bool = False) -> Path | None:

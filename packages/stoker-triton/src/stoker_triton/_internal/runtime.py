@@ -26,16 +26,14 @@ from typing import Any, ClassVar
 import torch
 
 from stoker_shapes import DiskCache
+from stoker_shapes._internal.diskcache import cache_root
 
 # Bump when the generated modules' layout changes: older entries become misses.
 MODULE_FORMAT = "1"
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("STOKER_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "stoker"
-    )
-    return Path(root) / "triton"
+    return cache_root() / "triton"
 
 
 def interpreting() -> bool:
