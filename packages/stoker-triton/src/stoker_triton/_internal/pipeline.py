@@ -444,8 +444,8 @@ def _fill_report(
     if shape_env is not None:
         report.guards_added = [str(g.expr) for g in shape_env.guards[n_guards:]]
     report.wrapper_path = wpath
-    report.ir_text = program.as_text()
-    report.schedule_text = sched.as_text()
+    report.text_of["ir"] = program.as_text
+    report.text_of["schedule"] = sched.as_text
 
 
 def _debug_text(report: CompileReport, wrapper_src: str) -> str:
