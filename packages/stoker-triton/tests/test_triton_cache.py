@@ -79,3 +79,22 @@ def test_the_imported_source_is_the_validated_one(tmp_path, monkeypatch):
     mod, path = runtime.load_module("kernels", src)
     path.write_bytes(b"garbage")
     assert mod.kernel() == 42 and inspect.getsource(mod.kernel) == src
+
+
+def test_hits_and_misses_are_logged_with_why(tmp_path, monkeypatch, caplog):
+    # STOKER_LOGS=cache shows misses (and why) and writes; +cache shows hits as well
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    x, y = torch.randn(3, 5), torch.randn(3, 5)
+    _forget_modules()
+    with caplog.at_level(logging.DEBUG, logger="stoker.cache"):
+        fn = _compile(x, y)
+        first = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        _forget_modules()
+        _compile(x, y)
+        second = [(r.levelno, r.getMessage()) for r in caplog.records]
+    n = len(fn.report.kernels) + 1  # kernels and the wrapper
+    assert sum("cache miss" in m and "(not on disk)" in m for m in first) == n, first
+    assert sum(m.startswith("cache write") for m in first) == n, first
+    assert [lvl for lvl, m in second if "cache hit" in m] == [logging.DEBUG] * n, second
+    assert not any("cache miss" in m for _, m in second), second
