@@ -368,3 +368,24 @@ def test_runtime_asserts_stay_on_their_side() -> None:
         assert (fw_msgs, bw_msgs) == (["fw"], ["bw"]), part.kind
         H.check_graphs(part, gm)
         H.check_against_eager(part, f, make(4))
+
+
+@pytest.mark.parametrize("partitioner", ["default", "min_cut"])
+def test_a_float_read_with_item_is_reread_in_the_backward(partitioner: str) -> None:
+    # Dynamo passes a changing Python float as a 0-d tensor and reads it with .item():
+    # the backward needs that SymFloat, which cannot be saved as a size; it re-reads it
+    # from the saved input instead of failing with "no finite cut".
+    def f(w, s, x):  # type: ignore[no-untyped-def]
+        return (x @ w) ** 3 * s.item()
+
+    def make(batch: int) -> list[torch.Tensor]:
+        return [
+            torch.randn(6, 4, requires_grad=True),
+            torch.tensor(0.5 + batch, dtype=torch.float64),
+            torch.randn(batch, 6),
+        ]
+
+    gm, n = H.make_joint(f, make(3), tracing_mode="symbolic")
+    part = PARTITIONERS[partitioner](gm, n)
+    H.check_graphs(part, gm)
+    H.check_against_eager(part, f, make(3))

@@ -53,7 +53,10 @@ def test_sources_are_cached_on_disk_by_content():
     p1, p2 = fn1.report.kernels[0].path, fn2.report.kernels[0].path
     assert p1 == p2 and Path(p1).exists()
     assert str(Path(p1)).startswith(os.environ["STOKER_CACHE_DIR"])
-    assert Path(fn1.report.wrapper_path).read_text() == fn1.wrapper_source
+    from stoker_triton._internal.runtime import module_store
+
+    stored = module_store("wrappers").read_valid(fn1.report.wrapper_path)
+    assert stored.decode() == fn1.wrapper_source
 
 
 def test_intermediate_buffers_freed_or_reused():
@@ -103,11 +106,11 @@ def test_autotune_results_persist_on_disk(tmp_path, monkeypatch):
     from stoker_triton._internal import runtime
 
     monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(runtime._Tuned, "data", None)
+    monkeypatch.setattr(runtime._Tuned, "data", {})
     runtime._Tuned.put("abc", "1024,1", [512, 1, 4])
-    monkeypatch.setattr(runtime._Tuned, "data", None)  # as a new process would
+    monkeypatch.setattr(runtime._Tuned, "data", {})  # as a new process would
     assert runtime._Tuned.get("abc", "1024,1") == [512, 1, 4]
-    assert (tmp_path / "triton" / "autotune.json").exists()
+    assert (tmp_path / "triton" / "autotune" / "abc.json").exists()
 
 
 def test_block_choice_under_the_interpreter_is_one_config():
@@ -119,7 +122,9 @@ def test_block_choice_under_the_interpreter_is_one_config():
     assert len(cands) == 1 and cands[0][1] == 512  # RBLOCK holds the whole row
     lau2 = Launcher(None, "sha", is_reduction=False, persistent=True, has_atomics=False)
     lau2.interpret = False
-    assert len(lau2.candidates(1 << 20, 1)) > 1  # on a GPU: configs to tune over
+    assert len(lau2.candidates(1 << 20, 1)) == 1  # on a GPU: one heuristic config ...
+    lau2.autotune = True
+    assert len(lau2.candidates(1 << 20, 1)) > 1  # ... or, under max-autotune, configs to time
 
 
 def test_complex_ops_run_through_aten():
@@ -158,7 +163,7 @@ def test_gpu_autotuner_picks_the_fastest_config_skips_broken_ones_and_remembers(
     from stoker_triton._internal import runtime
 
     monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(runtime._Tuned, "data", None)
+    monkeypatch.setattr(runtime._Tuned, "data", {})
     launched = []
 
     class Kernel:
@@ -178,7 +183,12 @@ def test_gpu_autotuner_picks_the_fastest_config_skips_broken_ones_and_remembers(
 
     def native_launcher():
         lau = runtime.Launcher(
-            Kernel(), "sha-x", is_reduction=False, persistent=False, has_atomics=False
+            Kernel(),
+            "sha-x",
+            is_reduction=False,
+            persistent=False,
+            has_atomics=False,
+            autotune=True,
         )
         lau.interpret = False  # the GPU path
         lau.n_ptrs = 1
@@ -190,8 +200,31 @@ def test_gpu_autotuner_picks_the_fastest_config_skips_broken_ones_and_remembers(
     assert lau.configs[(1 << 20, 1)] == (4096, 1, 8)
     assert launched[-1] == (((1 << 20) // 4096,), 4096, 1, 8)  # the real launch, best config
     # a new process reads the choice from disk and benchmarks nothing
-    monkeypatch.setattr(runtime._Tuned, "data", None)
+    monkeypatch.setattr(runtime._Tuned, "data", {})
     monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **k: 1 / 0)
     lau2 = native_launcher()
     lau2(object(), 1 << 20, 1)
     assert lau2.configs[(1 << 20, 1)] == (4096, 1, 8)
+
+
+def test_without_max_autotune_nothing_is_timed(tmp_path, monkeypatch):
+    import triton.testing
+
+    from stoker_triton._internal import runtime
+
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **k: 1 / 0)
+    launched = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, XBLOCK, RBLOCK, num_warps: launched.append((XBLOCK, num_warps))
+
+    lau = runtime.Launcher(
+        Kernel(), "sha-y", is_reduction=False, persistent=False, has_atomics=False
+    )
+    lau.interpret = False
+    lau.n_ptrs = 1
+    lau(object(), 1 << 20, 1)
+    assert launched == [lau.heuristic(1 << 20, 1)[::2]]
+    assert not (tmp_path / "triton" / "autotune").exists()

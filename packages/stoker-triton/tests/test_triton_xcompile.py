@@ -29,14 +29,23 @@ def test_every_kernel_and_config_is_compiled_for_the_target(monkeypatch):
         return torch.autograd.grad((e * 1.5).sum() + y.softmax(-1).amax(), [x, w])
 
     check(f, x, w, idx, atol=1e-4, rtol=1e-4)
-    # each kernel x each GPU autotuning candidate x two targets, all compiled to cubin
+    # each kernel x the configuration its GPU launch uses x two targets, all compiled to cubin
     assert xcompile.compiled_count - before >= 2 * 2
+
+
+def _kernel_file(tmp_path, name, source):
+    """A kernel module as the launching process stores it (a checked cache entry)."""
+    from stoker_shapes import DiskCache
+    from stoker_triton._internal.runtime import MODULE_FORMAT
+
+    return DiskCache(tmp_path, "kernels", MODULE_FORMAT, ".py").put(name, source.encode())
 
 
 def test_a_kernel_the_compiler_rejects_names_its_file(tmp_path, monkeypatch):
     monkeypatch.setenv(xcompile.ENV, "cuda:90")
-    path = tmp_path / "bad_kernel.py"
-    path.write_text(
+    path = _kernel_file(
+        tmp_path,
+        "bad_kernel",
         textwrap.dedent(
             """
             import triton
@@ -48,7 +57,7 @@ def test_a_kernel_the_compiler_rejects_names_its_file(tmp_path, monkeypatch):
                 v = tl.load(ptr_a + i)
                 tl.store(ptr_b + i, tl.dot(v, v))  # tl.dot needs 2-D blocks
             """
-        )
+        ),
     )
     a = torch.randn(64)
     with pytest.raises(xcompile.CrossCompileError, match=r"bad_kernel\.py.*cuda:90.*XBLOCK=64"):
@@ -102,8 +111,9 @@ def test_gpu_precompile_builds_what_the_launch_will_look_up(tmp_path, monkeypatc
     import subprocess
     import sys
 
-    path = tmp_path / "k.py"
-    path.write_text(
+    path = _kernel_file(
+        tmp_path,
+        "k",
         textwrap.dedent(
             """
             import triton
@@ -115,7 +125,7 @@ def test_gpu_precompile_builds_what_the_launch_will_look_up(tmp_path, monkeypatc
                 m = i < xnumel
                 tl.store(ptr_b + i, tl.load(ptr_a + i, m) * 2, m)
             """
-        )
+        ),
     )
     proc = subprocess.run(
         [sys.executable, "-c", _SAME_KEY, str(path)], capture_output=True, text=True, timeout=300

@@ -164,3 +164,48 @@ def test_compile_a_function(stub_capture: None) -> None:
     x, w = torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)
     torch.testing.assert_close(c(x, w), f(x, w))
     assert c.stoker_report.compiles[0].frame.startswith("f ")
+
+
+def _failing_dynamo_backend(compiler: Callable[..., Any], **_: Any) -> Callable[..., Any]:
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        raise RuntimeError("the compiler broke")
+
+    return backend
+
+
+@pytest.mark.parametrize("how", ["stoker.compile", "torch.compile"])
+def test_dynamo_names_the_backend_stoker(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    monkeypatch.setattr(stoker_capture, "dynamo_backend", _failing_dynamo_backend, raising=False)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.sin() + 1
+
+    g = stoker.compile(f) if how == "stoker.compile" else torch.compile(f, backend=stoker.backend)
+    with pytest.raises(
+        Exception, match=r"backend='stoker' raised:\s*RuntimeError: the compiler broke"
+    ):
+        g(torch.randn(3))
+
+
+@pytest.mark.parametrize("mode", ["default", "max-autotune"])
+def test_mode_reaches_the_triton_compiler(
+    stub_capture: None, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    import stoker_triton
+
+    seen: list[Any] = []
+
+    def compile_graph(gm: Any, inputs: Any, options: Any = None) -> Any:
+        seen.append(options)
+        return gm
+
+    monkeypatch.setattr(stoker_triton, "compile_graph", compile_graph)
+    g = stoker.compile(lambda x: x.sin() + 1, backend="interpret", mode=mode)
+    x = torch.randn(3)
+    torch.testing.assert_close(g(x), x.sin() + 1)
+    assert seen == [{"max_autotune": True} if mode == "max-autotune" else None]
+
+
+def test_unknown_mode_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"mode='fast'; choose one of default, max-autotune"):
+        stoker.compile(lambda x: x, mode="fast")

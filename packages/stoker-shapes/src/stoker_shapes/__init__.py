@@ -10,6 +10,7 @@ from .__about__ import __version__
 from ._internal.cache import GuardedCache
 from ._internal.context import ShapeContext, data_dependent_error, tree_sources
 from ._internal.dims import Dim, Policy
+from ._internal.diskcache import DiskCache, atomic_write
 from ._internal.errors import (
     DataDependentError,
     RecompileLimitError,
@@ -24,6 +25,7 @@ from ._internal.source import Source
 __all__ = [
     "DataDependentError",
     "Dim",
+    "DiskCache",
     "Guard",
     "GuardSet",
     "GuardedCache",
@@ -37,6 +39,7 @@ __all__ = [
     "StokerShapesError",
     "TensorSpec",
     "__version__",
+    "atomic_write",
     "current_origin",
     "data_dependent_error",
     "tree_sources",

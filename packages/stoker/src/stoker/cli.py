@@ -1,9 +1,10 @@
-"""The ``stoker`` command: ``demo``, ``bench`` and ``explain``.
+"""The ``stoker`` command: ``demo``, ``bench``, ``explain`` and ``cache``.
 
 stoker demo [--steps N]          train a small GPT eager and compiled, side by side
 stoker bench [--models ...]      the benchmark suite (table + bench-results/bench.json)
 stoker bench --suite gpu [--smoke]  the H100 training suite, side by side with Inductor
 stoker explain SCRIPT [ARGS...]  run a script with every log topic and the report on
+stoker cache info|clear          what stoker keeps on disk (STOKER_CACHE_DIR); empty it
 """
 
 from __future__ import annotations
@@ -75,6 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("script", help="the Python script to run")
     e.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+
+    c = sub.add_parser("cache", help="stoker's on-disk cache: info or clear")
+    c.add_argument("action", choices=["info", "clear"])
+    c.add_argument(
+        "--triton",
+        action="store_true",
+        help="clear also empties Triton's own cache (TRITON_CACHE_DIR; shared with Inductor)",
+    )
     return p
 
 
@@ -108,6 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.command == "explain":
         return explain(args.script, args.args, logs=args.logs, report=args.report)
+    if args.command == "cache":
+        from ._internal import cache_cli
+
+        return cache_cli.info() if args.action == "info" else cache_cli.clear(args.triton)
     raise AssertionError(args.command)  # argparse rejects unknown commands
 
 

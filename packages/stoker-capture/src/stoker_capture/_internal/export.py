@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from stoker_shapes import GuardSet
+from stoker_shapes import GuardSet, atomic_write
 
 from .autocast import autocast_off
 from .capture import CapturedGraph
@@ -146,7 +146,9 @@ class ExportedGraph:
 
     # -------------------------------------------------------------- save / load
     def save(self, path: str | os.PathLike[str]) -> None:
-        """One file: magic, version, a JSON header (graph, signature, guards), tensors."""
+        """One file: magic, version, a JSON header (graph, signature, guards), tensors.
+
+        Written atomically (a temporary file, then a rename)."""
         buf = io.BytesIO()
         torch.save({k: v.detach() for k, v in self.params.items()}, buf)
         blob = buf.getvalue()
@@ -159,10 +161,10 @@ class ExportedGraph:
                 "sha256": hashlib.sha256(blob).hexdigest(),
             }
         ).encode()
-        with open(path, "wb") as f:
-            f.write(MAGIC + _HEADER.pack(FORMAT_VERSION, len(header), len(blob)))
-            f.write(header)
-            f.write(blob)
+        # atomically: a crash or a full disk leaves the old file (or none), never half of one
+        atomic_write(
+            path, MAGIC + _HEADER.pack(FORMAT_VERSION, len(header), len(blob)) + header + blob
+        )
 
     def to_torch_export(self) -> torch.export.ExportedProgram:
         """This inference export as a ``torch.export.ExportedProgram`` (dynamic dims kept)."""

@@ -115,6 +115,7 @@ CHEAP_OPS: frozenset[object] = _ops(
         "aten.ones.default",
         "aten.empty.memory_format",
         "aten.scalar_tensor.default",
+        "aten._local_scalar_dense.default",  # x.item(): a float the backward needs is re-read, not saved
         "aten.arange.default",
         "aten.arange.start",
         "aten.arange.start_step",

@@ -24,7 +24,10 @@ def compile_graph(
     the `CompileReport`, `fn.wrapper_source` the generated wrapper. With
     `debug=True` or `STOKER_TRITON_DEBUG=1` the IR, schedule, kernels and
     wrapper are printed. `options`: `persistent_rnumel_max` (largest
-    reduction kept whole in one block; above it kernels loop over the row).
+    reduction kept whole in one block; above it kernels loop over the row),
+    `max_autotune` (on a GPU, time several block/warp configurations per
+    kernel and size and keep the fastest, remembered on disk; default: one
+    configuration chosen by heuristics, each kernel compiled once).
     """
     from .pipeline import compile_graph_impl
 

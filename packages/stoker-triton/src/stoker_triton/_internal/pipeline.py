@@ -26,7 +26,7 @@ from .codegen_ops import PRELUDE, PRELUDE_BF16
 from .codegen_wrapper import generate_wrapper
 from .lowering import lower_graph
 from .report import CompileReport, KernelInfo
-from .runtime import Launcher, interpreting, load_module, precompile
+from .runtime import PRECOMPILE_SEED, Launcher, interpreting, load_module, precompile
 from .scheduler import PERSISTENT_RNUMEL_MAX, Kernel, schedule
 from .verify import verify_program, verify_schedule
 
@@ -62,9 +62,11 @@ def compile_graph_impl(
 ) -> CompiledGraph:
     options = dict(options or {})
     persistent_max = int(options.pop("persistent_rnumel_max", PERSISTENT_RNUMEL_MAX))
+    autotune = bool(options.pop("max_autotune", False))
     if options:
         raise TypeError(
-            f"compile_graph: unknown options {sorted(options)}; known: persistent_rnumel_max"
+            f"compile_graph: unknown options {sorted(options)}; "
+            "known: persistent_rnumel_max, max_autotune"
         )
     if debug is None:
         debug = os.environ.get("STOKER_TRITON_DEBUG", "0") == "1"
@@ -100,12 +102,12 @@ def compile_graph_impl(
         wrapper_src, consts = generate_wrapper(program, sched, kernels, out_kind)
     # 4. load: kernel modules and wrapper from the on-disk cache, launchers
     with report.stage("load"):
-        launchers, paths = load_kernels(kernels)
+        launchers, paths = load_kernels(kernels, autotune)
         mod, wpath = load_module("wrappers", wrapper_src)
         call = mod.make_call(launchers, consts)
-    # 5. on a GPU, compile every kernel (and its autotuning configs) in parallel now
+    # 5. on a GPU, compile every kernel (each configuration its launch will use) in parallel now
     with report.stage("precompile"):
-        precompile(_precompile_jobs(kernels, launchers, program), device)
+        precompile(lambda: _precompile_jobs(kernels, launchers, program, shape_env), device)
 
     _fill_report(report, program, sched, kernels, paths, str(wpath), ctx, shape_env, n_guards)
     if debug:
@@ -353,7 +355,9 @@ def kernel_module_source(ks: KernelSource) -> str:
     )
 
 
-def load_kernels(kernels: dict[str, KernelSource]) -> tuple[dict[str, Launcher], dict[str, str]]:
+def load_kernels(
+    kernels: dict[str, KernelSource], autotune: bool = False
+) -> tuple[dict[str, Launcher], dict[str, str]]:
     import hashlib
 
     from .xcompile import targets
@@ -365,7 +369,7 @@ def load_kernels(kernels: dict[str, KernelSource]) -> tuple[dict[str, Launcher],
         src = kernel_module_source(ks)
         mod, path = load_module("kernels", src)
         sha = hashlib.sha256(src.encode()).hexdigest()[:24]
-        lau = Launcher(mod.kernel, sha, ks.is_reduction, ks.persistent, ks.has_atomics)
+        lau = Launcher(mod.kernel, sha, ks.is_reduction, ks.persistent, ks.has_atomics, autotune)
         lau.n_ptrs = len(ks.pointer_args)
         lau.path = str(path)
         lau.check_gpu = check_gpu
@@ -375,23 +379,28 @@ def load_kernels(kernels: dict[str, KernelSource]) -> tuple[dict[str, Launcher],
 
 
 def _precompile_jobs(
-    kernels: dict[str, KernelSource], launchers: dict[str, Launcher], program: Any
+    kernels: dict[str, KernelSource], launchers: dict[str, Launcher], program: Any, shape_env: Any
 ) -> list[tuple[Launcher, list[Any], int, int]]:
-    """Example launch arguments for kernels whose sizes are all static."""
-    if program.device.type != "cuda":
-        return []
+    """Example launch arguments per kernel: static sizes as they are, symbolic
+    ones at the shape env's hints (the sizes of the inputs at hand, which the
+    first launch is likely to see: a launch with sizes Triton specializes
+    differently compiles its own binary, as without a precompile)."""
+    hints: dict[Any, Any] = dict(getattr(shape_env, "var_to_val", None) or {})
     jobs: list[tuple[Launcher, list[Any], int, int]] = []
     for name, ks in kernels.items():
-        if ks.size_args or not (ks.xnumel.is_number and sympy.sympify(ks.rnumel).is_number):
-            continue  # symbolic sizes: compiled at the first launch
+        try:
+            x, r = (int(sympy.sympify(e).xreplace(hints)) for e in (ks.xnumel, ks.rnumel))
+            sizes = [int(hints[s]) for s in ks.size_args]
+        except (KeyError, TypeError):  # a size without a hint (unbacked): at the launch
+            continue
         args: list[Any] = [
             torch.empty(1, dtype=program.buffers[b].dtype, device=program.device)
             for b in ks.pointer_args
         ]
-        args += [int(ks.xnumel), int(ks.rnumel)]
+        args += [x, r, *sizes]
         if ks.uses_seed:
-            args.append(12345)
-        jobs.append((launchers[name], args, int(ks.xnumel), int(ks.rnumel)))
+            args.append(PRECOMPILE_SEED)
+        jobs.append((launchers[name], args, x, r))
     return jobs
 
 
@@ -435,8 +444,8 @@ def _fill_report(
     if shape_env is not None:
         report.guards_added = [str(g.expr) for g in shape_env.guards[n_guards:]]
     report.wrapper_path = wpath
-    report.ir_text = program.as_text()
-    report.schedule_text = sched.as_text()
+    report.text_of["ir"] = program.as_text
+    report.text_of["schedule"] = sched.as_text
 
 
 def _debug_text(report: CompileReport, wrapper_src: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 @dataclasses.dataclass
@@ -36,8 +36,25 @@ class CompileReport:
     )  # added to the shape env by codegen
     timings_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # stage -> milliseconds
     wrapper_path: str = ""
-    ir_text: str = ""
-    schedule_text: str = ""
+    # the IR and the schedule as text, printed when first asked for (printing every
+    # sympy index of a large graph costs seconds that a compile does not need)
+    text_of: dict[str, str | Callable[[], str]] = dataclasses.field(
+        default_factory=dict, repr=False
+    )
+
+    @property
+    def ir_text(self) -> str:
+        return self._text("ir")
+
+    @property
+    def schedule_text(self) -> str:
+        return self._text("schedule")
+
+    def _text(self, what: str) -> str:
+        t = self.text_of.get(what, "")
+        if callable(t):
+            t = self.text_of[what] = t()
+        return t
 
     @property
     def n_kernels(self) -> int:

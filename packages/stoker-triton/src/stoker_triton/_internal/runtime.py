@@ -3,58 +3,82 @@ small autotuner, and helpers the generated wrapper calls.
 
 Cache layout under `$STOKER_CACHE_DIR` (default `~/.cache/stoker`):
 `triton/kernels/<sha>.py` (kernel source, keyed by its content),
-`triton/wrappers/<sha>.py` (wrapper source), `triton/autotune.json`
-(best config per kernel source and size). Triton keeps the compiled
-binaries in its own cache, keyed by the same source and the launch options.
+`triton/wrappers/<sha>.py` (wrapper source), `triton/autotune/<sha>.json`
+(best config per size for one kernel). Every file is a `stoker_shapes.DiskCache`
+entry: written atomically, checked on read (a broken one is a miss, rewritten).
+Triton keeps the compiled binaries in its own cache, keyed by the same source
+and the launch options.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
+import linecache
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from stoker_shapes import DiskCache
+from stoker_shapes._internal.diskcache import cache_root
+
+# Bump when the generated modules' layout changes: older entries become misses.
+MODULE_FORMAT = "1"
+
 
 def cache_dir() -> Path:
-    root = os.environ.get("STOKER_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "stoker"
-    )
-    path = Path(root) / "triton"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return cache_root() / "triton"
 
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def module_store(kind: str) -> DiskCache:
+    """The cache of generated modules of one kind ("kernels", "wrappers")."""
+    return DiskCache(cache_dir, kind, MODULE_FORMAT, ".py")
+
+
 def load_module(kind: str, source: str) -> tuple[ModuleType, Path]:
-    """Write `source` under the cache (keyed by content) and import it."""
+    """Store `source` in the cache (keyed by content) and import it."""
     sha = hashlib.sha256(source.encode()).hexdigest()[:24]
-    d = cache_dir() / kind
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{sha}.py"
-    if not path.exists():
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)
     name = f"stoker_triton_{kind}_{sha}"
     mod = sys.modules.get(name)
-    if mod is None:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return mod, path
+    if mod is not None and mod.__file__ is not None:
+        return mod, Path(mod.__file__)
+    store = module_store(kind)
+    found = store.get_entry(sha)
+    if found is not None and found[1] == source.encode():
+        path = found[0]
+    else:
+        path = store.put(sha, source.encode())
+    return exec_module(name, path, source), path
+
+
+def exec_module(name: str, path: Path | str, source: str) -> ModuleType:
+    """Import `source` as module `name` whose file is `path` (a cache entry).
+
+    The source runs from memory (no `__pycache__`, no second read of the file)
+    and is registered with `linecache`, where `inspect.getsource` (hence
+    `@triton.jit`) reads it: the code, its line numbers and what Triton
+    hashes are the validated source's, whatever happens to the file later."""
+    mod = ModuleType(name)
+    mod.__file__ = str(path)
+    linecache.cache[str(path)] = (len(source), None, source.splitlines(True), str(path))
+    code = compile(source, str(path), "exec")
+    sys.modules[name] = mod
+    try:
+        exec(code, mod.__dict__)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return mod
 
 
 def next_pow2(n: int) -> int:
@@ -66,59 +90,83 @@ def cdiv(a: int, b: int) -> int:
 
 
 class _Tuned:
-    """Autotune results on disk: {kernel sha: {"x,r": [XBLOCK, RBLOCK, warps]}}."""
+    """Autotune results on disk, one entry per kernel: {"x,r": [XBLOCK, RBLOCK, warps]}."""
 
     lock = threading.Lock()
-    data: dict[str, dict[str, list[int]]] | None = None
+    data: ClassVar[dict[str, dict[str, list[int]]]] = {}
+
+    @staticmethod
+    def _store() -> DiskCache:
+        import triton
+
+        return DiskCache(cache_dir, "autotune", f"1-triton{triton.__version__}", ".json")
 
     @classmethod
-    def _load(cls) -> dict[str, dict[str, list[int]]]:
-        if cls.data is None:
-            p = cache_dir() / "autotune.json"
+    def _load(cls, sha: str) -> dict[str, list[int]]:
+        if sha not in cls.data:
+            body = cls._store().get(sha)
             try:
-                cls.data = json.loads(p.read_text()) if p.exists() else {}
-            except (OSError, ValueError):
-                cls.data = {}
-        assert cls.data is not None
-        return cls.data
+                loaded = json.loads(body) if body is not None else {}
+            except ValueError:
+                loaded = {}
+            cls.data[sha] = loaded if isinstance(loaded, dict) else {}
+        return cls.data[sha]
 
     @classmethod
     def get(cls, sha: str, key: str) -> list[int] | None:
         with cls.lock:
-            return cls._load().get(sha, {}).get(key)
+            return cls._load(sha).get(key)
 
     @classmethod
     def put(cls, sha: str, key: str, cfg: list[int]) -> None:
         with cls.lock:
-            cls._load().setdefault(sha, {})[key] = cfg
-            p = cache_dir() / "autotune.json"
-            tmp = p.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(cls.data))
-            os.replace(tmp, p)
+            cls._load(sha)[key] = cfg
+            cls._store().put(sha, json.dumps(cls.data[sha]).encode())
 
 
 class Launcher:
-    """Launches one generated kernel: picks XBLOCK/RBLOCK/num_warps for the
-    sizes at hand (cached per size), autotuning on a GPU."""
+    """Launches one generated kernel with XBLOCK/RBLOCK/num_warps for the sizes
+    at hand (cached per size): one configuration chosen by `heuristic`, or, with
+    ``autotune`` (``mode="max-autotune"``), the fastest of `candidates` on a GPU,
+    remembered on disk."""
 
     def __init__(
-        self, fn: Any, sha: str, is_reduction: bool, persistent: bool, has_atomics: bool
+        self,
+        fn: Any,
+        sha: str,
+        is_reduction: bool,
+        persistent: bool,
+        has_atomics: bool,
+        autotune: bool = False,
     ) -> None:
         self.fn = fn
         self.sha = sha
         self.is_reduction = is_reduction
         self.persistent = persistent
         self.has_atomics = has_atomics
+        self.autotune = autotune
         self.interpret = interpreting()
         self.configs: dict[tuple[int, int], tuple[int, int, int]] = {}
         self.path: str | None = None  # the kernel module's file (set by the loader)
         self.check_gpu = False  # cross-compile for STOKER_TRITON_CHECK_TARGETS (set by the loader)
 
+    def heuristic(self, xnumel: int, rnumel: int) -> tuple[int, int, int]:
+        """The one GPU configuration used without autotuning (Inductor's defaults in
+        spirit): 1024-element pointwise blocks; a persistent reduction's whole row,
+        with rows per program up to 2048 elements; looped reductions in 2048-wide chunks."""
+        xp = next_pow2(xnumel)
+        if not self.is_reduction:
+            return (min(xp, 1024), 1, 4)
+        rb = next_pow2(rnumel) if self.persistent else min(2048, max(16, next_pow2(rnumel)))
+        xb = max(1, min(xp, 2048 // rb))
+        return (xb, rb, 8 if xb * rb >= 2048 else 4)
+
     def candidates(
         self, xnumel: int, rnumel: int, native: bool | None = None
     ) -> list[tuple[int, int, int]]:
-        """Block sizes and warps to try: the interpreter's one choice, or the
-        GPU autotuner's (`native=True` asks for those even when interpreting)."""
+        """The configurations a launch may use: the interpreter's one choice, the
+        heuristic's one, or (autotuning) every one the tuner times, the heuristic's
+        first (`native=True` asks for the GPU's even when interpreting)."""
         xp = next_pow2(xnumel)
         if self.interpret if native is None else not native:
             # the interpreter pays per program: big blocks, small grids
@@ -126,18 +174,23 @@ class Launcher:
                 return [(min(xp, 4096), 1, 4)]
             rb = next_pow2(rnumel) if self.persistent else 1024
             return [(max(1, min(xp, 8192 // rb)), rb, 4)]
+        first = self.heuristic(xnumel, rnumel)
+        if not self.autotune or self.has_atomics:
+            return [first]
         if not self.is_reduction:
-            return [(min(xp, b), 1, w) for b, w in ((1024, 4), (2048, 8), (512, 4), (4096, 8))]
-        if self.persistent:
+            out = [(min(xp, b), 1, w) for b, w in ((1024, 4), (2048, 8), (512, 4), (4096, 8))]
+        elif self.persistent:
             rb = next_pow2(rnumel)
             out = []
             for elems in (1024, 2048, 4096, 8192):
                 xb = max(1, min(xp, elems // rb))
                 out.append((xb, rb, 4 if rb * xb <= 2048 else 8))
-            return list(dict.fromkeys(out))
-        return [
-            (min(xp, x), r, w) for x, r, w in ((1, 2048, 8), (1, 1024, 4), (4, 512, 4), (8, 256, 4))
-        ]
+        else:
+            out = [
+                (min(xp, x), r, w)
+                for x, r, w in ((1, 2048, 8), (1, 1024, 4), (4, 512, 4), (8, 256, 4))
+            ]
+        return list(dict.fromkeys([first, *out]))
 
     def __call__(self, *args: Any) -> None:
         # args: pointers..., xnumel, rnumel, sizes..., [seed]; xnumel/rnumel are found by position
@@ -175,7 +228,7 @@ class Launcher:
 
     def _choose(self, args: tuple[Any, ...], xnumel: int, rnumel: int) -> tuple[int, int, int]:
         cands = self.candidates(xnumel, rnumel)
-        if len(cands) == 1 or self.interpret or self.has_atomics:
+        if len(cands) == 1 or self.interpret:
             return cands[0]
         key = f"{xnumel},{rnumel}"
         hit = _Tuned.get(self.sha, key)
@@ -228,32 +281,56 @@ def ensure_layout(t: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...
 
 
 def new_seed() -> int:
-    """A seed per call from torch's CPU generator: reproducible under torch.manual_seed."""
-    return int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64).item())
+    """A seed per call from torch's CPU generator: reproducible under torch.manual_seed.
+
+    Always odd and above 1: Triton specializes an integer argument equal to 1 or
+    divisible by 16, so seeds of one kind keep every launch on one compiled binary
+    (the one the precompile built with `PRECOMPILE_SEED`)."""
+    return 2 * int(torch.randint(1, 2**30 - 1, (), dtype=torch.int64).item()) + 1
 
 
-def precompile(jobs: list[tuple[Launcher, list[Any], int, int]], device: torch.device) -> int:
-    """Compile kernels ahead of the first call, in parallel worker processes (GPU only).
+PRECOMPILE_SEED = 12345  # an odd seed: the specialization every `new_seed()` has
 
-    `jobs`: (launcher, example arguments, xnumel, rnumel) with the static sizes
-    the wrapper will pass; every block-size candidate the autotuner will try is
-    compiled for this GPU through Triton's own binder, so the first launch
-    finds each binary in Triton's disk cache (`xcompile.precompile`). Returns
-    how many compiles succeeded; a failure only costs the head start (the
-    launch compiles, and reports errors, as usual)."""
-    if device.type != "cuda" or interpreting() or len(jobs) < 2:
+
+def native_target(device: torch.device) -> tuple[str, Any, int] | None:
+    """The Triton target that kernels for `device` compile for natively, as
+    (backend, arch, warp size); None under the interpreter or off the GPU."""
+    if device.type != "cuda" or interpreting():
+        return None
+    from triton.runtime import driver
+
+    t = driver.active.get_current_target()
+    return (t.backend, t.arch, t.warp_size)
+
+
+def precompile(
+    make_jobs: Callable[[], list[tuple[Launcher, list[Any], int, int]]], device: torch.device
+) -> int:
+    """Compile kernels ahead of their first launch, in parallel worker processes (GPU only).
+
+    `make_jobs()`: (launcher, example arguments, xnumel, rnumel) with the static
+    sizes the wrapper will pass. Each configuration the launch will use (one, or
+    the autotuner's under max-autotune) is compiled for this GPU through
+    Triton's own binder, so the launch computes the same key and loads the
+    binary from Triton's disk cache without compiling (`xcompile.precompile`).
+    Returns how many compiles succeeded; a failure only costs the head start
+    (the launch compiles, and reports errors, as usual)."""
+    target = native_target(device)
+    if target is None:
+        return 0
+    jobs = make_jobs()
+    if len(jobs) < 2:  # one kernel compiles as fast at its launch as in a worker
         return 0
     import logging
 
     log = logging.getLogger("stoker.kernels")
-    work = [(lau.path, args, lau.candidates(x, r)) for lau, args, x, r in jobs if lau.path]
+    work = [
+        (lau.path, args, lau.candidates(x, r, native=True)) for lau, args, x, r in jobs if lau.path
+    ]
     try:
-        from triton.runtime import driver
-
         from .xcompile import precompile as in_workers
 
-        t = driver.active.get_current_target()
-        ok, errors = in_workers(work, (t.backend, t.arch, t.warp_size))
+        ok, errors = in_workers(work, target)
     except Exception as e:  # no worker processes here: the launches compile
         log.debug("precompile skipped: %s", e)
         return 0

@@ -24,7 +24,6 @@ multiple of 16).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import threading
 from collections.abc import Sequence
@@ -112,9 +111,14 @@ def _source(fn: Any, args: list[Any], kw: dict[str, int], backend: Any) -> tuple
         return src, backend.parse_options({"num_warps": kw["num_warps"]})
 
 
-def _compile_job(path: str, arg_specs: list[Any], kw: dict[str, int], target: Target) -> str | None:
+def _compile_job(
+    path: str, arg_specs: list[Any], kw: dict[str, int], target: Target, launcher: bool = False
+) -> str | None:
     """In a worker (TRITON_INTERPRET=0 there): compile one kernel; None on
-    success, else the error."""
+    success, else the error. `launcher`: also build Triton's launcher for it
+    (triton 3.6 compiles a C module per signature, cached on disk by Triton:
+    built here in parallel, the launch finds it; later Tritons need no C
+    compile), best effort."""
     try:
         import triton
         from triton.backends.compiler import GPUTarget
@@ -123,9 +127,16 @@ def _compile_job(path: str, arg_specs: list[Any], kw: dict[str, int], target: Ta
         tgt = GPUTarget(target[0], target[1], target[2])
         backend = triton.compiler.make_backend(tgt)
         src, options = _source(fn, [_stand_in(a) for a in arg_specs], kw, backend)
-        triton.compile(src, target=tgt, options=options.__dict__)
+        kernel = triton.compile(src, target=tgt, options=options.__dict__)
     except Exception as e:  # reported to the launching process
         return f"{type(e).__name__}: {e}"
+    if launcher:
+        try:
+            from triton.runtime import driver
+
+            driver.active.launcher_cls(kernel.src, kernel.metadata)
+        except Exception:  # no driver here: the launch builds it, as without us
+            pass
     return None
 
 
@@ -133,16 +144,24 @@ _modules: dict[str, ModuleType] = {}
 
 
 def _native_module(path: str) -> ModuleType:
-    """The kernel module at `path` imported with real `@triton.jit` functions."""
+    """The kernel module at `path` (a cache entry the launching process wrote)
+    imported with real `@triton.jit` functions."""
     mod = _modules.get(path)
     if mod is None:
-        name = f"stoker_triton_native_{Path(path).stem}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        from .runtime import exec_module, module_store
+
+        source = module_store("kernels").read_valid(path).decode()
+        mod = exec_module(f"stoker_triton_native_{Path(path).stem}", path, source)
         _modules[path] = mod
     return mod
+
+
+def cpu_count() -> int:
+    """The cores this process may run on (every one compiles: one worker each)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def _executor() -> Any:
@@ -154,7 +173,7 @@ def _executor() -> Any:
 
             from .workers import Pool
 
-            _pool = Pool(max(1, min(16, os.cpu_count() or 1)))
+            _pool = Pool(cpu_count())
             atexit.register(_pool.shutdown)
         return _pool
 
@@ -194,7 +213,11 @@ def signature(
 
 
 def _submit(
-    path: str, args: Sequence[Any], configs: Sequence[tuple[int, int, int]], tgts: list[Target]
+    path: str,
+    args: Sequence[Any],
+    configs: Sequence[tuple[int, int, int]],
+    tgts: list[Target],
+    launcher: bool = False,
 ) -> list[tuple[tuple[Any, ...], Any]]:
     specs = [_arg_spec(a) for a in args]
     jobs = []
@@ -205,7 +228,7 @@ def _submit(
                 if key in _done:
                     continue
             kw = {"XBLOCK": xb, "RBLOCK": rb, "num_warps": w}
-            jobs.append((key, _executor().submit("_compile_job", path, specs, kw, tgt)))
+            jobs.append((key, _executor().submit("_compile_job", path, specs, kw, tgt, launcher)))
     return jobs
 
 
@@ -244,7 +267,7 @@ def precompile(
     their first launch, which then finds each binary in Triton's disk cache.
     `work`: (kernel module path, launch arguments, configs). Returns (compiles
     that succeeded, errors): a failure only costs the head start."""
-    jobs = [j for path, args, configs in work for j in _submit(path, args, configs, [target])]
+    jobs = [j for path, args, configs in work for j in _submit(path, args, configs, [target], True)]
     errors = []
     for key, fut in jobs:
         err = fut.result()

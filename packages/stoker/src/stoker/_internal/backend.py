@@ -56,6 +56,11 @@ class StokerBackend:
     >>> torch.compile(model, backend=stoker.backend.with_options(backend="interpret"))
     """
 
+    # How Dynamo names the backend in its messages ("backend='stoker' raised: ..."):
+    # instances have no __name__ of their own, and Dynamo's debug wrapper reads compiler_name.
+    __name__ = "stoker"
+    compiler_name = "stoker"
+
     def __init__(self, options: CompileOptions | None = None, report: Report | None = None) -> None:
         self.options = options or CompileOptions.from_kwargs()
         self.report = report if report is not None else Report(path=self.options.report)
@@ -232,14 +237,18 @@ class _RecordingCompiler:
         if stage == "backward":
             self.rec.partition = _partition_from_backward(gm, self.owner.options)
         t0 = time.perf_counter()
-        fn = compile_with_executor(self.executor, gm, example_inputs, self.rec)
+        fn = compile_with_executor(self.executor, gm, example_inputs, self.rec, self.owner.options)
         self.rec.time(f"codegen {stage}", (time.perf_counter() - t0) * 1e3)
         self.owner.report.flush()
         return fn
 
 
 def compile_with_executor(
-    executor: str, gm: fx.GraphModule, example_inputs: Sequence[Any], rec: CompileRecord | None
+    executor: str,
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    rec: CompileRecord | None,
+    opts: CompileOptions | None = None,
 ) -> CompiledCallable:
     """The aten executor (the graph module itself) or stoker-triton's compiled callable."""
     if executor == "aten":
@@ -251,7 +260,10 @@ def compile_with_executor(
     compile_graph = getattr(stoker_triton, "compile_graph", None)
     if compile_graph is None:
         raise missing_piece("stoker_triton", "compile_graph", f"backend={executor!r}")
-    fn = compile_graph(gm, list(example_inputs))
+    autotune = opts is not None and opts.mode == "max-autotune"
+    fn = compile_graph(
+        gm, list(example_inputs), options={"max_autotune": True} if autotune else None
+    )
     if rec is not None:
         _record_kernels(rec, getattr(fn, "report", None), _stage_of(gm))
     return fn  # type: ignore[no-any-return]
@@ -279,7 +291,7 @@ def autograd_compiler(opts: CompileOptions, first_report: Report) -> Callable[..
         report.flush()
         if executor == "aten":
             return gm
-        return compile_with_executor(executor, gm, example_inputs, None)
+        return compile_with_executor(executor, gm, example_inputs, None, opts)
 
     return compile_backward
 

@@ -20,6 +20,7 @@ from typing import Any, Literal
 BackendName = Literal["auto", "aten", "triton", "interpret"]
 BACKENDS: tuple[str, ...] = ("auto", "aten", "triton", "interpret")
 PARTITIONERS: tuple[str, ...] = ("min_cut", "default")
+MODES: tuple[str, ...] = ("default", "max-autotune")
 
 
 class StokerConfigError(ValueError):
@@ -49,6 +50,10 @@ class CompileOptions:
     fullgraph: bool = False
     # Recompiles per frame before Dynamo falls back to eager for it.
     recompile_limit: int = 8
+    # default: one block/warp configuration per Triton kernel, chosen by heuristics (each
+    # kernel compiled once); max-autotune: time several on the GPU, keep the fastest
+    # (remembered on disk, in STOKER_CACHE_DIR).
+    mode: str = "default"
     # Options passed through to stoker_capture's config unchanged.
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -70,6 +75,8 @@ class CompileOptions:
             raise StokerConfigError(
                 f"partitioner={self.partitioner!r}; choose one of {', '.join(PARTITIONERS)}"
             )
+        if self.mode not in MODES:
+            raise StokerConfigError(f"mode={self.mode!r}; choose one of {', '.join(MODES)}")
         if self.recompile_limit < 1:
             raise StokerConfigError(f"recompile_limit={self.recompile_limit} must be at least 1")
 

@@ -1,0 +1,100 @@
+"""The module cache survives broken entries: each is a miss with one warning, rewritten."""
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from triton_helpers import assert_same, fresh, trace
+
+from stoker_shapes._internal import diskcache
+from stoker_triton import compile_graph
+from stoker_triton._internal import runtime
+
+
+def _f(x, y):
+    return (x * y + 1).sin(), (x - y).sum(-1)
+
+
+def _forget_modules() -> None:
+    """As in a new process: no kernel or wrapper module imported yet."""
+    for name in [n for n in sys.modules if n.startswith("stoker_triton_")]:
+        del sys.modules[name]
+
+
+def _compile(x, y):
+    fn = compile_graph(trace(_f, x, y), [x, y])
+    a, b = fresh([x, y])
+    assert_same(fn(a, b), _f(a, b), atol=1e-5)
+    return fn
+
+
+BREAK = {
+    "random bytes": lambda p: p.write_bytes(os.urandom(300)),
+    "empty file": lambda p: p.write_bytes(b""),
+    "truncated": lambda p: p.write_bytes(p.read_bytes()[:100]),
+    "other version": lambda p: p.write_bytes(
+        p.read_bytes().replace(f" {runtime.MODULE_FORMAT} ".encode(), b" 0 ", 1)
+    ),
+    "plain source of an older stoker": lambda p: p.write_bytes(p.read_bytes().split(b"\n", 1)[1]),
+}
+
+
+@pytest.mark.parametrize("how", list(BREAK))
+def test_broken_module_entries_are_misses(how, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(diskcache, "_warned", set())
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    _forget_modules()
+    fn = _compile(x, y)
+    files = [Path(k.path) for k in fn.report.kernels] + [Path(fn.report.wrapper_path)]
+    assert all(p.is_relative_to(tmp_path) for p in files)
+    for p in files:
+        BREAK[how](p)
+    _forget_modules()
+    with caplog.at_level(logging.WARNING, logger="stoker.cache"):
+        _compile(x, y)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == len(files), warned
+    assert all(any(str(p) in w for w in warned) for p in files), warned
+    for p in files:  # rewritten, valid
+        kind = p.parent.name
+        assert runtime.module_store(kind).read_valid(p).startswith(b"# stoker-triton")
+    _forget_modules()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="stoker.cache"):
+        _compile(x, y)
+    assert not caplog.records
+
+
+def test_the_imported_source_is_the_validated_one(tmp_path, monkeypatch):
+    # the module runs from the checked source, and inspect (hence @triton.jit) reads that
+    # source too, not whatever the file holds later
+    import inspect
+
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    src = "def kernel():\n    return 42\n"
+    mod, path = runtime.load_module("kernels", src)
+    path.write_bytes(b"garbage")
+    assert mod.kernel() == 42 and inspect.getsource(mod.kernel) == src
+
+
+def test_hits_and_misses_are_logged_with_why(tmp_path, monkeypatch, caplog):
+    # STOKER_LOGS=cache shows misses (and why) and writes; +cache shows hits as well
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    x, y = torch.randn(3, 5), torch.randn(3, 5)
+    _forget_modules()
+    with caplog.at_level(logging.DEBUG, logger="stoker.cache"):
+        fn = _compile(x, y)
+        first = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        _forget_modules()
+        _compile(x, y)
+        second = [(r.levelno, r.getMessage()) for r in caplog.records]
+    n = len(fn.report.kernels) + 1  # kernels and the wrapper
+    assert sum("cache miss" in m and "(not on disk)" in m for m in first) == n, first
+    assert sum(m.startswith("cache write") for m in first) == n, first
+    assert [lvl for lvl, m in second if "cache hit" in m] == [logging.DEBUG] * n, second
+    assert not any("cache miss" in m for _, m in second), second

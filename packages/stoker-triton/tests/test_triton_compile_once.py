@@ -1,0 +1,192 @@
+"""Each kernel is compiled once: by the parallel precompile, never again at its launch.
+
+On the CPU, a stand-in CUDA driver (`FakeGPU`: targets sm_90, loads and launches
+nothing) lets Triton's real launch path run in a new process with
+``TRITON_INTERPRET=0``: binding, specialization, the cache key, the disk-cache
+lookup. Triton's compilation listener tells a compile (cache miss) from a load.
+Then one configuration per kernel (heuristics) unless ``max_autotune``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from stoker_triton._internal import runtime, xcompile
+
+_SCRIPT = r"""
+import os, sys, types
+os.environ["TRITON_INTERPRET"] = "0"
+import torch
+from torch._decomp import core_aten_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+
+
+class FakeGPU:
+    # Enough of a CUDA driver for Triton to build kernels for sm_90 and "launch" them.
+    def __init__(self):
+        self.utils = types.SimpleNamespace(
+            load_binary=lambda name, kernel, shared, device: (None, None, 0, 0, 1024),
+            get_device_properties=lambda device: {"max_shared_mem": 232448},
+            unload_module=lambda module: None,
+        )
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def launcher_cls(self, src, metadata):
+        return lambda *args: None
+
+
+driver.set_active(FakeGPU())
+events = []
+knobs.compilation.listener = lambda **kw: events.append(kw["cache_hit"])
+
+from stoker_shapes import Dim, ShapeContext, Source
+from stoker_triton import compile_graph
+from stoker_triton._internal import pipeline, runtime
+
+runtime.native_target = lambda device: ("cuda", 90, 32)  # CPU tensors stand in for the GPU's
+if sys.argv[1] == "no-precompile":
+    pipeline.precompile = lambda make_jobs, device: 0
+
+
+def f(x, w, b):
+    h = torch.nn.functional.layer_norm(x @ w, (w.shape[1],)) * 2 + b
+    return torch.softmax(h.relu(), -1), h.sum(0), torch.nn.functional.dropout(h, 0.5)
+
+
+args = [torch.randn(64, 32), torch.randn(32, 48), torch.randn(48)]
+if sys.argv[2] == "static":
+    gm = make_fx(f, decomposition_table=core_aten_decompositions())(*args)
+    fn = compile_graph(gm, args)
+else:  # a symbolic batch: precompiled at the shape env's hints
+    ctx = ShapeContext(policy="dynamic")
+    fakes = [ctx.fakeify(a, Source.arg(i), dynamic=d)
+             for i, (a, d) in enumerate(zip(args, [{0: Dim("b", max=512)}, None, None]))]
+    with ctx.tracing():
+        gm = make_fx(f, decomposition_table=core_aten_decompositions())(*fakes)
+    fn = compile_graph(gm, fakes)
+assert not events, events  # compiling the graph compiled nothing in this process
+for _ in range(3):  # new random seeds each call: still one binary per kernel
+    fn(*args)
+print("RESULT", len(fn.report.kernels), events.count(False), events.count(True))
+"""
+
+
+def _run(tmp_path: Path, mode: str, shapes: str) -> tuple[int, int, int]:
+    script = tmp_path / "launch.py"
+    script.write_text(_SCRIPT)
+    env = {
+        **os.environ,
+        "STOKER_CACHE_DIR": str(tmp_path / "stoker"),
+        "TRITON_CACHE_DIR": str(tmp_path / f"triton-{mode}-{shapes}"),
+        "TRITON_DEFAULT_FP_FUSION": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(script), mode, shapes],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
+    kernels, compiled, loaded = (int(v) for v in line.split()[1:])
+    return kernels, compiled, loaded
+
+
+@pytest.mark.parametrize("shapes", ["static", "dynamic"])
+def test_the_launch_loads_what_the_precompile_built(tmp_path: Path, shapes: str) -> None:
+    kernels, compiled, loaded = _run(tmp_path, "precompile", shapes)
+    assert kernels >= 3
+    assert compiled == 0 and loaded == kernels, (kernels, compiled, loaded)
+
+
+def test_without_the_precompile_the_launch_compiles(tmp_path: Path) -> None:
+    # the control: the count above can fail
+    kernels, compiled, loaded = _run(tmp_path, "no-precompile", "static")
+    assert compiled == kernels and loaded == 0, (kernels, compiled, loaded)
+
+
+def test_one_configuration_per_kernel_unless_max_autotune() -> None:
+    for red, pers, x, r in [
+        (False, False, 1 << 20, 1),
+        (True, True, 4096, 512),
+        (True, False, 64, 1 << 16),
+    ]:
+        lau = runtime.Launcher(None, "sha", red, pers, has_atomics=False)
+        assert lau.candidates(x, r, native=True) == [lau.heuristic(x, r)]
+        tuned = runtime.Launcher(None, "sha", red, pers, has_atomics=False, autotune=True)
+        cands = tuned.candidates(x, r, native=True)
+        assert len(cands) > 1 and cands[0] == lau.heuristic(x, r)
+        assert len(set(cands)) == len(cands)
+    atomics = runtime.Launcher(None, "sha", False, False, has_atomics=True, autotune=True)
+    assert len(atomics.candidates(1 << 20, 1, native=True)) == 1  # re-running it would add twice
+
+
+def test_heuristic_configs_fit_a_block() -> None:
+    for red, pers in [(False, False), (True, True), (True, False)]:
+        lau = runtime.Launcher(None, "sha", red, pers, has_atomics=False)
+        for x in (1, 3, 100, 1 << 20):
+            for r in (1, 7, 512, 4096) if red else (1,):
+                xb, rb, w = lau.heuristic(x, r)
+                assert xb * rb <= 8192 and w in (4, 8)
+                if pers:
+                    assert rb >= r  # a persistent reduction holds its whole row
+
+
+def test_seeds_keep_one_specialization() -> None:
+    torch.manual_seed(0)
+    seeds = [runtime.new_seed() for _ in range(2000)]
+    assert all(s % 2 == 1 and s > 1 and s < 2**31 for s in seeds)
+    assert runtime.PRECOMPILE_SEED % 2 == 1 and runtime.PRECOMPILE_SEED > 1
+    torch.manual_seed(0)
+    assert runtime.new_seed() == seeds[0]  # reproducible
+
+
+def test_every_core_compiles() -> None:
+    assert xcompile.cpu_count() == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.gpu
+def test_no_compile_at_the_launch_on_a_gpu(tmp_path: Path, monkeypatch) -> None:
+    """The real path: precompiled in workers, loaded (never compiled) by the launches."""
+    import triton
+    from torch._decomp import core_aten_decompositions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from stoker_triton import compile_graph
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    xcompile._executor().shutdown(wait=True)  # new workers see the cache dir
+    xcompile._pool = None
+    events: list[bool] = []
+    monkeypatch.setattr(
+        triton.knobs.compilation, "listener", lambda **kw: events.append(kw["cache_hit"])
+    )
+
+    def f(x, w):
+        return torch.softmax((x @ w).relu() * 2, -1), (x @ w).sum(0)
+
+    args = [torch.randn(256, 64, device="cuda"), torch.randn(64, 96, device="cuda")]
+    fn = compile_graph(make_fx(f, decomposition_table=core_aten_decompositions())(*args), args)
+    out = fn(*args)
+    torch.testing.assert_close(out[0], f(*args)[0], rtol=1e-4, atol=1e-5)
+    assert events.count(False) == 0 and events.count(True) == len(fn.report.kernels), events
+    xcompile._executor().shutdown(wait=True)
+    xcompile._pool = None

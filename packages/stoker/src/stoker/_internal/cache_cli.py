@@ -1,0 +1,89 @@
+"""``stoker cache info`` and ``stoker cache clear``: what stoker keeps on disk.
+
+stoker's own cache is ``$STOKER_CACHE_DIR`` (default ``~/.cache/stoker``): one
+folder per kind of entry (``triton/kernels``, ``triton/wrappers``,
+``triton/autotune``), each file a checked `stoker_shapes.DiskCache` entry.
+Triton keeps the compiled binaries in its own cache (``$TRITON_CACHE_DIR``,
+default ``~/.triton/cache``), shared with every other Triton user (Inductor
+too): ``info`` shows its size, ``clear --triton`` empties it as well.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import TextIO
+
+
+def triton_cache_dir() -> Path:
+    return Path(
+        os.environ.get("TRITON_CACHE_DIR")
+        or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    )
+
+
+def _walk(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    raise AssertionError
+
+
+def info(out: TextIO | None = None) -> int:
+    """Entries, bytes and broken files per folder of stoker's cache; Triton's cache size."""
+    out = out or sys.stdout
+    from stoker_shapes._internal.diskcache import cache_root, inspect_file
+
+    root = cache_root()
+    print(f"stoker cache: {root}", file=out)
+    groups: dict[str, list[Path]] = {}
+    for p in _walk(root):
+        groups.setdefault(str(p.parent.relative_to(root)), []).append(p)
+    if not groups:
+        print("  (empty)", file=out)
+    for folder in sorted(groups):
+        files = groups[folder]
+        temps = [p for p in files if p.name.endswith(".tmp")]
+        entries = [p for p in files if p not in temps]
+        broken = [p for p in entries if inspect_file(p)[2] is not None]
+        size = sum(p.stat().st_size for p in files)
+        line = f"  {folder:<20} {len(entries):>6} entries {_size(size):>10}"
+        if broken:
+            line += f"  ({len(broken)} broken: read as misses, rewritten on the next compile)"
+        if temps:
+            line += f"  ({len(temps)} unfinished temporary files)"
+        print(line, file=out)
+    tri = triton_cache_dir()
+    tfiles = _walk(tri)
+    print(
+        f"triton cache: {tri}: {len(tfiles)} files, {_size(sum(p.stat().st_size for p in tfiles))}"
+        " (compiled kernels; shared with other Triton users)",
+        file=out,
+    )
+    return 0
+
+
+def clear(triton: bool = False, out: TextIO | None = None) -> int:
+    """Empty stoker's cache (and Triton's, with ``triton=True``)."""
+    out = out or sys.stdout
+    from stoker_shapes._internal.diskcache import cache_root
+
+    roots = [cache_root()] + ([triton_cache_dir()] if triton else [])
+    for root in roots:
+        files = _walk(root)
+        size = sum(p.stat().st_size for p in files)
+        if root.is_dir():
+            for child in root.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+        print(f"cleared {root}: {len(files)} files, {_size(size)}", file=out)
+    return 0
