@@ -3,8 +3,9 @@
 Invariants: the output size and dtype are the FX node's `meta["val"]`; inputs
 broadcast against the output size (right-aligned, size-1 dims read index 0);
 arithmetic runs in the *compute dtype* (torch's promotion of the inputs,
-float16/bfloat16 upcast to float32, integers to float for INT_TO_FLOAT ops)
-and the result is cast to the output dtype.
+integers to float for INT_TO_FLOAT ops, then `precision.opmath`: float16 and
+bfloat16 compute in float32) and the result is cast to the output dtype, which
+rounds it once, where eager rounds (see precision.py).
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ import torch
 
 from ..ir import POINTWISE_OPS, Const, Expr, IndexValue, Op, Value
 from .core import LoweringContext, LoweringError, TensorValue, cast, register
+from .precision import opmath, scalar_operand
 
 aten = torch.ops.aten
 prims = torch.ops.prims
-
-LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def meta_val(node: Any) -> Any:
@@ -80,9 +80,7 @@ def promote(node: Any, kind: str) -> torch.dtype:
         dtype = out
     if kind == "int_to_float" and not dtype.is_floating_point:
         dtype = torch.get_default_dtype()
-    if dtype in LOW_PRECISION:
-        dtype = torch.float32
-    return dtype
+    return opmath(dtype)
 
 
 def make_pointwise(
@@ -257,6 +255,8 @@ for _aten_op, (_op, _kind) in BINARY.items():
 @register("pointwise", aten.add, aten.sub)
 def add_sub(ctx: LoweringContext, node: Any, a: Any, b: Any, alpha: Any = 1) -> TensorValue:
     op = "add" if node.target in (aten.add.Tensor, aten.add.Scalar) else "sub"
+    out_dtype = meta_val(node).dtype
+    a, b = (scalar_operand(v, out_dtype) if isinstance(v, int | float) else v for v in (a, b))
     if alpha == 1 or alpha is None:
         return make_pointwise(ctx, node, [a, b], op)
     val = meta_val(node)
@@ -292,7 +292,7 @@ def prims_div(ctx: LoweringContext, node: Any, a: Any, b: Any) -> TensorValue:
 def where(ctx: LoweringContext, node: Any, c: Any, a: Any, b: Any) -> TensorValue:
     val = meta_val(node)
     size = out_size(ctx, node)
-    cdt = val.dtype if val.dtype not in LOW_PRECISION else torch.float32
+    cdt = opmath(val.dtype)
 
     def loader(idx: tuple[Expr, ...]) -> Value:
         vc = to_value(ctx, c, idx, torch.bool)
