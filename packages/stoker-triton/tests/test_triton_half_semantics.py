@@ -128,6 +128,24 @@ def test_float_to_int_follows_cuda_eager(src):
         assert out.cpu()[in_range.cpu()].tolist() == x.cpu()[in_range.cpu()].to(d).tolist()
 
 
+def test_constants_convert_like_the_kernels():
+    # a constant folded at compile time (full, a scalar) converts by the same rules.
+    # Failed before: int(nan) raised (the op ran through aten, CPU eager's INT_MIN),
+    # int(3e9) was not saturated, and a half constant kept its float32 value.
+    x = torch.zeros(2, 8, device=DEV)
+    vals = [-3.5, 300.0, 3e9, float("nan"), float("-inf")]
+    fn = compile_graph(
+        trace(lambda x: tuple(torch.full_like(x, v).to(d) for v in vals for d in INTS), x), [x]
+    )
+    outs = _outputs(fn, x)
+    refs = [cuda_float_to_int(torch.full((2, 8), v), d) for v in vals for d in INTS]
+    for out, ref in zip(outs, refs):
+        assert out.cpu().tolist() == ref.tolist(), (out, ref)
+    for dtype in HALF:
+        h = torch.randn(4, 32, device=DEV, dtype=dtype)
+        check(lambda h: torch.full_like(h, 0.1) * h + 0.3, h, atol=0, rtol=0)
+
+
 def test_float_to_narrow_int_converts_through_int32_or_int64_ptx():
     # Triton's `x.to(tl.int8)` compiles to cvt.rzi.s16.f32 (saturates to the int16
     # range) and `x.to(tl.uint8)` to cvt.rzi.u16.f32 (-3.5 -> 0, eager 253); LLVM

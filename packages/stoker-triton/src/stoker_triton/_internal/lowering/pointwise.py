@@ -17,7 +17,7 @@ import sympy
 import torch
 
 from ..ir import POINTWISE_OPS, Const, Expr, IndexValue, Op, Value
-from .core import LoweringContext, LoweringError, TensorValue, cast, register
+from .core import LoweringContext, LoweringError, TensorValue, cast, const_value, register
 from .precision import opmath, scalar_operand
 
 aten = torch.ops.aten
@@ -369,13 +369,7 @@ def _fill(ctx: LoweringContext, node: Any, value: Any) -> TensorValue:
         )
     if isinstance(value, sympy.Basic):
         value = int(value) if value.is_integer else float(value)
-    if val.dtype == torch.bool:
-        value = bool(value)
-    elif not val.dtype.is_floating_point:
-        value = int(value)
-    else:
-        value = float(value)
-    c = Const(value, val.dtype)
+    c = Const(const_value(value, val.dtype), val.dtype)
     return TensorValue(size, val.dtype, ctx.device, lambda idx: c)
 
 
