@@ -19,13 +19,16 @@ from typing import Any
 from stoker_triton._internal.codegen_ops import PRELUDE, PRELUDE_BF16
 
 _CHILD = r"""
-import json, sys
+import importlib.util, json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from stoker_triton._internal import xcompile
 path, specs, xblock = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-fn = xcompile._native_module(path).kernel
+spec = importlib.util.spec_from_file_location("stoker_ptx_kernel", path)
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+fn = mod.kernel
 args = [xcompile._stand_in(tuple(s)) if isinstance(s, list) else s for s in specs]
 sig, consts, attrs = xcompile.signature(fn.arg_names, args, {"XBLOCK": xblock, "RBLOCK": 1})
 src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
