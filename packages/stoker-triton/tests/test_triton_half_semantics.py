@@ -57,6 +57,25 @@ def test_add_and_sub_round_their_python_scalar_like_eager(dtype):
     check(f, x, atol=0, rtol=0)
 
 
+def _zero_dim_ops(x, s):
+    return x * s, x + s, x / s, x > s
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_zero_dim_float32_operand_meets_half_as_half(dtype):
+    # Eager CUDA converts every input to the op's dtype before computing: a 0-dim
+    # float32 tensor (a scale buffer) in a bfloat16 op is rounded to bfloat16 first.
+    # (CPU eager's mul/div take a CPU 0-dim tensor unrounded; stoker follows CUDA.)
+    # Failed before: the kernel computed with the float32 value.
+    x = torch.randn(16, 64, device=DEV, dtype=dtype)
+    s = torch.tensor(0.1, device=DEV)
+    fn = compile_graph(trace(_zero_dim_ops, x, s), [x, s])
+    xf, sh = x.float(), s.to(dtype).float()
+    refs = ((xf * sh).to(dtype), (xf + sh).to(dtype), (xf / sh).to(dtype), xf > sh)
+    for out, ref in zip(_outputs(fn, x, s), refs):
+        assert torch.equal(out, ref), (out, ref)
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_math_computes_in_float32_and_rounds_once(dtype):
     # each op within one half ulp of eager's (float32 math, then one rounding)
@@ -291,6 +310,23 @@ def test_gpu_float_to_int_matches_eager_cuda(src):
         assert out.tolist() == cuda_float_to_int(x.cpu(), d).tolist(), (d, src)
     rt = compile_graph(trace(lambda x: x.to(torch.int8).float(), x), [x])
     torch.testing.assert_close(_outputs(rt, x)[0], x.to(torch.int8).float(), atol=0, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_gpu_half_rules_match_eager_cuda(dtype):
+    x = torch.randn(64, 256, device="cuda", dtype=dtype) * 4
+    s = torch.tensor(0.1, device="cuda")
+    fn = compile_graph(trace(_zero_dim_ops, x, s), [x, s])
+    for out, ref in zip(_outputs(fn, x, s), _zero_dim_ops(x, s)):
+        torch.testing.assert_close(out, ref, atol=0, rtol=0)
+
+    def chain(x):
+        return (x + 0.01) - x, x - 0.01, torch.full_like(x, 0.1) * x, (x * 1.01) / 1.01
+
+    fn = compile_graph(trace(chain, x), [x])
+    for out, ref in zip(_outputs(fn, x), chain(x)):
+        torch.testing.assert_close(out, ref, atol=0, rtol=0)
 
 
 @pytest.mark.gpu

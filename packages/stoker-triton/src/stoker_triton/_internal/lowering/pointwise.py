@@ -18,7 +18,7 @@ import torch
 
 from ..ir import POINTWISE_OPS, Const, Expr, IndexValue, Op, Value
 from .core import LoweringContext, LoweringError, TensorValue, cast, const_value, register
-from .precision import opmath, scalar_operand
+from .precision import HALF, opmath, scalar_operand
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -54,8 +54,20 @@ def to_value(ctx: LoweringContext, a: Any, idx: Sequence[Expr], dtype: torch.dty
     raise LoweringError(f"unsupported pointwise argument {a!r}")
 
 
-def promote(node: Any, kind: str) -> torch.dtype:
-    """The dtype arithmetic runs in (see the module docstring)."""
+def operand(
+    ctx: LoweringContext, a: Any, idx: Sequence[Expr], common: torch.dtype, cdt: torch.dtype
+) -> Value:
+    """Input `a` as eager's TensorIterator hands it to a kernel computing in
+    `cdt`: a tensor of another dtype is first converted to the op's `common`
+    dtype when that is half (a 0-dim float32 tensor times a bfloat16 one is
+    rounded to bfloat16 first), then widened (precision.py)."""
+    if isinstance(a, TensorValue) and common in HALF and a.dtype != common:
+        return cast(cast(broadcast_load(a, idx), common), cdt)
+    return to_value(ctx, a, idx, cdt)
+
+
+def common_dtype(node: Any, kind: str) -> torch.dtype:
+    """torch's promoted dtype of the op (before precision.opmath widens half)."""
     out = meta_val(node).dtype
     if kind == "bool":
         from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
@@ -80,7 +92,12 @@ def promote(node: Any, kind: str) -> torch.dtype:
         dtype = out
     if kind == "int_to_float" and not dtype.is_floating_point:
         dtype = torch.get_default_dtype()
-    return opmath(dtype)
+    return dtype
+
+
+def promote(node: Any, kind: str) -> torch.dtype:
+    """The dtype arithmetic runs in (see the module docstring)."""
+    return opmath(common_dtype(node, kind))
 
 
 def make_pointwise(
@@ -95,14 +112,15 @@ def make_pointwise(
     size = out_size(ctx, node)
     if op not in POINTWISE_OPS:
         raise LoweringError(f"no Triton form for {op}")
-    cdt = compute or promote(node, kind)
+    common = common_dtype(node, kind)
+    cdt = compute or opmath(common)
     if cdt == torch.bool and op not in BOOL_SAFE:
         cdt = torch.int32  # bool arithmetic: compute in int, the cast to bool saturates
     out_dtype = val.dtype
     res_dtype = torch.bool if kind == "bool" else cdt
 
     def loader(idx: tuple[Expr, ...]) -> Value:
-        vs = [to_value(ctx, a, idx, cdt) for a in args]
+        vs = [operand(ctx, a, idx, common, cdt) for a in args]
         return cast(Op(op, vs, res_dtype), out_dtype)
 
     return TensorValue(size, out_dtype, ctx.device, loader)
@@ -261,10 +279,11 @@ def add_sub(ctx: LoweringContext, node: Any, a: Any, b: Any, alpha: Any = 1) -> 
         return make_pointwise(ctx, node, [a, b], op)
     val = meta_val(node)
     size = out_size(ctx, node)
-    cdt = promote(node, "default")
+    common = common_dtype(node, "default")
+    cdt = opmath(common)
 
     def loader(idx: tuple[Expr, ...]) -> Value:
-        va, vb = to_value(ctx, a, idx, cdt), to_value(ctx, b, idx, cdt)
+        va, vb = operand(ctx, a, idx, common, cdt), operand(ctx, b, idx, common, cdt)
         vb = Op("mul", (vb, to_value(ctx, alpha, idx, cdt)), cdt)
         return cast(Op(op, (va, vb), cdt), val.dtype)
 

@@ -12,7 +12,9 @@ the graph already says where eager rounds.
 stoker follows the graph node by node, and fusing nodes into one kernel
 changes nothing about it:
 
-1. a node's half inputs are widened to its compute dtype (`OPMATH`);
+1. a node's half inputs are widened to its compute dtype (`OPMATH`); an
+   input of another dtype (a 0-dim float32 tensor in a bfloat16 op) is first
+   converted to the op's dtype, as TensorIterator does (`pointwise.operand`);
 2. the node computes there: never on half values (Triton's math functions
    take float32/float64 only, and half arithmetic would round each step);
 3. the result is cast to the node's dtype: rounded once, where eager stores.
