@@ -58,7 +58,7 @@ def test_add_and_sub_round_their_python_scalar_like_eager(dtype):
 
 
 def _zero_dim_ops(x, s):
-    return x * s, x + s, x / s, x > s
+    return x * s, x + s, x / s, x > s, x >= s
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
@@ -66,12 +66,13 @@ def test_zero_dim_float32_operand_meets_half_as_half(dtype):
     # Eager CUDA converts every input to the op's dtype before computing: a 0-dim
     # float32 tensor (a scale buffer) in a bfloat16 op is rounded to bfloat16 first.
     # (CPU eager's mul/div take a CPU 0-dim tensor unrounded; stoker follows CUDA.)
-    # Failed before: the kernel computed with the float32 value.
+    # Failed before: the kernel computed (and compared) with the float32 value.
     x = torch.randn(16, 64, device=DEV, dtype=dtype)
     s = torch.tensor(0.1, device=DEV)
+    x[0, :8] = s.to(dtype)  # equal to the rounded scale: `x > s` False, `x >= s` True
     fn = compile_graph(trace(_zero_dim_ops, x, s), [x, s])
     xf, sh = x.float(), s.to(dtype).float()
-    refs = ((xf * sh).to(dtype), (xf + sh).to(dtype), (xf / sh).to(dtype), xf > sh)
+    refs = ((xf * sh).to(dtype), (xf + sh).to(dtype), (xf / sh).to(dtype), xf > sh, xf >= sh)
     for out, ref in zip(_outputs(fn, x, s), refs):
         assert torch.equal(out, ref), (out, ref)
 

@@ -81,13 +81,9 @@ def common_dtype(node: Any, kind: str) -> torch.dtype:
                 v = 1.0
             if isinstance(v, torch.Tensor | bool | int | float):
                 vals.append(v)
-        dtype = (
-            elementwise_dtypes(*vals, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[
-                0
-            ]
-            if vals
-            else out
-        )
+        # the promoted (result) dtype: half stays half here, opmath widens it
+        kind_ = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
+        dtype = elementwise_dtypes(*vals, type_promotion_kind=kind_)[1] if vals else out
     else:
         dtype = out
     if kind == "int_to_float" and not dtype.is_floating_point:
