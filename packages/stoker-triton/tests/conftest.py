@@ -1,7 +1,9 @@
-"""Run every generated kernel under Triton's interpreter unless a GPU run asks otherwise.
+"""Native kernels on a machine with CUDA, Triton's interpreter elsewhere.
 
 TRITON_INTERPRET must be set before any @triton.jit function runs, so it is
-set here at import time. Kernel sources go to a per-session cache dir.
+chosen here at import time (`triton_mode.select_triton_mode`: unset means
+native with CUDA, the interpreter without; TRITON_INTERPRET=1 forces the
+interpreter). Kernel sources go to a per-session cache dir.
 """
 
 import os
@@ -11,15 +13,12 @@ import tempfile
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-# Under the interpreter, also compile every kernel the tests generate for an
-# H100 (sm_90) with Triton's real compiler: no GPU needed, and it catches what
-# the interpreter forgives. Set STOKER_TRITON_CHECK_TARGETS="" to skip.
-if os.environ["TRITON_INTERPRET"] == "1":
-    os.environ.setdefault("STOKER_TRITON_CHECK_TARGETS", "cuda:90")
-os.environ.setdefault("STOKER_CACHE_DIR", tempfile.mkdtemp(prefix="stoker-triton-tests-"))
-# pytest runs in importlib mode: make the helpers module beside this file importable
+# pytest runs in importlib mode: make the helpers modules beside this file importable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from triton_mode import select_triton_mode
+
+select_triton_mode(os.environ, torch.cuda.is_available())
+os.environ.setdefault("STOKER_CACHE_DIR", tempfile.mkdtemp(prefix="stoker-triton-tests-"))
 
 
 # A native GPU run (TRITON_INTERPRET=0 with CUDA): the same tests on the device.

@@ -30,9 +30,12 @@ TL_DTYPE = {
     torch.bool: "tl.int1",
 }
 
-# float32 -> bfloat16. A GPU rounds to nearest even; Triton's interpreter
-# truncates (one ulp off half the time), so under the interpreter the
-# rounding is done on the bits. Both return the same values.
+# float32 -> bfloat16, rounded to nearest even. `_to_bf16_bits` rounds on the
+# bits, which gives the same values everywhere: Triton's interpreter truncates
+# a plain `.to(tl.bfloat16)` (one ulp off half the time), so there `_to_bf16`
+# is the bit version; a GPU rounds natively. Integer sources always take the
+# bit version: Triton 3.6's LLVM lowers `sitofp i1 -> bfloat` (what a
+# float32 conversion of a {-1, 0} select folds into) to +1 instead of -1.
 PRELUDE_BF16 = {
     "native": """
 @triton.jit
@@ -42,15 +45,38 @@ def _to_bf16(x):
     "interpret": """
 @triton.jit
 def _to_bf16(x):
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    r = bits.to(tl.float32, bitcast=True)
-    return tl.where(x != x, x, r).to(tl.bfloat16)
+    return _to_bf16_bits(x)
 """,
 }
 
 # Helpers every kernel module defines once (plain @triton.jit functions).
 PRELUDE = """
+@triton.jit
+def _to_bf16_bits(x):
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    r = bits.to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, r).to(tl.bfloat16)
+
+
+@triton.jit
+def _f2i32(x):
+    # float -> int32 as CUDA's cvt.rzi.s32: toward zero, saturated, NaN -> 0
+    hi = x >= 2147483648.0
+    lo = x < -2147483648.0
+    r = tl.where(hi | lo | (x != x), 0.0, x).to(tl.int32)
+    return tl.where(hi, 2147483647, tl.where(lo, -2147483647 - 1, r))
+
+
+@triton.jit
+def _f2i64(x):
+    # float -> int64 as CUDA's cvt.rzi.s64: toward zero, saturated, NaN -> 0
+    hi = x >= 9223372036854775808.0
+    lo = x < -9223372036854775808.0
+    r = tl.where(hi | lo | (x != x), 0.0, x).to(tl.int64)
+    return tl.where(hi, 9223372036854775807, tl.where(lo, -9223372036854775807 - 1, r))
+
+
 @triton.jit
 def _prod_combine(a, b):
     return a * b
@@ -179,19 +205,76 @@ def is_literal(code: str) -> bool:
     return code[:1].isdigit() or code.startswith(("-", "float("))
 
 
+# float -> integer, as eager's CUDA kernels do it (c10::convert): a C++
+# static_cast to int32/int64 (PTX cvt.rzi: saturates, NaN -> 0), int8/int16
+# wrap through int32, uint8 wraps through int64 (c10's
+# static_cast_with_inter_type<uint8_t>: -3.5 -> 253). Emitted explicitly:
+# Triton's own `.to(tl.int8)` saturates to the int16 range on a GPU (and LLVM
+# treats out-of-range values as poison), and the interpreter follows NumPy.
+FLOAT_TO_INT = {
+    torch.int64: "_f2i64({})",
+    torch.int32: "_f2i32({})",
+    torch.int16: "_f2i32({}).to(tl.int16)",
+    torch.int8: "_f2i32({}).to(tl.int8)",
+    torch.uint8: "_f2i64({}).to(tl.uint8)",
+}
+
+
 def _cast(a: Sequence[str], dts: Sequence[torch.dtype], out: torch.dtype) -> str:
+    """`to`: every conversion as eager's (see FLOAT_TO_INT and PRELUDE_BF16)."""
     if out == torch.bool:
         return f"({a[0]} != 0)"
     src = dts[0] if dts else None
+    x = a[0]
+    if src is not None and src.is_floating_point and out in FLOAT_TO_INT:
+        if src in (torch.float16, torch.bfloat16):
+            x = f"{x}.to(tl.float32)"
+        return FLOAT_TO_INT[out].format(x)
     if out == torch.bfloat16 and src != torch.bfloat16:
-        # through float32, as eager does (c10::BFloat16 is built from a float),
-        # rounded to nearest even by `_to_bf16` (see PRELUDE_BF16)
-        x = a[0] if src == torch.float32 else f"{a[0]}.to(tl.float32)"
-        return f"_to_bf16({x})"
-    if out == torch.float16 and src is not None and not src.is_floating_point:
-        # integer/bool -> half through float32, as eager does (c10::Half is built from a float)
-        return f"{a[0]}.to(tl.float32).to({TL_DTYPE[out]})"
-    return f"{a[0]}.to({TL_DTYPE[out]})"
+        # through float32, as eager does (c10::BFloat16 is built from a float)
+        if src == torch.float32:
+            return f"_to_bf16({x})"
+        if src is not None and not src.is_floating_point:
+            return f"_to_bf16_bits({x}.to(tl.float32))"
+        return f"_to_bf16({x}.to(tl.float32))"
+    if out == torch.float16 and src not in (None, torch.float32, torch.bfloat16):
+        # integers and float64 -> half through float32, as eager does (c10::Half
+        # is built from a float: float64 rounds twice)
+        return f"{x}.to(tl.float32).to({TL_DTYPE[out]})"
+    return f"{x}.to({TL_DTYPE[out]})"
+
+
+_SIGN_BITS = {
+    torch.float64: "tl.int64",
+    torch.float32: "tl.int32",
+    torch.float16: "tl.int16",
+    torch.bfloat16: "tl.int16",
+}
+
+
+def _signbit(x: str, dt: torch.dtype) -> str:
+    """The sign bit, so -0.0 and -nan count as negative (as eager's signbit)."""
+    if dt in _SIGN_BITS:
+        return f"({x}.to({_SIGN_BITS[dt]}, bitcast=True) < 0)"
+    return f"({x} < 0)"
+
+
+def _copysign(a: Sequence[str], dts: Sequence[torch.dtype], out: torch.dtype) -> str:
+    if is_literal(a[1]):  # a Python scalar: its sign is known now
+        value = float(a[1].removeprefix("float(").removesuffix(")").strip("'"))
+        negative = math.copysign(1.0, value) < 0
+        return f"(-tl.abs({a[0]}))" if negative else f"tl.abs({a[0]})"
+    return f"tl.where({_signbit(a[1], dts[1])}, -tl.abs({a[0]}), tl.abs({a[0]}))"
+
+
+def _sign(a: Sequence[str], dts: Sequence[torch.dtype], out: torch.dtype) -> str:
+    # eager: (0 < x) - (x < 0), so NaN and -0.0 give 0. Floats select float
+    # constants: converting the integer select to bfloat16 is what Triton 3.6
+    # miscompiles (see PRELUDE_BF16).
+    x = a[0]
+    if dts[0].is_floating_point:
+        return f"tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, 0.0)).to({x}.dtype)"
+    return f"tl.where({x} > 0, 1, tl.where({x} < 0, -1, 0)).to({x}.dtype)"
 
 
 def _maxmin(
@@ -241,21 +324,21 @@ OPS: dict[str, Callable[[Sequence[str], Sequence[torch.dtype], torch.dtype], str
     "ceil": _f("tl.ceil({0})"),
     "trunc": _f("_trunc({0})"),
     "round": _f("_round({0})"),
-    "sign": _f("tl.where({0} > 0, 1, tl.where({0} < 0, -1, 0)).to({0}.dtype)"),
+    "sign": _sign,
     "relu": _f("tl.where({0} > 0, {0}, 0).to({0}.dtype)"),
     "bitwise_not": lambda a, dts, out: f"({a[0]} == 0)" if out == torch.bool else f"(~{a[0]})",
     "logical_not": _f("({0} == 0)"),
     "isnan": _f("({0} != {0})"),
     "isinf": _f("(tl.abs({0}) == float('inf'))"),
     "isfinite": _f("(tl.abs({0}) < float('inf'))"),
-    "signbit": _f("({0} < 0)"),
+    "signbit": lambda a, dts, out: _signbit(a[0], dts[0]),
     "maximum": _maxmin("tl.maximum", ">"),
     "minimum": _maxmin("tl.minimum", "<"),
     "fmax": _f("tl.maximum({0}, {1})"),
     "fmin": _f("tl.minimum({0}, {1})"),
     "atan2": _f("None"),  # not in the interpreter's math: rule falls back
     "hypot": _f("tl.sqrt({0} * {0} + {1} * {1})"),
-    "copysign": _f("tl.where(({1} < 0) | ((1.0 / {1}) < 0), -tl.abs({0}), tl.abs({0}))"),
+    "copysign": _copysign,
     "bitwise_and": _f("({0} & {1})"),
     "bitwise_or": _f("({0} | {1})"),
     "bitwise_xor": _f("({0} ^ {1})"),

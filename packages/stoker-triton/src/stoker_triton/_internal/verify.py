@@ -5,14 +5,25 @@ from __future__ import annotations
 
 import sympy
 
-from .ir import ExternNode, Program, ScatterNode, iter_values, loads_of, node_reads, node_writes
+from .ir import (
+    ExternNode,
+    Op,
+    Program,
+    ReductionNode,
+    ScatterNode,
+    iter_values,
+    loads_of,
+    node_reads,
+    node_writes,
+)
+from .lowering.precision import EXACT_IN_HALF, HALF
 from .scheduler import Kernel, Schedule
 
 
 def verify_program(p: Program) -> None:
     """Lowering output: every read names a buffer that exists and is written
     before it is read; node bodies use only their own index variables, size
-    symbols and bound indirect symbols."""
+    symbols and bound indirect symbols; nothing computes in half precision."""
     written = {n for n in p.inputs if isinstance(n, str)} | set(p.constants)
     for node in p.nodes:
         for b in node_reads(node):
@@ -20,6 +31,7 @@ def verify_program(p: Program) -> None:
             assert b in written, f"{node}: reads {b} before anything writes it"
         if not isinstance(node, ExternNode):
             _check_symbols(node, p)
+            _check_half(node)
         written |= set(node_writes(node))
     for o in p.outputs:
         if isinstance(o, str):
@@ -38,6 +50,18 @@ def _check_symbols(node: object, p: Program) -> None:
                 ok = s in allowed or s in bound or (name[0] in "xr" and name[1:].isdigit())
                 assert ok, f"{node}: unbound symbol {s} in {v}"
     _ = loads_of
+
+
+def _check_half(node: object) -> None:
+    """lowering/precision.py, rule 2: only ops exact on half values see half
+    operands or give half results; everything else computes in float32."""
+    if isinstance(node, ReductionNode) and node.reduce_type not in ("max", "min", "any", "all"):
+        assert node.dtype not in HALF, f"{node}: accumulates in {node.dtype}"
+    for v in iter_values(node.body):  # type: ignore[attr-defined]
+        if not isinstance(v, Op) or v.name in EXACT_IN_HALF:
+            continue
+        dts = {v.dtype, *(a.dtype for a in v.args)}
+        assert not dts & set(HALF), f"{node}: {v.name} computes in half precision: {v}"
 
 
 def verify_schedule(p: Program, s: Schedule) -> None:

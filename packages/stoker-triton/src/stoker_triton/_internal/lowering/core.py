@@ -235,13 +235,28 @@ def cast(v: Value, dtype: torch.dtype) -> Value:
     if v.dtype == dtype:
         return v
     if isinstance(v, Const):
-        py = v.value
-        if dtype == torch.bool:
-            return Const(bool(py), dtype)
-        if not dtype.is_floating_point and not dtype.is_complex:
-            return Const(int(py), dtype)
-        return Const(float(py), dtype)
+        return Const(const_value(v.value, dtype), dtype)
     return Op("to", (v,), dtype)
+
+
+def const_value(py: bool | int | float, dtype: torch.dtype) -> bool | int | float:
+    """The Python scalar `py` as a `dtype` element holds it, by the rules the
+    kernels' casts follow (docs/triton.md, "Half precision and dtype
+    semantics"): floats to integers as eager CUDA casts them, integers wrap,
+    half values are rounded (through float32, as c10 builds them)."""
+    if dtype == torch.bool:
+        return bool(py)
+    if dtype.is_floating_point:
+        if dtype in (torch.float16, torch.bfloat16):
+            return float(torch.tensor(float(py), dtype=torch.float32).to(dtype))
+        return float(py)
+    if isinstance(py, float):  # float -> int32/int64 saturating, NaN -> 0; narrower ones wrap
+        bits = 64 if dtype in (torch.int64, torch.uint8) else 32
+        top = 2.0 ** (bits - 1)
+        py = 0 if py != py else -int(top) if py < -top else int(top) - 1 if py >= top else int(py)
+    info = torch.iinfo(dtype)
+    wrapped = int(py) & ((1 << info.bits) - 1)
+    return wrapped - (1 << info.bits) if info.min < 0 and wrapped > info.max else wrapped
 
 
 # --------------------------------------------------------------------------

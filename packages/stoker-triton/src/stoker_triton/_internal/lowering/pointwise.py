@@ -3,8 +3,9 @@
 Invariants: the output size and dtype are the FX node's `meta["val"]`; inputs
 broadcast against the output size (right-aligned, size-1 dims read index 0);
 arithmetic runs in the *compute dtype* (torch's promotion of the inputs,
-float16/bfloat16 upcast to float32, integers to float for INT_TO_FLOAT ops)
-and the result is cast to the output dtype.
+integers to float for INT_TO_FLOAT ops, then `precision.opmath`: float16 and
+bfloat16 compute in float32) and the result is cast to the output dtype, which
+rounds it once, where eager rounds (see precision.py).
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ import sympy
 import torch
 
 from ..ir import POINTWISE_OPS, Const, Expr, IndexValue, Op, Value
-from .core import LoweringContext, LoweringError, TensorValue, cast, register
+from .core import LoweringContext, LoweringError, TensorValue, cast, const_value, register
+from .precision import HALF, opmath, scalar_operand
 
 aten = torch.ops.aten
 prims = torch.ops.prims
-
-LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def meta_val(node: Any) -> Any:
@@ -54,8 +54,20 @@ def to_value(ctx: LoweringContext, a: Any, idx: Sequence[Expr], dtype: torch.dty
     raise LoweringError(f"unsupported pointwise argument {a!r}")
 
 
-def promote(node: Any, kind: str) -> torch.dtype:
-    """The dtype arithmetic runs in (see the module docstring)."""
+def operand(
+    ctx: LoweringContext, a: Any, idx: Sequence[Expr], common: torch.dtype, cdt: torch.dtype
+) -> Value:
+    """Input `a` as eager's TensorIterator hands it to a kernel computing in
+    `cdt`: a tensor of another dtype is first converted to the op's `common`
+    dtype when that is half (a 0-dim float32 tensor times a bfloat16 one is
+    rounded to bfloat16 first), then widened (precision.py)."""
+    if isinstance(a, TensorValue) and common in HALF and a.dtype != common:
+        return cast(cast(broadcast_load(a, idx), common), cdt)
+    return to_value(ctx, a, idx, cdt)
+
+
+def common_dtype(node: Any, kind: str) -> torch.dtype:
+    """torch's promoted dtype of the op (before precision.opmath widens half)."""
     out = meta_val(node).dtype
     if kind == "bool":
         from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
@@ -69,20 +81,19 @@ def promote(node: Any, kind: str) -> torch.dtype:
                 v = 1.0
             if isinstance(v, torch.Tensor | bool | int | float):
                 vals.append(v)
-        dtype = (
-            elementwise_dtypes(*vals, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[
-                0
-            ]
-            if vals
-            else out
-        )
+        # the promoted (result) dtype: half stays half here, opmath widens it
+        kind_ = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
+        dtype = elementwise_dtypes(*vals, type_promotion_kind=kind_)[1] if vals else out
     else:
         dtype = out
     if kind == "int_to_float" and not dtype.is_floating_point:
         dtype = torch.get_default_dtype()
-    if dtype in LOW_PRECISION:
-        dtype = torch.float32
     return dtype
+
+
+def promote(node: Any, kind: str) -> torch.dtype:
+    """The dtype arithmetic runs in (see the module docstring)."""
+    return opmath(common_dtype(node, kind))
 
 
 def make_pointwise(
@@ -97,14 +108,15 @@ def make_pointwise(
     size = out_size(ctx, node)
     if op not in POINTWISE_OPS:
         raise LoweringError(f"no Triton form for {op}")
-    cdt = compute or promote(node, kind)
+    common = common_dtype(node, kind)
+    cdt = compute or opmath(common)
     if cdt == torch.bool and op not in BOOL_SAFE:
         cdt = torch.int32  # bool arithmetic: compute in int, the cast to bool saturates
     out_dtype = val.dtype
     res_dtype = torch.bool if kind == "bool" else cdt
 
     def loader(idx: tuple[Expr, ...]) -> Value:
-        vs = [to_value(ctx, a, idx, cdt) for a in args]
+        vs = [operand(ctx, a, idx, common, cdt) for a in args]
         return cast(Op(op, vs, res_dtype), out_dtype)
 
     return TensorValue(size, out_dtype, ctx.device, loader)
@@ -257,14 +269,17 @@ for _aten_op, (_op, _kind) in BINARY.items():
 @register("pointwise", aten.add, aten.sub)
 def add_sub(ctx: LoweringContext, node: Any, a: Any, b: Any, alpha: Any = 1) -> TensorValue:
     op = "add" if node.target in (aten.add.Tensor, aten.add.Scalar) else "sub"
+    out_dtype = meta_val(node).dtype
+    a, b = (scalar_operand(v, out_dtype) if isinstance(v, int | float) else v for v in (a, b))
     if alpha == 1 or alpha is None:
         return make_pointwise(ctx, node, [a, b], op)
     val = meta_val(node)
     size = out_size(ctx, node)
-    cdt = promote(node, "default")
+    common = common_dtype(node, "default")
+    cdt = opmath(common)
 
     def loader(idx: tuple[Expr, ...]) -> Value:
-        va, vb = to_value(ctx, a, idx, cdt), to_value(ctx, b, idx, cdt)
+        va, vb = operand(ctx, a, idx, common, cdt), operand(ctx, b, idx, common, cdt)
         vb = Op("mul", (vb, to_value(ctx, alpha, idx, cdt)), cdt)
         return cast(Op(op, (va, vb), cdt), val.dtype)
 
@@ -292,7 +307,7 @@ def prims_div(ctx: LoweringContext, node: Any, a: Any, b: Any) -> TensorValue:
 def where(ctx: LoweringContext, node: Any, c: Any, a: Any, b: Any) -> TensorValue:
     val = meta_val(node)
     size = out_size(ctx, node)
-    cdt = val.dtype if val.dtype not in LOW_PRECISION else torch.float32
+    cdt = opmath(val.dtype)
 
     def loader(idx: tuple[Expr, ...]) -> Value:
         vc = to_value(ctx, c, idx, torch.bool)
@@ -369,13 +384,7 @@ def _fill(ctx: LoweringContext, node: Any, value: Any) -> TensorValue:
         )
     if isinstance(value, sympy.Basic):
         value = int(value) if value.is_integer else float(value)
-    if val.dtype == torch.bool:
-        value = bool(value)
-    elif not val.dtype.is_floating_point:
-        value = int(value)
-    else:
-        value = float(value)
-    c = Const(value, val.dtype)
+    c = Const(const_value(value, val.dtype), val.dtype)
     return TensorValue(size, val.dtype, ctx.device, lambda idx: c)
 
 

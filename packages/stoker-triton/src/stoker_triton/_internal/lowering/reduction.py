@@ -1,9 +1,9 @@
 """Reduction lowerings: one `ReductionNode` per result over any set of dims.
 
 Invariants: a reduction node's output has the kept dims only, contiguous;
-`keepdim` is a view on top. Accumulation runs in float32 for
-float16/bfloat16 inputs and in the output dtype otherwise (int64 for integer
-sums). Variance is one pass: `welford_mean` and `welford_m2` read the same
+`keepdim` is a view on top. Accumulation runs in `precision.accumulate` of the
+result dtype (float32 for float16/bfloat16, the dtype itself otherwise; the
+graph already asks int64 for integer sums); the result is rounded once. Variance is one pass: `welford_mean` and `welford_m2` read the same
 body, the scheduler puts them in one kernel and codegen computes them
 together. Everything around a reduction (softmax's exp/div, layer norm's
 scale and shift) stays pointwise, so the scheduler can fuse it.
@@ -19,7 +19,8 @@ import torch
 
 from ..ir import Const, Expr, IndexValue, Op, Value, index_var
 from .core import LoweringContext, LoweringError, TensorValue, cast, product, register
-from .pointwise import LOW_PRECISION, meta_val
+from .pointwise import meta_val
+from .precision import accumulate, opmath
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -55,9 +56,9 @@ def reduce(
         idx[d] = index_var("x", k)
     for k, d in enumerate(rdims):
         idx[d] = index_var("r", k)
-    acc = torch.float32 if dtype in LOW_PRECISION else dtype
+    acc = accumulate(dtype)
     if reduce_type in ("argmax", "argmin"):
-        acc = x.dtype if x.dtype not in LOW_PRECISION else torch.float32
+        acc = opmath(x.dtype)
     if reduce_type in ("any", "all"):
         acc = torch.bool
     body = x.load(tuple(idx))
@@ -174,7 +175,7 @@ def mean(
         dims, keepdim = None, False
     d = _dims(dims, x.ndim)
     dt = meta_val(node).dtype
-    acc = torch.float32 if dt in LOW_PRECISION else dt
+    acc = accumulate(dt)
     s = reduce(ctx, x, d, keepdim, "sum", acc)
     n = product([x.size[i] for i in d])
     return TensorValue(
@@ -240,7 +241,7 @@ def _var_mean(
     ctx: LoweringContext, x: TensorValue, dims: Any, correction: Any, keepdim: bool, dt: torch.dtype
 ) -> tuple[TensorValue, TensorValue]:
     d = _dims(dims, x.ndim)
-    acc = torch.float32 if dt in LOW_PRECISION else dt
+    acc = accumulate(dt)
     m = reduce(ctx, x, d, keepdim, "welford_mean", acc)
     m2 = reduce(ctx, x, d, keepdim, "welford_m2", acc)
     n = product([x.size[i] for i in d])
@@ -287,7 +288,7 @@ def var(ctx: LoweringContext, node: Any, x: TensorValue, *args: Any, **kw: Any) 
     dt = (vals[0] if isinstance(vals, tuple | list) else vals).dtype
     v, m = _var_mean(ctx, x, dims, corr, keepdim, dt)
     if name.startswith("std"):
-        acc = torch.float32 if dt in LOW_PRECISION else dt
+        acc = accumulate(dt)
         vv = v
         v = TensorValue(
             v.size,
