@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from stoker_capture import eager_autograd_engine
 
-from . import ops
+from . import final_callbacks, ops
 from .retrace import Position, Retraced, concrete_values, retrace, unpack_index
 from .segments import SegmentedBackward
 from .session import Session, aten_executor
@@ -42,7 +42,7 @@ def runtime_wrapper(
     packed_data: list[Any],
     *rest: Any,
 ) -> Any:
-    with eager_autograd_engine():  # hooks may call backward
+    with eager_autograd_engine(), final_callbacks.collecting():  # hooks may call backward
         out = compiled_fn(inputs, sizes, scalars, hooks, packed_data)
     return out if type(out) is list else list(out)  # the engine wants exactly a list
 
