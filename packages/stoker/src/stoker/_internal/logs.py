@@ -22,6 +22,7 @@ TOPICS: dict[str, str] = {
     "kernels": "the Triton kernels generated per graph, and ops that fell back to aten",
     "autograd": "compiled autograd: backward graphs captured, cache hits and misses",
     "timings": "how long each compile stage took",
+    "distributed": "DDP/FSDP2: the reducer mode chosen per DDP module, its buckets",
 }
 
 _HANDLER_NAME = "stoker-stderr"
