@@ -124,3 +124,20 @@ class _nothing:
 
     def __exit__(self, *a: object) -> None:
         return None
+
+
+def test_demo_cli_takes_ranks_and_parallel_and_prints_where_collectives_sit() -> None:
+    from stoker._internal.demo_distributed import format_distributed
+    from stoker.cli import build_parser
+
+    args = build_parser().parse_args(["demo", "--ranks", "2", "--parallel", "fsdp2"])
+    assert (args.ranks, args.parallel) == (2, "fsdp2")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--parallel", "tp"])
+    m = _mlp()
+    d = _ddp(m, bucket_cap_mb=0.0002)
+    compiled = stoker.compile(d)
+    compiled(torch.randn(3, 4)).sum().backward()
+    text = format_distributed("ddp", 1, distributed.summary())
+    assert "DDP reducer mode: stoker_reducer" in text
+    assert "started after" in text and "post_acc_grad_hook ×6" in text
