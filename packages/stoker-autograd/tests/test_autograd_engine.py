@@ -157,3 +157,39 @@ def test_hook_that_runs_its_own_backward() -> None:
                 torch.testing.assert_close(p.grad, e)
     assert len(side) == 3 and all(torch.equal(s, torch.arange(3.0) * 2) for s in side)
     assert stoker_autograd.stats()["captures"] == 1
+
+
+def test_queue_callback_runs_at_the_end_of_a_compiled_backward() -> None:
+    """Callbacks a hook queues run once, after every gradient is accumulated, also the
+    ones a callback queues and those of a nested eager backward (FSDP2's root
+    post-backward and DDP's finalisation are such callbacks)."""
+    engine = torch.autograd.variable.Variable._execution_engine
+    m = _mlp()
+    x = torch.randn(3, 4)
+    events: list[str] = []
+
+    def last() -> None:
+        events.append("chained")
+
+    def callback() -> None:
+        events.append("callback" if all(p.grad is not None for p in m.parameters()) else "early")
+        torch.autograd.variable.Variable._execution_engine.queue_callback(last)
+
+    def hook(g: torch.Tensor) -> torch.Tensor:
+        torch.autograd.variable.Variable._execution_engine.queue_callback(callback)
+        z = torch.ones(2, requires_grad=True)
+        z.register_hook(lambda gz: engine.queue_callback(lambda: events.append("nested")) or gz)
+        with torch.enable_grad():
+            (z * 2).sum().backward()
+        return g
+
+    with stoker_autograd.enable():
+        for step in range(2):
+            m.zero_grad(set_to_none=True)
+            h = m(x)
+            h.register_hook(hook)
+            h.sum().backward()
+            assert events == ["nested", "callback", "chained"], (step, events)
+            events.clear()
+    assert torch.autograd.variable.Variable._execution_engine is engine
+    assert stoker_autograd.stats()["captures"] == 1

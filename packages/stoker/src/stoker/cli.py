@@ -1,6 +1,7 @@
 """The ``stoker`` command: ``demo``, ``bench``, ``explain`` and ``cache``.
 
 stoker demo [--steps N]          train a small GPT eager and compiled, side by side
+            [--ranks 2 --parallel ddp|fsdp2]   ... on local processes, under DDP or FSDP2
 stoker bench [--models ...]      the benchmark suite (table + bench-results/bench.json)
 stoker bench --suite gpu [--smoke]  the H100 training suite, side by side with Inductor
 stoker explain SCRIPT [ARGS...]  run a script with every log topic and the report on
@@ -36,6 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
+    d.add_argument(
+        "--ranks", type=int, default=1, help="local processes (default 1: no parallelism)"
+    )
+    d.add_argument(
+        "--parallel",
+        default="ddp",
+        choices=["ddp", "fsdp2"],
+        help="with --ranks > 1: DistributedDataParallel or FSDP2 fully_shard (default ddp)",
+    )
 
     b = sub.add_parser("bench", help="benchmark eager, aot_eager, inductor and stoker")
     b.add_argument(
@@ -89,6 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "demo" and args.ranks > 1:
+        from ._internal.demo_distributed import run_distributed_demo
+
+        return run_distributed_demo(
+            ranks=args.ranks,
+            parallel=args.parallel,
+            steps=args.steps,
+            batch=args.batch,
+            backend=args.backend,
+            device=args.device,
+            report=args.report,
+            seed=args.seed,
+            progress=not args.no_progress,
+        )
     if args.command == "demo":
         from ._internal.demo import run_demo
 

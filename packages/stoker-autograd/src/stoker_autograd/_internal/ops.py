@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from . import final_callbacks
+
 HOOK_KINDS = (
     "tensor_pre_hook",
     "pre_hook",
@@ -244,7 +246,8 @@ def copy_slices_epilogue(
 
 
 def exec_final_callbacks_stub() -> None:
-    """Marks the end of the backward (``queue_callback`` callbacks run after the graph)."""
+    """The end of the backward: runs what ``queue_callback`` queued (see `final_callbacks`)."""
+    final_callbacks.run_queued()
 
 
 OPAQUE_TARGETS: frozenset[Any] = frozenset(

@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from stoker_capture import autocast_off, eager_autograd_engine
 
-from . import ops
+from . import final_callbacks, ops
 from .retrace import Position, Retraced, concrete_values, retrace, unpack_index
 from .segments import SegmentedBackward
 from .session import Session, aten_executor
@@ -43,8 +43,9 @@ def runtime_wrapper(
     *rest: Any,
 ) -> Any:
     # hooks may call backward; the graph is retraced and run as eager runs a backward
-    # called outside autocast (a backward inside an autocast region must not cast again)
-    with eager_autograd_engine(), autocast_off():
+    # called outside autocast (a backward inside an autocast region must not cast again);
+    # callbacks queued during the backward (FSDP2, the DDP reducer) run at its end
+    with eager_autograd_engine(), autocast_off(), final_callbacks.collecting():
         out = compiled_fn(inputs, sizes, scalars, hooks, packed_data)
     return out if type(out) is list else list(out)  # the engine wants exactly a list
 

@@ -26,6 +26,7 @@ class AutogradSwitch:
         self._stack: contextlib.ExitStack | None = None
         self._compiler: Callable[..., Any] | None = None
         self._dynamic = True
+        self.session: Any = None  # the stoker_autograd.Session while on (its captured graphs)
 
     @property
     def on(self) -> bool:
@@ -37,7 +38,7 @@ class AutogradSwitch:
             return
         enable = _enable_fn()
         stack = contextlib.ExitStack()
-        stack.enter_context(enable(compiler=compiler, dynamic=dynamic))
+        self.session = stack.enter_context(enable(compiler=compiler, dynamic=dynamic))
         self._stack, self._compiler, self._dynamic = stack, compiler, dynamic
 
     def turn_off(self) -> None:

@@ -88,6 +88,12 @@ class StokerBackend:
     # ------------------------------------------------------------------ Dynamo calls this
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledCallable:
         opts = self.options
+        if torch.distributed.is_available():  # a DDP forward: take it over or split the graph
+            from .distributed import on_graph
+
+            pieces = on_graph(self, gm, example_inputs, opts.compiled_autograd)
+            if pieces is not None:
+                return pieces  # type: ignore[no-any-return]
         executor = resolve_backend(opts.backend, _devices(gm, example_inputs))
         rec = self.report.new_compile(_frame_name(gm, self.name_hint), executor)
         _CURRENT_REPORT[:] = [self.report]

@@ -69,6 +69,7 @@ def compile(
     be = StokerBackend(opts)
     be.exports_guards = True
     be.name_hint = _name_of(model_or_fn)
+    import torch
     import torch._dynamo
 
     kwargs: dict[str, Any] = {
@@ -82,6 +83,12 @@ def compile(
     if "recompile_limit" in inspect.signature(target).parameters:
         kwargs["recompile_limit"] = opts.recompile_limit
     compiled: Any = torch._dynamo.optimize(be, **kwargs)(model_or_fn)
+    if isinstance(compiled, torch.nn.Module) and torch.distributed.is_available():
+        from . import distributed as ddp
+
+        if isinstance(model_or_fn, torch.nn.parallel.DistributedDataParallel):
+            ddp.adopt(model_or_fn, opts.compiled_autograd)
+        ddp.wrap_forward(compiled, opts.compiled_autograd)
     if opts.compiled_autograd:
         from .backend import autograd_compiler
 
@@ -121,6 +128,21 @@ def _flush_at_exit() -> None:
     for r in _TO_FLUSH:
         try:
             r.autograd = _autograd_stats()
+            r.distributed = _distributed_summary()
             r.flush()
         except Exception:
             pass
+
+
+def _distributed_summary() -> dict[str, Any]:
+    """`distributed.summary()` when torch.distributed was used, else {} (never raises)."""
+    import sys
+
+    if "stoker._internal.distributed" not in sys.modules:
+        return {}
+    try:
+        from .distributed import summary
+
+        return summary()
+    except Exception as e:  # the report must not fail the program at exit
+        return {"error": f"{type(e).__name__}: {e}"}

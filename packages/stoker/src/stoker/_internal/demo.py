@@ -100,8 +100,12 @@ def train_side_by_side(
     seed: int,
     progress: bool,
     compile_fn: Callable[..., Any] | None = None,
+    wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+    data_seed: int | None = None,
 ) -> DemoResult:
-    """The demo's loop; ``compile_fn`` defaults to `stoker.compile`."""
+    """The demo's loop; ``compile_fn`` defaults to `stoker.compile`.  ``wrap`` (DDP,
+    FSDP2) is applied to both copies before compiling; ``data_seed`` (per rank) draws
+    the batches (default: ``seed``)."""
     import stoker
 
     from .config import resolve_backend
@@ -110,15 +114,17 @@ def train_side_by_side(
     data, vocab = make_data(cfg.block_size, device)
     cfg = GPTConfig(vocab_size=vocab)
     torch.manual_seed(seed)
-    eager = GPT(cfg).to(device)
+    eager: torch.nn.Module = GPT(cfg).to(device)
     model = copy.deepcopy(eager)
+    if wrap is not None:
+        eager, model = wrap(eager), wrap(model)
     compile_fn = compile_fn or stoker.compile
     compiled = compile_fn(model, backend=backend, report=report)
     opt_e = torch.optim.AdamW(eager.parameters(), lr=3e-3)
     opt_c = torch.optim.AdamW(model.parameters(), lr=3e-3)
     executor = resolve_backend(backend, [torch.device(device)])
     res = DemoResult(executor=executor, device=device, steps=steps, report_path=report)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed if data_seed is None else data_seed)
     bar = Progress(steps, progress)
     for step in range(steps):
         x, y = get_batch(data, cfg.block_size, batch, gen)
@@ -139,8 +145,8 @@ def train_side_by_side(
         opt_c.step()
         _sync(device)
         res.times_compiled.append(time.perf_counter() - t0)
-        res.losses_eager.append(float(loss_e))
-        res.losses_compiled.append(float(loss_c))
+        res.losses_eager.append(float(loss_e.detach()))
+        res.losses_compiled.append(float(loss_c.detach()))
         bar.update(
             step + 1, f"loss eager {res.losses_eager[-1]:.3f} stoker {res.losses_compiled[-1]:.3f}"
         )
@@ -148,8 +154,10 @@ def train_side_by_side(
     rep = getattr(compiled, "stoker_report", None)
     if rep is not None:
         from .backend import _autograd_stats
+        from .compile_api import _distributed_summary
 
         rep.autograd = _autograd_stats()
+        rep.distributed = _distributed_summary()
         rep.flush()
         res.summary = rep.summary()
         res.report_path = rep.path

@@ -23,6 +23,7 @@ TOPICS: dict[str, str] = {
     "autograd": "compiled autograd: backward graphs captured, cache hits and misses",
     "timings": "how long each compile stage took",
     "cache": "on-disk caches: misses and writes (hits at +cache), broken entries ignored",
+    "distributed": "DDP/FSDP2: the reducer mode chosen per DDP module, its buckets",
 }
 
 _HANDLER_NAME = "stoker-stderr"

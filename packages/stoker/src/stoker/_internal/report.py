@@ -27,6 +27,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("partition", "Partition"),
     ("kernels", "Kernels and fallbacks"),
     ("autograd", "Compiled autograd"),
+    ("distributed", "Distributed"),
     ("timings", "Timings per stage"),
 )
 
@@ -110,6 +111,7 @@ class Report:
     recompiles: list[RecompileRecord] = field(default_factory=list)
     autograd: dict[str, Any] = field(default_factory=dict)
     autograd_graphs: list[GraphRecord] = field(default_factory=list)  # captured backwards
+    distributed: dict[str, Any] = field(default_factory=dict)  # distributed.summary()
     options: dict[str, Any] = field(default_factory=dict)
     created: str = field(
         default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
@@ -325,6 +327,7 @@ def _render(r: Report) -> str:
             f"</summary><pre>{_e(gr.code)}</pre></details>"
         )
     parts.append(ag)
+    parts.append(_render_distributed(r.distributed))
     # timings
     stages = sorted({st for c in r.compiles for st in c.timings_ms})
     parts.append(
@@ -358,3 +361,38 @@ def _render(r: Report) -> str:
         f"<style>{_CSS}</style></head><body><header><h1>{_e(r.title)}</h1><p>{_e(env)}</p></header>"
         f"<nav>{nav}</nav><main>{body}</main></body></html>\n"
     )
+
+
+def _render_distributed(d: dict[str, Any]) -> str:
+    """DDP modes, buckets and all-reduces per step; where collectives sit in the backward."""
+    if not d:
+        return '<p class="muted">no DDP or FSDP2 module seen</p>'
+    out: list[str] = []
+    for i, m in enumerate(d.get("ddp", [])):
+        out.append(
+            f"<h3>DDP module {i}: mode <span class=tag>{_e(m['mode'])}</span></h3>"
+            f"<p class=muted>{_e(m['why'])}; {len(m['buckets'])} bucket(s)</p>"
+        )
+        rows = [
+            [k, c["bucket"], c["params"], c["bytes"], c["after_grads"]]
+            for k, step in enumerate(m["steps"])
+            for c in step
+        ]
+        out.append(
+            _table(
+                ["step (newest last)", "bucket", "params", "bytes", "started after gradients"],
+                rows,
+                frozenset({1, 2, 3, 4}),
+            )
+        )
+    sites = d.get("backward_sites", [])
+    if sites:
+        out.append("<h3>Nodes issuing collectives in the newest captured backward graph</h3>")
+        out.append(
+            _table(
+                ["node", "of", "kind", "backward compute after it"],
+                [[s["at"], s["of"], s["kind"], s["compute_after"]] for s in sites],
+                frozenset({0, 1, 3}),
+            )
+        )
+    return "".join(out)

@@ -1,0 +1,82 @@
+"""``queue_callback`` inside a compiled backward: run the callbacks at the graph's end.
+
+The eager engine runs the callbacks a backward queued with
+``Variable._execution_engine.queue_callback`` after its last node.  When the
+compiled-autograd hook runs a backward, the engine hands the whole graph to the
+hook and never runs them: FSDP2's root post-backward (reshard, reduce-scatter of
+the modules whose inputs need no gradient) and DDP's finalisation would be lost.
+
+`collecting()` (entered by the runtime wrapper around one compiled backward)
+swaps ``Variable._execution_engine`` for a proxy whose ``queue_callback`` keeps,
+for that backward's graph task only, the callbacks in a list; the graph's last
+node (`ops.exec_final_callbacks_stub`) runs them, in order, including those that
+callbacks queue.  A nested eager backward that a hook runs has its own graph
+task: its callbacks go to the real engine, which runs them itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.autograd.variable import Variable
+
+
+class _Collecting:
+    """One compiled backward's queued callbacks (its graph task's id and the list)."""
+
+    def __init__(self, task_id: int) -> None:
+        self.task_id = task_id
+        self.callbacks: list[Callable[[], None]] = []
+
+
+_ACTIVE: list[_Collecting] = []  # innermost compiled backward last
+
+
+class _EngineProxy:
+    """The real engine, except ``queue_callback`` within a collecting graph task."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def queue_callback(self, callback: Callable[[], None]) -> None:
+        task = torch._C._current_graph_task_id()
+        for c in reversed(_ACTIVE):
+            if c.task_id == task:
+                c.callbacks.append(callback)
+                return
+        self._real.queue_callback(callback)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[None]:
+    """Collect the callbacks the current graph task queues until `run_queued()`."""
+    entry = _Collecting(torch._C._current_graph_task_id())
+    real = Variable._execution_engine
+    swapped = not isinstance(real, _EngineProxy)
+    if swapped:
+        Variable._execution_engine = _EngineProxy(real)  # type: ignore[assignment]
+    _ACTIVE.append(entry)
+    try:
+        yield
+    finally:
+        _ACTIVE.remove(entry)
+        if swapped:
+            Variable._execution_engine = real
+
+
+def run_queued() -> None:
+    """Run (and forget) the innermost compiled backward's callbacks, also those they queue."""
+    if not _ACTIVE:
+        return
+    callbacks = _ACTIVE[-1].callbacks
+    i = 0
+    while i < len(callbacks):
+        callbacks[i]()
+        i += 1
+    callbacks.clear()

@@ -1,0 +1,146 @@
+"""``stoker demo --ranks N --parallel ddp|fsdp2``: the demo GPT on N local processes.
+
+Every rank trains an eager copy and a compiled copy of the GPT, both wrapped the
+same way (``DDP(model)`` or ``fully_shard`` per block and the root), on its own
+batches; rank 0 prints the demo's comparison, then what stoker did for the
+parallelism: DDP's reducer mode and the all-reduces of the last step (which
+bucket, after how many gradients), and where in the captured backward graph the
+nodes that issue collectives sit.  gloo on the CPU; NCCL with one GPU per rank.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import torch
+
+PARALLEL = ("ddp", "fsdp2")
+
+
+def wrapper(parallel: str, device: str) -> Any:
+    """``nn.Module -> nn.Module``: DDP, or FSDP2 per transformer block and the root."""
+    if parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        def wrap_ddp(m: torch.nn.Module) -> torch.nn.Module:
+            ids = [torch.cuda.current_device()] if device == "cuda" else None
+            # small buckets, so that the small GPT has several to reduce during the backward
+            return DDP(m, device_ids=ids, bucket_cap_mb=0.1)
+
+        return wrap_ddp
+
+    from torch.distributed.fsdp import fully_shard
+
+    def wrap_fsdp2(m: torch.nn.Module) -> torch.nn.Module:
+        for block in getattr(m, "blocks", []):
+            fully_shard(block)
+        fully_shard(m)
+        return m
+
+    return wrap_fsdp2
+
+
+def format_distributed(parallel: str, world: int, info: dict[str, Any]) -> str:
+    """The collectives part of the demo's output (from `distributed.summary()`)."""
+    lines = [f"  parallel: {parallel} on {world} ranks"]
+    for d in info.get("ddp", []):
+        lines.append(f"  DDP reducer mode: {d['mode']} ({d['why']})")
+        lines.append(f"  DDP buckets: {len(d['buckets'])}")
+        if d["steps"]:
+            last = d["steps"][-1]
+            lines.append(f"  all-reduces in the last step: {len(last)}")
+            for c in last:
+                lines.append(
+                    f"    bucket {c['bucket']}: {c['params']} params, {c['bytes']} B, "
+                    f"started after {c['after_grads']} gradients were ready"
+                )
+    sites = info.get("backward_sites", [])
+    if sites:
+        kinds: dict[str, list[str]] = {}
+        for s in sites:
+            kinds.setdefault(s["kind"], []).append(
+                f"{s['at']}/{s['of']} (+{s['compute_after']} compute after)"
+            )
+        lines.append("  nodes issuing collectives in the captured backward graph (node/total):")
+        for kind, where in kinds.items():
+            shown = ", ".join(where[:6]) + (", ..." if len(where) > 6 else "")
+            lines.append(f"    {kind} ×{len(where)}: {shown}")
+    return "\n".join(lines)
+
+
+def _rank_main(
+    rank: int,
+    world: int,
+    parallel: str,
+    steps: int,
+    batch: int,
+    backend: str,
+    device: str,
+    report: str | None,
+    seed: int,
+    progress: bool,
+) -> None:
+    from . import distributed
+    from .demo import format_result, train_side_by_side
+
+    res = train_side_by_side(
+        steps=steps,
+        batch=batch,
+        backend=backend,
+        device=f"cuda:{rank}" if device == "cuda" else device,
+        report=report if rank == 0 else None,
+        seed=seed,
+        progress=progress and rank == 0,
+        wrap=wrapper(parallel, device),
+        data_seed=seed + 1000 * rank,
+    )
+    if rank == 0:
+        print(format_result(res))
+        print(format_distributed(parallel, world, distributed.summary()), flush=True)
+
+
+def run_distributed_demo(
+    *,
+    ranks: int,
+    parallel: str,
+    steps: int,
+    batch: int,
+    backend: str,
+    device: str | None,
+    report: str | None,
+    seed: int,
+    progress: bool,
+) -> int:
+    from .launch import spawn
+
+    if parallel not in PARALLEL:
+        raise SystemExit(f"stoker demo: --parallel must be one of {', '.join(PARALLEL)}")
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    pg = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda" and torch.cuda.device_count() < ranks:
+        raise SystemExit(
+            f"stoker demo: --ranks {ranks} on cuda needs {ranks} GPUs (NCCL, one per rank); "
+            f"this machine has {torch.cuda.device_count()}: pass --ranks "
+            f"{torch.cuda.device_count()} or --device cpu"
+        )
+    print(
+        f"stoker demo: a small GPT under {parallel} on {ranks} local processes ({pg}, {device})",
+        file=sys.stderr,
+    )
+    spawn(
+        _rank_main,
+        ranks,
+        parallel,
+        steps,
+        batch,
+        backend,
+        device,
+        os.path.abspath(report) if report else None,
+        seed,
+        progress,
+        backend=pg,
+    )
+    return 0

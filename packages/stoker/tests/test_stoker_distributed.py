@@ -1,0 +1,143 @@
+"""DDP under stoker on one gloo rank, in this process: modes, errors, the bucketed
+reducer's bookkeeping.  The 2-rank parity runs are in tests-integration."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import stoker
+from stoker._internal import distributed
+from stoker._internal.launch import free_port
+
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="no gloo in this torch"
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_rank() -> Iterator[None]:
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> Iterator[None]:
+    stoker.reset()
+    yield
+    stoker.reset()
+
+
+class _Net(nn.Module):
+    """User code (Dynamo skips the frames of torch.nn's own containers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.norm, self.b = nn.Linear(4, 16), nn.LayerNorm(16), nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.norm(self.a(x))))  # type: ignore[no-any-return]
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return _Net()
+
+
+def _ddp(m: nn.Module, **kw: object) -> nn.parallel.DistributedDataParallel:
+    return nn.parallel.DistributedDataParallel(m, **kw)  # type: ignore[arg-type]
+
+
+def test_unsupported_settings_are_named_with_what_to_change() -> None:
+    d = _ddp(_mlp(), find_unused_parameters=True, gradient_as_bucket_view=True)
+    with pytest.raises(stoker.StokerConfigError) as e:
+        stoker.compile(d)
+    msg = str(e.value)
+    assert "find_unused_parameters=False" in msg and "gradient_as_bucket_view=False" in msg
+    assert "compiled_autograd=False" in msg
+    # the same settings are fine without compiled autograd (DDP's own reducer runs)
+    stoker.compile(_ddp(_mlp(), find_unused_parameters=True), compiled_autograd=False)
+
+
+@pytest.mark.parametrize("order", ["outer", "inner"])
+def test_stoker_reducer_trains_like_eager_ddp_with_no_sync(order: str) -> None:
+    eager = _mlp()
+    ref = _ddp(copy.deepcopy(eager), bucket_cap_mb=0.0002)
+    m = copy.deepcopy(eager)
+    if order == "outer":
+        d = _ddp(m, bucket_cap_mb=0.0002)
+        model: nn.Module = stoker.compile(d)
+    else:
+        d = _ddp(stoker.compile(m), bucket_cap_mb=0.0002)
+        model = d
+    for step in range(3):
+        for micro in range(2):
+            x = torch.randn(5 + step, 4)
+            with d.no_sync() if micro == 0 else _nothing():
+                model(x).pow(2).mean().backward()
+            with ref.no_sync() if micro == 0 else _nothing(), stoker.autograd_enabled(False):
+                ref(x).pow(2).mean().backward()
+        for p, q in zip(m.parameters(), ref.module.parameters(), strict=True):
+            assert p.grad is not None and q.grad is not None
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+            p.grad, q.grad = None, None
+    rec = d._stoker_ddp  # type: ignore[attr-defined]
+    assert rec.mode == "stoker_reducer" and len(rec.buckets) > 1
+    assert len(rec.steps) == 3  # one reduction per synchronised backward, none under no_sync
+    assert [c.bucket for c in rec.steps[-1]] == list(range(len(rec.buckets)))
+    info = distributed.summary()
+    assert info["ddp"][-1]["mode"] == "stoker_reducer"
+    hooks = [s for s in info["backward_sites"] if s["kind"] == "post_acc_grad_hook"]
+    assert len(hooks) == 6 and hooks[0]["compute_after"] > 0
+
+
+def test_a_parameter_without_gradient_is_an_error_not_a_hang() -> None:
+    m = nn.ModuleDict({"used": nn.Linear(4, 4), "unused": nn.Linear(4, 4)})
+    d = _ddp(m)
+    compiled = stoker.compile(lambda x: d.module["used"](x))
+    distributed.adopt(d, compiled_autograd=True)
+    with pytest.raises(stoker.StokerConfigError, match=r"unused\.weight, unused\.bias"):
+        compiled(torch.randn(2, 4)).sum().backward()
+
+
+def test_without_compiled_autograd_the_graph_splits_at_small_buckets() -> None:
+    m = _mlp()
+    d = _ddp(m, bucket_cap_mb=0.0002)
+    compiled = stoker.compile(d, compiled_autograd=False)
+    compiled(torch.randn(3, 4)).sum().backward()
+    assert d._stoker_ddp.mode == "ddp_optimizer"  # type: ignore[attr-defined]
+    report = stoker.last_report()
+    assert report is not None and report.n_graphs > 1  # unsplit, this is one graph
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+
+def test_demo_cli_takes_ranks_and_parallel_and_prints_where_collectives_sit() -> None:
+    from stoker._internal.demo_distributed import format_distributed
+    from stoker.cli import build_parser
+
+    args = build_parser().parse_args(["demo", "--ranks", "2", "--parallel", "fsdp2"])
+    assert (args.ranks, args.parallel) == (2, "fsdp2")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--parallel", "tp"])
+    m = _mlp()
+    d = _ddp(m, bucket_cap_mb=0.0002)
+    compiled = stoker.compile(d)
+    compiled(torch.randn(3, 4)).sum().backward()
+    text = format_distributed("ddp", 1, distributed.summary())
+    assert "DDP reducer mode: stoker_reducer" in text
+    assert "started after" in text and "post_acc_grad_hook ×6" in text
