@@ -7,8 +7,11 @@ bfloat16, a block that overflows shared memory). With
 `cuda:<compute capability>`), each kernel the interpreter launches is also
 compiled by Triton's own pipeline (TTIR, TTGIR, LLVM IR, PTX, and a cubin
 from ptxas) for each target, with every block-size and warp configuration
-the GPU autotuner would try. No driver and no GPU are needed; a kernel that
-does not compile raises `CrossCompileError` naming its source file.
+the GPU autotuner would try. What is compiled is the module a GPU build
+loads (`gpu_build`: the interpreter's module differs only in how it rounds
+to bfloat16). No driver and no GPU are needed; a kernel that does not
+compile raises `CrossCompileError` naming its source file and the
+compiler's reason (`describe`).
 
 The same worker pool compiles kernels for the GPU at hand ahead of their
 first launch (`precompile`): in processes, so compiles run in parallel, and
@@ -125,24 +128,58 @@ def _compile_job(path: str, arg_specs: list[Any], kw: dict[str, int], target: Ta
         src, options = _source(fn, [_stand_in(a) for a in arg_specs], kw, backend)
         triton.compile(src, target=tgt, options=options.__dict__)
     except Exception as e:  # reported to the launching process
-        return f"{type(e).__name__}: {e}"
+        return describe(e)
     return None
+
+
+def describe(e: BaseException) -> str:
+    """The error and what caused it: Triton reports an error inside a
+    `@triton.jit` helper as a CompilationError at the call site whose own
+    text names no reason; the reason is in its cause chain."""
+    parts = [f"{type(e).__name__}: {e}"]
+    seen = {id(e)}
+    cause = e.__cause__ or e.__context__
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        parts.append(f"caused by {type(cause).__name__}: {cause}")
+        cause = cause.__cause__ or cause.__context__
+    return "\n".join(parts)
 
 
 _modules: dict[str, ModuleType] = {}
 
 
 def _native_module(path: str) -> ModuleType:
-    """The kernel module at `path` imported with real `@triton.jit` functions."""
+    """The kernel module at `path` imported with real `@triton.jit` functions,
+    as a GPU build has it (`gpu_build`)."""
     mod = _modules.get(path)
     if mod is None:
-        name = f"stoker_triton_native_{Path(path).stem}"
-        spec = importlib.util.spec_from_file_location(name, path)
+        native = gpu_build(path)
+        name = f"stoker_triton_native_{Path(native).stem.replace('.', '_')}"
+        spec = importlib.util.spec_from_file_location(name, native)
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         _modules[path] = mod
     return mod
+
+
+def gpu_build(path: str) -> str:
+    """The kernel module a GPU build loads in place of the interpreter's at
+    `path`: the same kernel with the GPU's bfloat16 cast instead of the
+    interpreter's rounding on the bits (`codegen_ops.PRELUDE_BF16`), written
+    beside it once. `path` itself when it is a GPU build already."""
+    from .codegen_ops import PRELUDE_BF16
+
+    src = Path(path).read_text()
+    if PRELUDE_BF16["interpret"] not in src:
+        return path
+    native = Path(path).with_suffix(".native.py")
+    if not native.exists():
+        tmp = native.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(src.replace(PRELUDE_BF16["interpret"], PRELUDE_BF16["native"]))
+        os.replace(tmp, native)
+    return str(native)
 
 
 def _executor() -> Any:
@@ -199,7 +236,7 @@ def _submit(
     specs = [_arg_spec(a) for a in args]
     jobs = []
     for tgt in tgts:
-        for xb, rb, w in configs:
+        for xb, rb, w in dict.fromkeys(configs):  # small sizes repeat a config
             key = (path, repr(specs), tgt, (xb, rb, w))
             with _lock:
                 if key in _done:
