@@ -2,14 +2,15 @@
 rule, every dtype it takes, forward and backward, every kernel cross-compiled.
 
 A `Sample` is one call of one aten overload on the sweep's named inputs
-(`In("x")`, built per dtype by `make_inputs`). Samples of one kind run as a
-*group*: one forward FX graph holding every sample's call (built node by node,
+(`In("x")`, built per dtype by `make_inputs`); a `Case` is a sample in one
+dtype. Cases of one kind run together, all dtypes at once, `CHUNK` to a
+graph: one forward FX graph holding every case's call (built node by node,
 so the graph holds exactly that overload, not what a decomposition turns it
 into) and one backward graph (`make_fx` of `autograd.grad`, one call per
-sample so each gradient is the sample's own). Grouping keeps the number of
+case so each gradient is the case's own). Grouping keeps the number of
 compiled kernels, and so the cost of cross-compiling them, small. When a
-group's graph fails to compile or run, its samples run one by one to name
-the culprit.
+graph fails as a whole (a kernel Triton refuses), it is bisected to name the
+cases that fail.
 """
 
 from __future__ import annotations
