@@ -105,6 +105,7 @@ _EAGER_NO_BF16_BACKWARD = (
     "eager has no bfloat16 {}_backward on the CPU; capture traces the backward ahead "
     "of time and fails where eager's backward would"
 )
+_EAGER_NO_HALF_BACKWARD = _EAGER_NO_BF16_BACKWARD.replace("bfloat16", "float16")
 
 # Known failures in one dtype only (`--dtype`), by dtype name.
 XFAIL_BY_DTYPE: dict[str, dict[str, str]] = {
@@ -135,5 +136,9 @@ XFAIL_BY_DTYPE: dict[str, dict[str, str]] = {
         "_batch_norm_with_update": _BF16_TYPED_AS_F32,
         "special.i1": _EAGER_NO_BF16_BACKWARD.format("i1"),
         "special.i1e": _EAGER_NO_BF16_BACKWARD.format("i1e"),
+    },
+    "float16": {
+        "special.i1": _EAGER_NO_HALF_BACKWARD.format("i1"),
+        "special.i1e": _EAGER_NO_HALF_BACKWARD.format("i1e"),
     },
 }
