@@ -64,6 +64,59 @@ def test_a_kernel_the_compiler_rejects_names_its_file(tmp_path, monkeypatch):
         xcompile.check(str(path), [a, a.clone(), 64, 1], [(64, 1, 4)])
 
 
+def test_an_error_inside_a_jit_helper_names_its_reason(tmp_path, monkeypatch):
+    # Triton reports it as a CompilationError at the call site; the reason
+    # ("Cannot bitcast ...") is only in the exception's cause chain
+    monkeypatch.setenv(xcompile.ENV, "cuda:90")
+    path = _kernel_file(
+        tmp_path,
+        "bad_helper",
+        textwrap.dedent(
+            """
+            import triton
+            import triton.language as tl
+
+            @triton.jit
+            def _bits(x):
+                return x.to(tl.uint32, bitcast=True)
+
+            @triton.jit
+            def kernel(ptr_a, ptr_b, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+                i = tl.arange(0, XBLOCK)
+                tl.store(ptr_b + i, _bits(tl.load(ptr_a + i)))
+            """
+        ),
+    )
+    a = torch.randn(64, dtype=torch.float64)
+    with pytest.raises(xcompile.CrossCompileError, match="Cannot bitcast data-type of size 64"):
+        xcompile.check(str(path), [a, torch.empty(64, dtype=torch.int32), 64, 1], [(64, 1, 4)])
+
+
+def test_the_gpu_build_of_a_kernel_is_what_is_compiled(tmp_path, monkeypatch):
+    # Interpreter builds round to bfloat16 on the bits; that helper bitcasts
+    # float32 and does not compile for a 16-bit value, which a GPU build's plain
+    # cast takes. Cross-compiling must judge the module a GPU would load.
+    from stoker_triton._internal.codegen_ops import PRELUDE_BF16
+
+    monkeypatch.setenv(xcompile.ENV, "cuda:90")
+    body = textwrap.dedent(
+        """
+        @triton.jit
+        def kernel(ptr_a, ptr_b, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+            i = tl.arange(0, XBLOCK)
+            tl.store(ptr_b + i, _to_bf16(tl.load(ptr_a + i)))
+        """
+    )
+    head = "import triton\nimport triton.language as tl\n"
+    interp = head + PRELUDE_BF16["interpret"] + body
+    path = _kernel_file(tmp_path, "interp_kernel", interp)
+    a = torch.randn(64).to(torch.bfloat16)
+    assert xcompile.check(str(path), [a, a.clone(), 64, 1], [(64, 1, 4)]) == 1
+    native = xcompile.gpu_source(interp)
+    assert PRELUDE_BF16["interpret"] not in native and PRELUDE_BF16["native"] in native
+    assert xcompile.gpu_source(native) == native  # a GPU build is its own
+
+
 def test_a_bad_target_spec_is_a_clear_error(monkeypatch):
     monkeypatch.setenv(xcompile.ENV, "sm90")
     with pytest.raises(ValueError, match="cuda:<compute capability>"):

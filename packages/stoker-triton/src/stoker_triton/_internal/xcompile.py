@@ -7,8 +7,11 @@ bfloat16, a block that overflows shared memory). With
 `cuda:<compute capability>`), each kernel the interpreter launches is also
 compiled by Triton's own pipeline (TTIR, TTGIR, LLVM IR, PTX, and a cubin
 from ptxas) for each target, with every block-size and warp configuration
-the GPU autotuner would try. No driver and no GPU are needed; a kernel that
-does not compile raises `CrossCompileError` naming its source file.
+the GPU autotuner would try. What is compiled is the module a GPU build
+loads (`gpu_source`: the interpreter's module differs only in how it rounds
+to bfloat16). No driver and no GPU are needed; a kernel that does not
+compile raises `CrossCompileError` naming its source file and the
+compiler's reason (`describe`).
 
 The same worker pool compiles kernels for the GPU at hand ahead of their
 first launch (`precompile`): in processes, so compiles run in parallel, and
@@ -129,7 +132,7 @@ def _compile_job(
         src, options = _source(fn, [_stand_in(a) for a in arg_specs], kw, backend)
         kernel = triton.compile(src, target=tgt, options=options.__dict__)
     except Exception as e:  # reported to the launching process
-        return f"{type(e).__name__}: {e}"
+        return describe(e)
     if launcher:
         try:
             from triton.runtime import driver
@@ -140,18 +143,34 @@ def _compile_job(
     return None
 
 
+def describe(e: BaseException) -> str:
+    """The error and what caused it: Triton reports an error inside a
+    `@triton.jit` helper as a CompilationError at the call site whose own
+    text names no reason; the reason is in its cause chain."""
+    parts = [f"{type(e).__name__}: {e}"]
+    seen = {id(e)}
+    cause = e.__cause__ or e.__context__
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        parts.append(f"caused by {type(cause).__name__}: {cause}")
+        cause = cause.__cause__ or cause.__context__
+    return "\n".join(parts)
+
+
 _modules: dict[str, ModuleType] = {}
 
 
 def _native_module(path: str) -> ModuleType:
     """The kernel module at `path` (a cache entry the launching process wrote)
-    imported with real `@triton.jit` functions."""
+    imported with real `@triton.jit` functions, as a GPU build has it (`gpu_source`)."""
     mod = _modules.get(path)
     if mod is None:
         from .runtime import exec_module, module_store
 
-        source = module_store("kernels").read_valid(path).decode()
-        mod = exec_module(f"stoker_triton_native_{Path(path).stem}", path, source)
+        source = gpu_source(module_store("kernels").read_valid(path).decode())
+        # a name of its own for linecache: the interpreter's module keeps `path`
+        native = str(Path(path).with_suffix(".native.py"))
+        mod = exec_module(f"stoker_triton_native_{Path(path).stem}", native, source)
         _modules[path] = mod
     return mod
 
@@ -162,6 +181,15 @@ def cpu_count() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def gpu_source(source: str) -> str:
+    """The kernel module a GPU build loads in place of the interpreter's `source`:
+    the same kernel with the GPU's bfloat16 cast instead of the interpreter's
+    rounding on the bits (`codegen_ops.PRELUDE_BF16`); a GPU build is its own."""
+    from .codegen_ops import PRELUDE_BF16
+
+    return source.replace(PRELUDE_BF16["interpret"], PRELUDE_BF16["native"])
 
 
 def _executor() -> Any:
@@ -222,7 +250,7 @@ def _submit(
     specs = [_arg_spec(a) for a in args]
     jobs = []
     for tgt in tgts:
-        for xb, rb, w in configs:
+        for xb, rb, w in dict.fromkeys(configs):  # small sizes repeat a config
             key = (path, repr(specs), tgt, (xb, rb, w))
             with _lock:
                 if key in _done:
