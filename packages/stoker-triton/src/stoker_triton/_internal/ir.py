@@ -366,7 +366,8 @@ class Program:
     output_views: dict[int, BufferRef]  # output position -> strided view of a buffer
     symbols: dict[
         sympy.Symbol, tuple[int, str, int]
-    ]  # symbol -> (input, size|stride|offset|scalar, dim)
+    ]  # symbol -> (input, size|stride|offset|scalar|item, dim); item: `input.item()`
+    symbol_origins: dict[sympy.Symbol, str]  # symbols no input binds -> where each came from
     constants: dict[str, torch.Tensor]
     random_streams: int  # how many random ops (0: no seed argument)
     device: torch.device
