@@ -60,6 +60,23 @@ def test_symfloat_placeholder_reaches_the_kernel_as_a_float() -> None:
         assert_same(fn(x, s), f(x, s), rtol=1e-4, atol=1e-5)
 
 
+def _derived_floats(x: torch.Tensor, s: Any) -> torch.Tensor:
+    # floats computed from the symbol: the wrapper computes them in Python
+    return x * (1.0 / s) + (x * (s * s + 1.0)).sin() * (s / 3.0)
+
+
+def test_floats_computed_from_a_symfloat_are_computed_by_the_wrapper() -> None:
+    ctx = ShapeContext(policy="dynamic")
+    fx = ctx.fakeify(torch.randn(3, 4), Source.arg(0))
+    fs = ctx.fakeify(0.75, Source.arg(1), dynamic=True)
+    f = _x_and_grad(_derived_floats)
+    fn = compile_graph(_trace(ctx, f, fx, fs), [fx, fs])
+    assert not fn.report.fallback_ops, str(fn.report)
+    for s in (0.75, -1.3, 2.5):
+        x = torch.randn(3, 4)
+        assert_same(fn(x, s), f(x, s), rtol=1e-4, atol=1e-5)
+
+
 def _item_graph(f: Any) -> tuple[Any, Any, Any]:
     ctx = ShapeContext(policy="dynamic")
     fx = ctx.fakeify(torch.randn(3, 4), Source.arg(0))
@@ -69,8 +86,9 @@ def _item_graph(f: Any) -> tuple[Any, Any, Any]:
     return gm, fx, ft
 
 
-def test_item_of_a_0d_input_is_bound_from_that_input() -> None:
-    f = _x_and_grad(_scale_tanh)
+@pytest.mark.parametrize("body", [_scale_tanh, _derived_floats])
+def test_item_of_a_0d_input_is_bound_from_that_input(body: Any) -> None:
+    f = _x_and_grad(body)
     gm, fx, ft = _item_graph(f)
     fn = compile_graph(gm, [fx, ft])
     assert ".item()" in fn.wrapper_source, fn.wrapper_source

@@ -1,7 +1,8 @@
 """A Python float that changes every call becomes dynamic in Dynamo (automatic
 dynamic): the recompiled graphs read it with ``.item()`` of a 0-d input, and the
 Triton wrapper must bind that symbol (it once launched ``kernel0(..., zf9)``
-with ``zf9`` unbound: a NameError at the call)."""
+with ``zf9`` unbound: a NameError at the call), and compute floats derived from
+it (``1.0 / scale``)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class Model(nn.Module):
         self.lin = nn.Linear(4, 3)
 
     def forward(self, x, scale):
-        y = self.lin(x) * scale
+        y = self.lin(x) * scale + x.sum(1, keepdim=True) * (1.0 / scale)
         return ScaledCube.apply(y.tanh(), scale) + scale
 
 torch.manual_seed(0)

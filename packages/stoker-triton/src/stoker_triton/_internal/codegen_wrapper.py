@@ -84,6 +84,10 @@ class WrapperCodegen:
             return repr(a) if a == a and abs(a) != float("inf") else f"float('{a}')"
         return self.const(a)
 
+    def scalar(self, a: Any) -> str:
+        """An argument of a derived scalar: a symbolic expression or a constant."""
+        return self.arg(SymRef(a) if isinstance(a, sympy.Basic) else a)
+
     def generate(self) -> str:
         p, s = self.p, self.s
         out = [
@@ -113,6 +117,10 @@ class WrapperCodegen:
                 self.emit(f"{sym} = {names[i]}.stride({d})")
             else:
                 self.emit(f"{sym} = {names[i]}.storage_offset()")
+        for sym, (fn, fargs, fkwargs) in p.derived.items():
+            vals = [self.scalar(a) for a in fargs]
+            vals += [f"{k}={self.scalar(v)}" for k, v in fkwargs.items()]
+            self.emit(f"{sym} = {self.const(fn)}({', '.join(vals)})")
         for n in p.inputs:
             if isinstance(n, str):
                 b = p.buffers[n]

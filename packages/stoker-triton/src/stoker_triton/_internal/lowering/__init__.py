@@ -49,6 +49,7 @@ def lower_graph(
     in_names: list[str | SymRef | None] = []
     symbols: dict[sympy.Symbol, tuple[int, str, int]] = {}
     origins: dict[sympy.Symbol, str] = {}  # where a symbol no input binds came from
+    derived: dict[sympy.Symbol, tuple[Any, tuple[Any, ...], dict[str, Any]]] = {}
     constants: dict[str, torch.Tensor] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for i, (ph, val) in enumerate(zip(placeholders, inputs)):
@@ -124,14 +125,14 @@ def lower_graph(
         if isinstance(
             val, torch.SymInt | torch.SymFloat | torch.SymBool | int | float | bool
         ) and not isinstance(val, torch.Tensor):
-            env[node] = ctx.expr(val)
-            _bind_item(node, env[node], placeholders, symbols)
+            e = ctx.expr(val)
+            _bind_item(node, e, placeholders, symbols)
             _note_origin(
-                env[node],
-                symbols,
-                origins,
-                f"graph node {node.name} = {node.target}{tuple(node.args)}",
+                e, symbols, origins, f"graph node {node.name} = {node.target}{tuple(node.args)}"
             )
+            if isinstance(val, torch.SymFloat) and not (e.is_Symbol or e.is_number):
+                e = _derive(node, args, kwargs, derived)
+            env[node] = e
             continue
         n_before = len(ctx.nodes)
         env[node] = _lower_call(ctx, node, args, kwargs)
@@ -146,6 +147,7 @@ def lower_graph(
         output_views=output_views,
         symbols=symbols,
         symbol_origins=origins,
+        derived=derived,
         constants=constants,
         random_streams=ctx.random_streams,
         device=device,
@@ -171,6 +173,21 @@ def _bind_item(
         return
     if src.op == "placeholder" and src in placeholders:
         symbols[e] = (placeholders.index(src), "item", 0)
+
+
+def _derive(
+    node: torch.fx.Node,
+    args: Any,
+    kwargs: Any,
+    derived: dict[sympy.Symbol, tuple[Any, tuple[Any, ...], dict[str, Any]]],
+) -> sympy.Symbol:
+    """A float computed from symbols (`1.0 / s`, `math.sqrt(s)`, `sym_float(n)`):
+    the wrapper computes it in Python by calling the node's target on the bound
+    values, and kernels take the result as one more scalar argument (sympy's
+    float functions have no Triton spelling)."""
+    sym = sympy.Symbol(f"dsf{len(derived)}", real=True)
+    derived[sym] = (node.target, tuple(args), dict(kwargs))
+    return sym
 
 
 def _note_origin(
