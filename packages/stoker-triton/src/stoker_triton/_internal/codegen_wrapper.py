@@ -8,6 +8,8 @@ consts)` returns `call(args)`.
 
 from __future__ import annotations
 
+import ast
+import builtins
 from typing import Any
 
 import sympy
@@ -82,6 +84,10 @@ class WrapperCodegen:
             return repr(a) if a == a and abs(a) != float("inf") else f"float('{a}')"
         return self.const(a)
 
+    def scalar(self, a: Any) -> str:
+        """An argument of a derived scalar: a symbolic expression or a constant."""
+        return self.arg(SymRef(a) if isinstance(a, sympy.Basic) else a)
+
     def generate(self) -> str:
         p, s = self.p, self.s
         out = [
@@ -105,10 +111,16 @@ class WrapperCodegen:
                 self.emit(f"{sym} = args[{i}]")
             elif kind == "size":
                 self.emit(f"{sym} = {names[i]}.shape[{d}]")
+            elif kind == "item":  # a number Dynamo passes as a one-element tensor
+                self.emit(f"{sym} = {names[i]}.item()")
             elif kind == "stride":
                 self.emit(f"{sym} = {names[i]}.stride({d})")
             else:
                 self.emit(f"{sym} = {names[i]}.storage_offset()")
+        for sym, (fn, fargs, fkwargs) in p.derived.items():
+            vals = [self.scalar(a) for a in fargs]
+            vals += [f"{k}={self.scalar(v)}" for k, v in fkwargs.items()]
+            self.emit(f"{sym} = {self.const(fn)}({', '.join(vals)})")
         for n in p.inputs:
             if isinstance(n, str):
                 b = p.buffers[n]
@@ -240,11 +252,49 @@ def _refs(x: Any) -> set[str]:
     return set()
 
 
+class UnboundSymbolError(RuntimeError):
+    """The generated wrapper would read a symbol that nothing binds."""
+
+
+def check_bound(src: str, program: Program) -> None:
+    """Every name `call` reads must be bound before it runs: a symbolic size or
+    scalar that no input provides is an error here, at compile time, naming the
+    symbol and where it came from, rather than a NameError at the first call."""
+    tree = ast.parse(src)
+    bound = set(dir(builtins))
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store | ast.Del):
+            bound.add(n.id)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, ast.alias):
+            bound.add(n.asname or n.name.split(".")[0])
+        elif isinstance(n, ast.FunctionDef):
+            bound.add(n.name)
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    missing = sorted(read - bound)
+    if not missing:
+        return
+    by_name = {str(s): w for s, w in program.symbol_origins.items()}
+    lines = [
+        f"  {m}: from {by_name.get(m, 'an unknown source (a stoker-triton bug)')}" for m in missing
+    ]
+    raise UnboundSymbolError(
+        "stoker-triton: the generated wrapper uses symbols that no graph input binds "
+        "(an input's size, stride or storage offset, a SymInt/SymFloat input, or "
+        "`.item()` of a one-element input):\n"
+        + "\n".join(lines)
+        + "\nPass the value as a graph input (a SymInt/SymFloat placeholder or a 0-d tensor "
+        "read with .item()), or mark it static (e.g. torch._dynamo.config.specialize_float=True)."
+    )
+
+
 def generate_wrapper(
     program: Program, sched: Schedule, kernels: dict[str, KernelSource], output_kind: str
 ) -> tuple[str, dict[str, Any]]:
     g = WrapperCodegen(program, sched, kernels, output_kind)
     src = g.generate()
+    check_bound(src, program)
     consts = {f"C{i}": c for i, c in enumerate(g.consts)}
     consts.update(program.constants)
     return src, consts

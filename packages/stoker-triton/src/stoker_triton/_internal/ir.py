@@ -366,7 +366,10 @@ class Program:
     output_views: dict[int, BufferRef]  # output position -> strided view of a buffer
     symbols: dict[
         sympy.Symbol, tuple[int, str, int]
-    ]  # symbol -> (input, size|stride|offset|scalar, dim)
+    ]  # symbol -> (input, size|stride|offset|scalar|item, dim); item: `input.item()`
+    symbol_origins: dict[sympy.Symbol, str]  # symbols no input binds -> where each came from
+    # float symbols the wrapper computes, in order: symbol -> (python callable, args, kwargs)
+    derived: dict[sympy.Symbol, tuple[Any, tuple[Any, ...], dict[str, Any]]]
     constants: dict[str, torch.Tensor]
     random_streams: int  # how many random ops (0: no seed argument)
     device: torch.device

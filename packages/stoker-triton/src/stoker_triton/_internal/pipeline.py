@@ -390,7 +390,8 @@ def _precompile_jobs(
     for name, ks in kernels.items():
         try:
             x, r = (int(sympy.sympify(e).xreplace(hints)) for e in (ks.xnumel, ks.rnumel))
-            sizes = [int(hints[s]) for s in ks.size_args]
+            # float symbols (a SymFloat, `.item()` of a 0-d input) stay floats
+            sizes = [int(hints[s]) if s.is_integer else float(hints[s]) for s in ks.size_args]
         except (KeyError, TypeError):  # a size without a hint (unbacked): at the launch
             continue
         args: list[Any] = [

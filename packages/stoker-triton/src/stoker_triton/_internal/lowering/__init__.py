@@ -16,6 +16,8 @@ from . import extern, indexing, pointwise, random, reduction, views  # register 
 from .core import LOWERINGS, REUSE_BODY_LIMIT, LoweringContext, TensorValue
 from .extern import extern_call
 
+aten = torch.ops.aten
+
 __all__ = ["LOWERINGS", "LoweringContext", "lower_graph"]
 _ = (indexing, pointwise, random, reduction, views, extern)
 
@@ -46,6 +48,8 @@ def lower_graph(
     env: dict[torch.fx.Node, Any] = {}
     in_names: list[str | SymRef | None] = []
     symbols: dict[sympy.Symbol, tuple[int, str, int]] = {}
+    origins: dict[sympy.Symbol, str] = {}  # where a symbol no input binds came from
+    derived: dict[sympy.Symbol, tuple[Any, tuple[Any, ...], dict[str, Any]]] = {}
     constants: dict[str, torch.Tensor] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for i, (ph, val) in enumerate(zip(placeholders, inputs)):
@@ -85,6 +89,14 @@ def lower_graph(
         ]:
             if isinstance(e, sympy.Symbol) and e not in symbols:
                 symbols[e] = (i, kind, d)
+    for i, n in enumerate(in_names):
+        if isinstance(n, str):
+            b = ctx.buffers[n]
+            for e in (*b.size, *b.stride, b.offset):
+                where = f"input {i} ({placeholders[i].name}): size {b.size}, stride {b.stride}"
+                _note_origin(e, symbols, origins, where)
+        elif isinstance(n, SymRef):
+            _note_origin(n.expr, symbols, origins, f"input {i} ({placeholders[i].name}): {n.expr}")
 
     outputs: list[Any] = []
     output_views: dict[int, BufferRef] = {}
@@ -113,7 +125,14 @@ def lower_graph(
         if isinstance(
             val, torch.SymInt | torch.SymFloat | torch.SymBool | int | float | bool
         ) and not isinstance(val, torch.Tensor):
-            env[node] = ctx.expr(val)
+            e = ctx.expr(val)
+            _bind_item(node, e, placeholders, symbols)
+            _note_origin(
+                e, symbols, origins, f"graph node {node.name} = {node.target}{tuple(node.args)}"
+            )
+            if isinstance(val, torch.SymFloat) and not (e.is_Symbol or e.is_number):
+                e = _derive(node, args, kwargs, derived)
+            env[node] = e
             continue
         n_before = len(ctx.nodes)
         env[node] = _lower_call(ctx, node, args, kwargs)
@@ -127,11 +146,61 @@ def lower_graph(
         outputs=outputs,
         output_views=output_views,
         symbols=symbols,
+        symbol_origins=origins,
+        derived=derived,
         constants=constants,
         random_streams=ctx.random_streams,
         device=device,
     )
     return program, ctx
+
+
+# ops that read a one-element tensor as a Python number
+_ITEM_OPS = {aten._local_scalar_dense.default, aten.item.default}
+
+
+def _bind_item(
+    node: torch.fx.Node,
+    e: Any,
+    placeholders: list[torch.fx.Node],
+    symbols: dict[sympy.Symbol, tuple[int, str, int]],
+) -> None:
+    """`x.item()` of a one-element graph input whose value is a (backed) symbol:
+    the wrapper binds the symbol from that input. Dynamo hands a Python float it
+    made dynamic this way (a 0-d float64 input read with `_local_scalar_dense`)."""
+    src = node.args[0] if node.target in _ITEM_OPS and node.args else None
+    if not isinstance(e, sympy.Symbol) or e in symbols or not isinstance(src, torch.fx.Node):
+        return
+    if src.op == "placeholder" and src in placeholders:
+        symbols[e] = (placeholders.index(src), "item", 0)
+
+
+def _derive(
+    node: torch.fx.Node,
+    args: Any,
+    kwargs: Any,
+    derived: dict[sympy.Symbol, tuple[Any, tuple[Any, ...], dict[str, Any]]],
+) -> sympy.Symbol:
+    """A float computed from symbols (`1.0 / s`, `math.sqrt(s)`, `sym_float(n)`):
+    the wrapper computes it in Python by calling the node's target on the bound
+    values, and kernels take the result as one more scalar argument (sympy's
+    float functions have no Triton spelling)."""
+    sym = sympy.Symbol(f"dsf{len(derived)}", real=True)
+    derived[sym] = (node.target, tuple(args), dict(kwargs))
+    return sym
+
+
+def _note_origin(
+    e: Any,
+    symbols: dict[sympy.Symbol, tuple[int, str, int]],
+    origins: dict[sympy.Symbol, str],
+    where: str,
+) -> None:
+    """Remember where each symbol that no input binds was first seen (for the
+    error the wrapper raises when generated code would read it)."""
+    for s in getattr(e, "free_symbols", ()):
+        if s not in symbols:
+            origins.setdefault(s, where)
 
 
 def _lower_call(ctx: LoweringContext, node: torch.fx.Node, args: Any, kwargs: Any) -> Any:

@@ -259,6 +259,23 @@ def const_value(py: bool | int | float, dtype: torch.dtype) -> bool | int | floa
     return wrapped - (1 << info.bits) if info.min < 0 and wrapped > info.max else wrapped
 
 
+def symbolic_value(e: Expr, dtype: torch.dtype) -> Value:
+    """A symbolic scalar as a kernel value in `dtype`: an integer expression (a
+    size) in int64; a float one (a SymFloat input, `.item()` of a 0-d input) in
+    float64, so a value like 0.87 is not truncated on the way."""
+    from ..ir import IndexValue
+
+    e = sympy.sympify(e)
+    if e.is_integer:
+        return cast(IndexValue(e, torch.int64), dtype)
+    # kernels print sums and products (and positive integer powers) of symbols
+    if e.atoms(sympy.Function) or any(
+        not (p.exp.is_Integer and p.exp > 0) for p in e.atoms(sympy.Pow)
+    ):
+        raise LoweringError(f"a float expression kernels do not compute: {e}")
+    return cast(IndexValue(e, torch.float64), dtype)
+
+
 # --------------------------------------------------------------------------
 # The rule table
 

@@ -17,7 +17,15 @@ import sympy
 import torch
 
 from ..ir import POINTWISE_OPS, Const, Expr, IndexValue, Op, Value
-from .core import LoweringContext, LoweringError, TensorValue, cast, const_value, register
+from .core import (
+    LoweringContext,
+    LoweringError,
+    TensorValue,
+    cast,
+    const_value,
+    register,
+    symbolic_value,
+)
 from .precision import HALF, opmath, scalar_operand
 
 aten = torch.ops.aten
@@ -50,7 +58,7 @@ def to_value(ctx: LoweringContext, a: Any, idx: Sequence[Expr], dtype: torch.dty
     if isinstance(a, sympy.Basic):
         if a.is_number:
             return Const(int(a) if a.is_integer else float(a), dtype)
-        return cast(IndexValue(a, torch.int64), dtype)
+        return symbolic_value(a, dtype)
     raise LoweringError(f"unsupported pointwise argument {a!r}")
 
 
@@ -380,7 +388,7 @@ def _fill(ctx: LoweringContext, node: Any, value: Any) -> TensorValue:
     size = out_size(ctx, node)
     if isinstance(value, sympy.Basic) and not value.is_number:
         return TensorValue(
-            size, val.dtype, ctx.device, lambda idx: cast(IndexValue(value, torch.int64), val.dtype)
+            size, val.dtype, ctx.device, lambda idx: symbolic_value(value, val.dtype)
         )
     if isinstance(value, sympy.Basic):
         value = int(value) if value.is_integer else float(value)

@@ -17,8 +17,16 @@ from typing import Any
 import sympy
 import torch
 
-from ..ir import Const, Expr, IndexValue, Op, Value, index_var
-from .core import LoweringContext, LoweringError, TensorValue, cast, product, register
+from ..ir import Const, Expr, Op, Value, index_var
+from .core import (
+    LoweringContext,
+    LoweringError,
+    TensorValue,
+    cast,
+    product,
+    register,
+    symbolic_value,
+)
 from .pointwise import meta_val
 from .precision import accumulate, opmath
 
@@ -189,7 +197,7 @@ def mean(
 def _num(n: Expr, dtype: torch.dtype) -> Value:
     if n.is_number:
         return Const(float(n) if dtype.is_floating_point else int(n), dtype)
-    return cast(IndexValue(n, torch.int64), dtype)
+    return symbolic_value(n, dtype)
 
 
 @register("reduction", aten.amax, aten.amin, prims.amax, prims.amin)
