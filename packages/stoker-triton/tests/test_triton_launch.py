@@ -149,6 +149,26 @@ def test_spec_key_separates_what_triton_specializes() -> None:
     assert key((None,)) is None and key((-(2**63) - 1,)) is None  # the plain path decides
 
 
+def test_the_straight_line_key_never_merges_what_spec_key_separates() -> None:
+    bounds = [2**31, 2**63, 2**64]
+    ints = {1, 0, 15, 16, 17, 48, -1, -16}
+    ints |= {b + d for b in bounds for d in (-17, -16, -1, 0, 16)} | {
+        -b + d for b in bounds[:2] for d in (-16, -1, 0, 16)
+    }
+    ints = {v for v in ints if -(2**63) <= v < 2**64}
+    t = torch.empty(64)
+    keyfn = fastlaunch.key_function(4, 1)
+    seen: dict[Any, Any] = {}
+    for v in sorted(ints):
+        for ptr in (t, t[1:], t.half()):
+            args = (ptr, 64, 1, v)
+            k, spec = keyfn(*args), fastlaunch.spec_key(args)
+            assert seen.setdefault(k, spec) == spec, (v, k, seen[k], spec)
+    assert len(set(seen.values())) == len({fastlaunch.spec_key((t, 64, 1, v)) for v in ints}) * 3
+    with pytest.raises((AttributeError, TypeError)):
+        keyfn(t, 64, 1, 2.5)  # not an int: the caller falls back to spec_key
+
+
 def test_the_interpreter_keeps_the_plain_path(monkeypatch: pytest.MonkeyPatch) -> None:
     import triton
     import triton.language as tl

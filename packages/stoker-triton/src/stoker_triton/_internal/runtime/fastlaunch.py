@@ -138,39 +138,102 @@ def reset() -> None:
 
 # (launcher, function, packed metadata, grid x, XBLOCK, RBLOCK)
 Entry = tuple[Callable[..., Any], Any, Any, int, int, int]
+_PLAIN_TYPES = (int, bool, float)
+
+
+def key_function(n_args: int, n_ptrs: int) -> Callable[..., tuple[Any, ...]]:
+    """`spec_key` as straight-line code (about half the loop's cost) for launches
+    of `n_args` arguments whose first `n_ptrs` are tensors. It keys on more than
+    `spec_key`, never less: xnumel and rnumel (the two after the pointers, which
+    the grid and block sizes follow from) by value, and other integers by
+    `a >> 31` (never across an i32/i64/u64 bound, all multiples of 2**31; but a
+    new key per 2**31 beyond the i32 range, and negative apart from positive:
+    at most extra binder calls).
+    An argument of another kind raises (AttributeError, TypeError), and the
+    caller falls back to `spec_key`."""
+    names = [f"a{i}" for i in range(n_args)]
+    parts = []
+    for i, a in enumerate(names):
+        if i < n_ptrs:
+            parts.append(f"{a}.dtype, {a}.data_ptr() & 15 == 0")
+            continue
+        if i in (n_ptrs, n_ptrs + 1):  # xnumel, rnumel: by value
+            parts.append(f"type({a}), {a}")
+        else:  # equal to 1; multiple of 16; a >> 31: every i32/i64/u64 bound is a multiple of 2**31
+            parts.append(f"type({a}), {a} == 1, not {a} & 15, {a} >> 31")
+    src = f"def key({', '.join(names)}):\n    return ({', '.join(parts)},)\n"
+    scope: dict[str, Any] = {}
+    exec(compile(src, f"<stoker launch key {n_args}/{n_ptrs}>", "exec"), scope)
+    fn: Callable[..., tuple[Any, ...]] = scope["key"]
+    return fn
 
 
 class FastPath:
     """One kernel's compiled binaries by launch key (see the module docstring)."""
 
-    __slots__ = ("abi", "entries", "fn")
+    __slots__ = ("abi", "entries", "fn", "keyfns")
 
     def __init__(self, fn: Any, adapter: Abi) -> None:
         self.fn = fn
         self.abi = adapter
         self.entries: dict[tuple[Any, ...], Entry] = {}
+        self.keyfns: dict[tuple[int, int], Callable[..., tuple[Any, ...]]] = {}
 
-    def key(self, args: tuple[Any, ...], xnumel: int, rnumel: int) -> tuple[Any, ...] | None:
-        spec = spec_key(args)
-        if spec is None or not self.abi.hooks_off() or self.fn.pre_run_hooks:
+    def key(self, args: tuple[Any, ...], n_ptrs: int) -> tuple[Any, ...] | None:
+        """The launch key of `args` (pointers first, then xnumel, rnumel, ...), or
+        None when the lean path cannot serve these arguments now."""
+        if not self.abi.hooks_off() or self.fn.pre_run_hooks:
             return None
-        return (self.abi.device(), xnumel, rnumel, spec)
+        shape = (len(args), n_ptrs)
+        keyfn = self.keyfns.get(shape)
+        if keyfn is None:
+            keyfn = self.keyfns[shape] = key_function(*shape)
+        try:
+            spec = keyfn(*args)
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            general = spec_key(args)
+            if general is None:
+                return None
+            spec = ("any", args[n_ptrs], args[n_ptrs + 1], general)
+        return (self.abi.device(), spec)
 
-    def launch(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> bool:
-        """Launch through the kept binary for `key`; False when there is none yet."""
-        hit = self.entries.get(key)
-        if hit is None:
-            return False
-        run, function, meta, grid, xb, rb = hit
+    def launch(self, entry: Entry, device: int, args: tuple[Any, ...]) -> None:
+        """Launch `args` through a kept binary, as `JITFunction.run` would."""
+        run, function, meta, grid, xb, rb = entry
         k = self.abi.runtime_knobs  # the hooks (none set: see `key`) as JITFunction.run passes them
-        stream = self.abi.stream(key[0])
-        enter, leave = k.launch_enter_hook, k.launch_exit_hook
-        run(grid, 1, 1, stream, function, meta, None, enter, leave, *args, xb, rb)
-        return True
+        stream = self.abi.stream(device)
+        run(
+            grid,
+            1,
+            1,
+            stream,
+            function,
+            meta,
+            None,
+            k.launch_enter_hook,
+            k.launch_exit_hook,
+            *args,
+            xb,
+            rb,
+        )
 
-    def keep(self, key: tuple[Any, ...], kernel: Any, grid: int, xb: int, rb: int) -> None:
-        """Keep what `JITFunction.run` returned for `key` (after it launched it)."""
+    def keep(
+        self,
+        key: tuple[Any, ...],
+        args: tuple[Any, ...],
+        n_ptrs: int,
+        kernel: Any,
+        grid: int,
+        xb: int,
+        rb: int,
+    ) -> None:
+        """Keep what `JITFunction.run` returned for `key` (after it launched it):
+        only for tensors and Python scalars, the kinds `spec_key` is written for."""
         if kernel is None or hasattr(kernel, "result"):  # warmup / asynchronous compile
+            return
+        if not all(isinstance(a, _Tensor) for a in args[:n_ptrs]):
+            return
+        if not all(type(a) in _PLAIN_TYPES for a in args[n_ptrs:]):
             return
         self.entries[key] = (kernel.run, kernel.function, kernel.packed_metadata, grid, xb, rb)
 

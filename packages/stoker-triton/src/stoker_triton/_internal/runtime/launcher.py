@@ -91,9 +91,12 @@ class Launcher:
         # args: pointers..., xnumel, rnumel, sizes..., [seed]; xnumel/rnumel are found by position
         fast, key = self.fast, None
         if fast is not None:
-            key = fast.key(args, args[self.n_ptrs], args[self.n_ptrs + 1])
-            if key is not None and fast.launch(key, args):
-                return
+            key = fast.key(args, self.n_ptrs)
+            if key is not None:
+                entry = fast.entries.get(key)
+                if entry is not None:
+                    fast.launch(entry, key[0], args)
+                    return
         xnumel, rnumel = self._numels(args)
         if xnumel == 0 or (rnumel == 0 and not self.is_reduction):
             return
@@ -122,7 +125,7 @@ class Launcher:
                 ) from e
             raise
         if key is not None and fast is not None:
-            fast.keep(key, kernel, grid, xb, rb)
+            fast.keep(key, args, self.n_ptrs, kernel, grid, xb, rb)
 
     n_ptrs = 0
 
