@@ -1,5 +1,12 @@
 """Runtime: kernel modules on disk, launchers with block-size choice and a
-small autotuner, and helpers the generated wrapper calls.
+small autotuner, and helpers the generated wrapper calls. One file per job:
+
+- `modules.py`: generated modules in the disk cache, imported from memory;
+- `launcher.py`: `Launcher`, what the wrapper calls per kernel launch;
+- `fastlaunch.py`: the lean launch path (compiled binaries called directly);
+- `autotune.py`: autotune results on disk;
+- `layout.py`: input layouts and random seeds for the wrapper;
+- here: the parallel precompile, and the names the wrappers import.
 
 Cache layout under `$STOKER_CACHE_DIR` (default `~/.cache/stoker`):
 `triton/kernels/<sha>.py` (kernel source, keyed by its content),
