@@ -100,7 +100,9 @@ def launch_overhead() -> int:
     if gpu:
         torch.cuda.synchronize()
     where = "CUDA" if gpu else "stub sm_90 driver, no GPU"
-    print(f"launch overhead, CPU µs ({where}; triton {triton.__version__}; CPU time of the thread, best of 7 rounds)")
+    print(
+        f"launch overhead, CPU µs of the thread, best of 7 rounds ({where}; triton {triton.__version__})"
+    )
     print(f"  per launch, lean path (Launcher)          {lean:8.2f}   target <= 5")
     print(f"  per launch, JITFunction.run               {plain:8.2f}")
     print(f"  per compile_graph call, 1 kernel          {graph:8.2f}")
