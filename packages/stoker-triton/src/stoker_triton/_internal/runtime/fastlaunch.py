@@ -5,9 +5,9 @@ call its compiled binary's launcher directly, with no Python argument binding.
 key, looks the binary up and checks globals on every call (about 50 µs on an
 H100 host). Here the first launch for a key goes through it as before and
 returns the `CompiledKernel`; its launcher (`kernel.run`), `kernel.function`
-and `kernel.packed_metadata` are kept per (device, xnumel, rnumel,
-`spec_key(args)`), with the grid and block sizes, and later launches with the
-same key call
+and `kernel.packed_metadata` are kept per launch key (device, xnumel, rnumel
+and `spec_key(args)`, computed by `key_function`'s straight-line code), with
+the grid and block sizes, and later launches with the same key call
 
     kernel.run(grid, 1, 1, stream, function, packed_metadata,
                None, enter_hook, exit_hook, *args, XBLOCK, RBLOCK)
@@ -39,8 +39,11 @@ import torch
 
 log = logging.getLogger("stoker.kernels")
 
-# Triton versions whose `JITFunction.run` ends in the call above and whose CUDA
-# specialization is the one `spec_key` mirrors (read in the 3.6 and 3.9 sources).
+# Triton versions whose `JITFunction.run` ends in the call above ("run9": nine
+# leading launcher arguments, then the bound arguments with the constexprs) and
+# whose CUDA specialization `spec_key` mirrors. Read in the 3.6 and 3.9 sources;
+# 3.7 and 3.8 lie between two releases with the same contract. A new version
+# is added here after reading its `jit.py`, `compiler.py` and nvidia `driver.py`.
 ABI: dict[tuple[int, int], str] = {(3, 6): "run9", (3, 7): "run9", (3, 8): "run9", (3, 9): "run9"}
 
 _I32 = 1 << 31
