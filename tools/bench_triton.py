@@ -5,6 +5,8 @@ device-to-device copy, and cold compile times.
     python tools/bench_triton.py --quick    # smaller sizes
     python tools/bench_triton.py --smoke    # tiny sizes on the CPU (interpreter): checks
                                             # the script runs; its numbers mean nothing
+    python tools/bench_triton.py --launch-overhead   # CPU time per launch and per graph
+                                            # call; on the CPU with a stand-in driver
 
 On a machine without CUDA (and no --smoke) it says so and exits 0.
 """
@@ -35,7 +37,17 @@ def main() -> int:
         action="store_true",
         help="also time torch.compile (Inductor) on the same graphs",
     )
+    ap.add_argument(
+        "--launch-overhead",
+        action="store_true",
+        help="CPU time per kernel launch (lean path vs JITFunction.run) and fixed overhead "
+        "per compiled graph call; without CUDA, Triton's real launch path on a stub driver",
+    )
     args = ap.parse_args()
+    if args.launch_overhead:
+        from bench_launch import launch_overhead
+
+        return launch_overhead()
 
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"

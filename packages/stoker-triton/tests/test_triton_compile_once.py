@@ -1,7 +1,7 @@
 """Each kernel is compiled once: by the parallel precompile, never again at its launch.
 
-On the CPU, a stand-in CUDA driver (`FakeGPU`: targets sm_90, loads and launches
-nothing) lets Triton's real launch path run in a new process with
+On the CPU, a stand-in CUDA driver (`stoker_triton._internal.fakegpu`: targets
+sm_90, loads and launches nothing) lets Triton's real launch path run in a new process with
 ``TRITON_INTERPRET=0``: binding, specialization, the cache key, the disk-cache
 lookup. Triton's compilation listener tells a compile (cache miss) from a load.
 Then one configuration per kernel (heuristics) unless ``max_autotune``.
@@ -10,49 +10,29 @@ Then one configuration per kernel (heuristics) unless ``max_autotune``.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from triton_helpers import run_on_fake_gpu
 
 from stoker_triton._internal import runtime, xcompile
 
 _SCRIPT = r"""
-import os, sys, types
+import os, sys
 os.environ["TRITON_INTERPRET"] = "0"
 import torch
 from torch._decomp import core_aten_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 from triton import knobs
-from triton.backends.compiler import GPUTarget
-from triton.runtime import driver
+from triton.runtime.jit import JITFunction
 
+from stoker_triton._internal.fakegpu import install
 
-class FakeGPU:
-    # Enough of a CUDA driver for Triton to build kernels for sm_90 and "launch" them.
-    def __init__(self):
-        self.utils = types.SimpleNamespace(
-            load_binary=lambda name, kernel, shared, device: (None, None, 0, 0, 1024),
-            get_device_properties=lambda device: {"max_shared_mem": 232448},
-            unload_module=lambda module: None,
-        )
-
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def launcher_cls(self, src, metadata):
-        return lambda *args: None
-
-
-driver.set_active(FakeGPU())
+install()
+runs = []
+_run = JITFunction.run
+JITFunction.run = lambda self, *a, **k: runs.append(1) or _run(self, *a, **k)
 events = []
 knobs.compilation.listener = lambda **kw: events.append(kw["cache_hit"])
 
@@ -84,28 +64,14 @@ else:  # a symbolic batch: precompiled at the shape env's hints
 assert not events, events  # compiling the graph compiled nothing in this process
 for _ in range(3):  # new random seeds each call: still one binary per kernel
     fn(*args)
+assert len(runs) == len(fn.report.kernels), runs  # later calls launch without the binder
 print("RESULT", len(fn.report.kernels), events.count(False), events.count(True))
 """
 
 
 def _run(tmp_path: Path, mode: str, shapes: str) -> tuple[int, int, int]:
-    script = tmp_path / "launch.py"
-    script.write_text(_SCRIPT)
-    env = {
-        **os.environ,
-        "STOKER_CACHE_DIR": str(tmp_path / "stoker"),
-        "TRITON_CACHE_DIR": str(tmp_path / f"triton-{mode}-{shapes}"),
-        "TRITON_DEFAULT_FP_FUSION": "1",
-    }
-    proc = subprocess.run(
-        [sys.executable, str(script), mode, shapes],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
+    out = run_on_fake_gpu(tmp_path, _SCRIPT, mode, shapes, name="launch")
+    line = next(ln for ln in out.splitlines() if ln.startswith("RESULT"))
     kernels, compiled, loaded = (int(v) for v in line.split()[1:])
     return kernels, compiled, loaded
 

@@ -90,3 +90,27 @@ def check(
     if max_kernels is not None:
         assert report.n_kernels <= max_kernels, str(report)
     return fn
+
+
+def run_on_fake_gpu(tmp_path: Any, script: str, *argv: str, name: str = "script") -> str:
+    """Run `script` in a new process with ``TRITON_INTERPRET=0``, fresh stoker and
+    Triton caches under `tmp_path`, and return its stdout. The script installs
+    `stoker_triton._internal.fakegpu` (a stand-in sm_90 driver) before launching."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / f"{name}.py"
+    path.write_text(script)
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "0",
+        "STOKER_CACHE_DIR": str(tmp_path / "stoker"),
+        "TRITON_CACHE_DIR": str(tmp_path / f"triton-{name}-{'-'.join(argv)}"),
+        "TRITON_DEFAULT_FP_FUSION": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(path), *argv], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout

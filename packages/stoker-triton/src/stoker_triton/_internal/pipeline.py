@@ -4,7 +4,7 @@ prepare    fake inputs + shape env; composite ops decomposed; every node has met
 lower      each aten op -> loop-level IR by the rule table      (lowering/)
 schedule   IR nodes -> fused kernels, buffer lifetimes           (scheduler.py)
 codegen    one Triton source per kernel + the Python wrapper     (codegen_*.py)
-load       kernels and wrapper from the disk cache -> a callable (runtime.py)
+load       kernels and wrapper from the disk cache -> a callable (runtime/)
 """
 
 from __future__ import annotations

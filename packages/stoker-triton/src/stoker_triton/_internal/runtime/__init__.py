@@ -1,0 +1,102 @@
+"""Runtime: kernel modules on disk, launchers with block-size choice and a
+small autotuner, and helpers the generated wrapper calls. One file per job:
+
+- `modules.py`: generated modules in the disk cache, imported from memory;
+- `launcher.py`: `Launcher`, what the wrapper calls per kernel launch;
+- `fastlaunch.py`: the lean launch path (compiled binaries called directly);
+- `autotune.py`: autotune results on disk;
+- `layout.py`: input layouts and random seeds for the wrapper;
+- here: the parallel precompile, and the names the wrappers import.
+
+Cache layout under `$STOKER_CACHE_DIR` (default `~/.cache/stoker`):
+`triton/kernels/<sha>.py` (kernel source, keyed by its content),
+`triton/wrappers/<sha>.py` (wrapper source), `triton/autotune/<sha>.json`
+(best config per size for one kernel). Every file is a `stoker_shapes.DiskCache`
+entry: written atomically, checked on read (a broken one is a miss, rewritten).
+Triton keeps the compiled binaries in its own cache, keyed by the same source
+and the launch options.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .autotune import _Tuned
+from .launcher import Launcher, cdiv, next_pow2
+from .layout import PRECOMPILE_SEED, check_layout, ensure_layout, new_seed
+from .modules import (
+    MODULE_FORMAT,
+    cache_dir,
+    exec_module,
+    interpreting,
+    load_module,
+    module_store,
+)
+
+__all__ = [
+    "MODULE_FORMAT",
+    "PRECOMPILE_SEED",
+    "Launcher",
+    "_Tuned",
+    "cache_dir",
+    "cdiv",
+    "check_layout",
+    "ensure_layout",
+    "exec_module",
+    "interpreting",
+    "load_module",
+    "module_store",
+    "native_target",
+    "new_seed",
+    "next_pow2",
+    "precompile",
+]
+
+
+def native_target(device: torch.device) -> tuple[str, Any, int] | None:
+    """The Triton target that kernels for `device` compile for natively, as
+    (backend, arch, warp size); None under the interpreter or off the GPU."""
+    if device.type != "cuda" or interpreting():
+        return None
+    from triton.runtime import driver
+
+    t = driver.active.get_current_target()
+    return (t.backend, t.arch, t.warp_size)
+
+
+def precompile(
+    make_jobs: Callable[[], list[tuple[Launcher, list[Any], int, int]]], device: torch.device
+) -> int:
+    """Compile kernels ahead of their first launch, in parallel worker processes (GPU only).
+
+    `make_jobs()`: (launcher, example arguments, xnumel, rnumel) with the static
+    sizes the wrapper will pass. Each configuration the launch will use (one, or
+    the autotuner's under max-autotune) is compiled for this GPU through
+    Triton's own binder, so the launch computes the same key and loads the
+    binary from Triton's disk cache without compiling (`xcompile.precompile`).
+    Returns how many compiles succeeded; a failure only costs the head start
+    (the launch compiles, and reports errors, as usual)."""
+    target = native_target(device)
+    if target is None:
+        return 0
+    jobs = make_jobs()
+    if len(jobs) < 2:  # one kernel compiles as fast at its launch as in a worker
+        return 0
+    log = logging.getLogger("stoker.kernels")
+    work = [
+        (lau.path, args, lau.candidates(x, r, native=True)) for lau, args, x, r in jobs if lau.path
+    ]
+    try:
+        from ..xcompile import precompile as in_workers
+
+        ok, errors = in_workers(work, target)
+    except Exception as e:  # no worker processes here: the launches compile
+        log.debug("precompile skipped: %s", e)
+        return 0
+    for err in errors:
+        log.debug("precompile failed: %s", err)
+    return ok

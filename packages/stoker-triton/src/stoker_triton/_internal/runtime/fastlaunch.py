@@ -1,0 +1,253 @@
+"""The lean launch path: after a kernel's first launch for a specialization,
+call its compiled binary's launcher directly, with no Python argument binding.
+
+`JITFunction.run` binds the arguments, specializes each one, hashes a cache
+key, looks the binary up and checks globals on every call (about 50 µs on an
+H100 host). Here the first launch for a key goes through it as before and
+returns the `CompiledKernel`; its launcher (`kernel.run`), `kernel.function`
+and `kernel.packed_metadata` are kept per launch key (device, xnumel, rnumel
+and `spec_key(args)`, computed by `key_function`'s straight-line code), with
+the grid and block sizes, and later launches with the same key call
+
+    kernel.run(grid, 1, 1, stream, function, packed_metadata,
+               None, enter_hook, exit_hook, *args, XBLOCK, RBLOCK)
+
+which is what `JITFunction.run` itself ends in (`*bound_args.values()` are the
+positional arguments then the constexprs, in parameter order), with one
+difference: no launch metadata (`None`), which only a launch hook reads, and
+the lean path runs only while no hook is set (Triton 3.6 keeps unset hooks as
+None, 3.9 as empty `HookChain`s: both are passed on as they are).
+
+`spec_key` holds everything Triton specializes a CUDA binary on, or more:
+a tensor's dtype and whether its address is 16-byte aligned; an integer's
+range (i32, i64, u64), whether it equals 1 and whether it is a multiple of
+16; bools and floats by type. The block sizes and warps follow from
+(xnumel, rnumel), also in the key. A new key goes back through
+`JITFunction.run` once. Not covered, hence taking the plain path: Triton's
+launch hooks (a profiler such as proton sets them), pre-run hooks, an
+asynchronous compile, backends other than CUDA (AMD specializes on pointer
+ranges too), and Triton versions whose launch contract was not read (`ABI`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+log = logging.getLogger("stoker.kernels")
+
+# Triton versions whose `JITFunction.run` ends in the call above ("run9": nine
+# leading launcher arguments, then the bound arguments with the constexprs) and
+# whose CUDA specialization `spec_key` mirrors. Read in the 3.6 and 3.9 sources;
+# 3.7 and 3.8 lie between two releases with the same contract. A new version
+# is added here after reading its `jit.py`, `compiler.py` and nvidia `driver.py`.
+ABI: dict[tuple[int, int], str] = {(3, 6): "run9", (3, 7): "run9", (3, 8): "run9", (3, 9): "run9"}
+
+_I32 = 1 << 31
+_I64 = 1 << 63
+_U64 = 1 << 64
+_Tensor = torch.Tensor
+
+
+def spec_key(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """What Triton specializes a launch with `args` on (a superset of it), or
+    None for an argument kind it does not describe (that launch takes the plain path)."""
+    key: list[Any] = []
+    add = key.append
+    for a in args:
+        t = type(a)
+        if t is int:
+            if a == 1:
+                add(-1)
+            elif -_I32 <= a < _I32:
+                add(a & 15 == 0)  # False/True: i32
+            elif -_I64 <= a < _I64:
+                add(2 + (a & 15 == 0))  # 2/3: i64
+            elif 0 <= a < _U64:
+                add(4 + (a & 15 == 0))  # 4/5: u64
+            else:
+                return None
+        elif isinstance(a, _Tensor):
+            add((a.dtype, a.data_ptr() & 15 == 0))
+        elif t is float or t is bool:
+            add(t)
+        else:
+            return None
+    return tuple(key)
+
+
+class Abi:
+    """The installed Triton's launch entry points, resolved once."""
+
+    __slots__ = ("device", "runtime_knobs", "stream")
+
+    def __init__(self) -> None:
+        from triton import knobs
+        from triton.runtime import driver
+
+        active = driver.active
+        self.device: Callable[[], int] = active.get_current_device
+        self.stream: Callable[[int], int] = active.get_current_stream
+        self.runtime_knobs = knobs.runtime
+
+    def hooks_off(self) -> bool:
+        """No launch hook is set: Triton 3.6 keeps None, 3.9 an empty `HookChain`."""
+        k = self.runtime_knobs
+        enter, leave = k.launch_enter_hook, k.launch_exit_hook
+        if enter is None and leave is None:
+            return True
+        return not getattr(enter, "calls", True) and not getattr(leave, "calls", True)
+
+
+_abi: list[Abi | None] = []
+
+
+def abi() -> Abi | None:
+    """The adapter for the installed Triton on a CUDA target, or None (plain
+    launches, logged once): an unknown version, another backend, no driver."""
+    if _abi:
+        return _abi[0]
+    found: Abi | None = None
+    try:
+        import triton
+        from triton.runtime import driver
+
+        version = tuple(int(p) for p in triton.__version__.split(".")[:2])
+        target = driver.active.get_current_target()
+        if version not in ABI:
+            log.info(
+                "stoker-triton: Triton %s is not one whose launcher contract was read (%s): "
+                "kernels launch through JITFunction.run",
+                triton.__version__,
+                ", ".join(f"{a}.{b}" for a, b in ABI),
+            )
+        elif target.backend != "cuda":
+            log.info("stoker-triton: lean launches are CUDA-only; %s launches plainly", target)
+        else:
+            found = Abi()
+    except Exception as e:  # no driver: nothing launches natively anyway
+        log.info("stoker-triton: lean launches off (%s: %s)", type(e).__name__, e)
+    _abi.append(found)
+    return found
+
+
+def reset() -> None:
+    """Forget the adapter (tests that swap Triton's active driver)."""
+    _abi.clear()
+
+
+# (launcher, function, packed metadata, grid x, XBLOCK, RBLOCK)
+Entry = tuple[Callable[..., Any], Any, Any, int, int, int]
+_PLAIN_TYPES = (int, bool, float)
+
+
+def key_function(n_args: int, n_ptrs: int) -> Callable[..., tuple[Any, ...]]:
+    """`spec_key` as straight-line code (about half the loop's cost) for launches
+    of `n_args` arguments whose first `n_ptrs` are tensors. It keys on more than
+    `spec_key`, never less: xnumel and rnumel (the two after the pointers, which
+    the grid and block sizes follow from) by value, and other integers by
+    `a >> 31` (never across an i32/i64/u64 bound, all multiples of 2**31; but a
+    new key per 2**31 beyond the i32 range, and negative apart from positive:
+    at most extra binder calls).
+    An argument of another kind raises (AttributeError, TypeError), and the
+    caller falls back to `spec_key`."""
+    names = [f"a{i}" for i in range(n_args)]
+    parts = []
+    for i, a in enumerate(names):
+        if i < n_ptrs:
+            parts.append(f"{a}.dtype, {a}.data_ptr() & 15 == 0")
+            continue
+        if i in (n_ptrs, n_ptrs + 1):  # xnumel, rnumel: by value
+            parts.append(f"type({a}), {a}")
+        else:  # equal to 1; multiple of 16; a >> 31: every i32/i64/u64 bound is a multiple of 2**31
+            parts.append(f"type({a}), {a} == 1, not {a} & 15, {a} >> 31")
+    src = f"def key({', '.join(names)}):\n    return ({', '.join(parts)},)\n"
+    scope: dict[str, Any] = {}
+    exec(compile(src, f"<stoker launch key {n_args}/{n_ptrs}>", "exec"), scope)
+    fn: Callable[..., tuple[Any, ...]] = scope["key"]
+    return fn
+
+
+class FastPath:
+    """One kernel's compiled binaries by launch key (see the module docstring)."""
+
+    __slots__ = ("abi", "entries", "fn", "keyfns")
+
+    def __init__(self, fn: Any, adapter: Abi) -> None:
+        self.fn = fn
+        self.abi = adapter
+        self.entries: dict[tuple[Any, ...], Entry] = {}
+        self.keyfns: dict[tuple[int, int], Callable[..., tuple[Any, ...]]] = {}
+
+    def key(self, args: tuple[Any, ...], n_ptrs: int) -> tuple[Any, ...] | None:
+        """The launch key of `args` (pointers first, then xnumel, rnumel, ...), or
+        None when the lean path cannot serve these arguments now."""
+        if not self.abi.hooks_off() or self.fn.pre_run_hooks:
+            return None
+        shape = (len(args), n_ptrs)
+        keyfn = self.keyfns.get(shape)
+        if keyfn is None:
+            keyfn = self.keyfns[shape] = key_function(*shape)
+        try:
+            spec = keyfn(*args)
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            general = spec_key(args)
+            if general is None:
+                return None
+            spec = ("any", args[n_ptrs], args[n_ptrs + 1], general)
+        return (self.abi.device(), spec)
+
+    def launch(self, entry: Entry, device: int, args: tuple[Any, ...]) -> None:
+        """Launch `args` through a kept binary, as `JITFunction.run` would."""
+        run, function, meta, grid, xb, rb = entry
+        k = self.abi.runtime_knobs  # the hooks (none set: see `key`) as JITFunction.run passes them
+        stream = self.abi.stream(device)
+        run(
+            grid,
+            1,
+            1,
+            stream,
+            function,
+            meta,
+            None,
+            k.launch_enter_hook,
+            k.launch_exit_hook,
+            *args,
+            xb,
+            rb,
+        )
+
+    def keep(
+        self,
+        key: tuple[Any, ...],
+        args: tuple[Any, ...],
+        n_ptrs: int,
+        kernel: Any,
+        grid: int,
+        xb: int,
+        rb: int,
+    ) -> None:
+        """Keep what `JITFunction.run` returned for `key` (after it launched it):
+        only for tensors and Python scalars, the kinds `spec_key` is written for."""
+        if kernel is None or hasattr(kernel, "result"):  # warmup / asynchronous compile
+            return
+        if not all(isinstance(a, _Tensor) for a in args[:n_ptrs]):
+            return
+        if not all(type(a) in _PLAIN_TYPES for a in args[n_ptrs:]):
+            return
+        self.entries[key] = (kernel.run, kernel.function, kernel.packed_metadata, grid, xb, rb)
+
+
+def fast_path_for(fn: Any) -> FastPath | None:
+    """A `FastPath` for `fn` when it is a real `JITFunction` and the adapter applies."""
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return None
+    if not isinstance(fn, JITFunction):
+        return None
+    adapter = abi()
+    return FastPath(fn, adapter) if adapter is not None else None

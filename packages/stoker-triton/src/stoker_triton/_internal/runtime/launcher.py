@@ -1,0 +1,160 @@
+"""`Launcher`: what the generated wrapper calls for each kernel launch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .autotune import _Tuned
+from .fastlaunch import FastPath, fast_path_for
+from .modules import interpreting
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(a // -b)
+
+
+class Launcher:
+    """Launches one generated kernel with XBLOCK/RBLOCK/num_warps for the sizes
+    at hand (cached per size): one configuration chosen by `heuristic`, or, with
+    ``autotune`` (``mode="max-autotune"``), the fastest of `candidates` on a GPU,
+    remembered on disk."""
+
+    def __init__(
+        self,
+        fn: Any,
+        sha: str,
+        is_reduction: bool,
+        persistent: bool,
+        has_atomics: bool,
+        autotune: bool = False,
+    ) -> None:
+        self.fn = fn
+        self.sha = sha
+        self.is_reduction = is_reduction
+        self.persistent = persistent
+        self.has_atomics = has_atomics
+        self.autotune = autotune
+        self.interpret = interpreting()
+        self.configs: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self.path: str | None = None  # the kernel module's file (set by the loader)
+        self.check_gpu = False  # cross-compile for STOKER_TRITON_CHECK_TARGETS (set by the loader)
+        # compiled binaries launched without Triton's binder (none under the interpreter)
+        self.fast: FastPath | None = None if self.interpret else fast_path_for(fn)
+
+    def heuristic(self, xnumel: int, rnumel: int) -> tuple[int, int, int]:
+        """The one GPU configuration used without autotuning (Inductor's defaults in
+        spirit): 1024-element pointwise blocks; a persistent reduction's whole row,
+        with rows per program up to 2048 elements; looped reductions in 2048-wide chunks."""
+        xp = next_pow2(xnumel)
+        if not self.is_reduction:
+            return (min(xp, 1024), 1, 4)
+        rb = next_pow2(rnumel) if self.persistent else min(2048, max(16, next_pow2(rnumel)))
+        xb = max(1, min(xp, 2048 // rb))
+        return (xb, rb, 8 if xb * rb >= 2048 else 4)
+
+    def candidates(
+        self, xnumel: int, rnumel: int, native: bool | None = None
+    ) -> list[tuple[int, int, int]]:
+        """The configurations a launch may use: the interpreter's one choice, the
+        heuristic's one, or (autotuning) every one the tuner times, the heuristic's
+        first (`native=True` asks for the GPU's even when interpreting)."""
+        xp = next_pow2(xnumel)
+        if self.interpret if native is None else not native:
+            # the interpreter pays per program: big blocks, small grids
+            if not self.is_reduction:
+                return [(min(xp, 4096), 1, 4)]
+            rb = next_pow2(rnumel) if self.persistent else 1024
+            return [(max(1, min(xp, 8192 // rb)), rb, 4)]
+        first = self.heuristic(xnumel, rnumel)
+        if not self.autotune or self.has_atomics:
+            return [first]
+        if not self.is_reduction:
+            out = [(min(xp, b), 1, w) for b, w in ((1024, 4), (2048, 8), (512, 4), (4096, 8))]
+        elif self.persistent:
+            rb = next_pow2(rnumel)
+            out = []
+            for elems in (1024, 2048, 4096, 8192):
+                xb = max(1, min(xp, elems // rb))
+                out.append((xb, rb, 4 if rb * xb <= 2048 else 8))
+        else:
+            out = [
+                (min(xp, x), r, w)
+                for x, r, w in ((1, 2048, 8), (1, 1024, 4), (4, 512, 4), (8, 256, 4))
+            ]
+        return list(dict.fromkeys([first, *out]))
+
+    def __call__(self, *args: Any) -> None:
+        # args: pointers..., xnumel, rnumel, sizes..., [seed]; xnumel/rnumel are found by position
+        fast, key = self.fast, None
+        if fast is not None:
+            key = fast.key(args, self.n_ptrs)
+            if key is not None:
+                entry = fast.entries.get(key)
+                if entry is not None:
+                    fast.launch(entry, key[0], args)
+                    return
+        xnumel, rnumel = self._numels(args)
+        if xnumel == 0 or (rnumel == 0 and not self.is_reduction):
+            return
+        cfg = self.configs.get((xnumel, rnumel))
+        if cfg is None:
+            if self.check_gpu and self.path is not None:
+                from ..xcompile import check
+
+                check(self.path, args, self.candidates(xnumel, rnumel, native=True))
+            cfg = self._choose(args, xnumel, rnumel)
+            self.configs[(xnumel, rnumel)] = cfg
+        xb, rb, w = cfg
+        grid = cdiv(xnumel, xb)
+        try:
+            kernel = self.fn[(grid,)](*args, XBLOCK=xb, RBLOCK=rb, num_warps=w)
+        except Exception as e:
+            if self.interpret and "only 0-dimensional arrays can be converted" in str(e):
+                import numpy
+                import triton
+
+                raise RuntimeError(
+                    f"Triton {triton.__version__}'s interpreter cannot loop over a kernel "
+                    f"argument with NumPy {numpy.__version__} (it calls int() on a 1-element "
+                    "array, which NumPy 2.4 refuses). Install numpy<2.4, or triton>=3.8 "
+                    f"(kernel: {self.path})."
+                ) from e
+            raise
+        if key is not None and fast is not None:
+            fast.keep(key, args, self.n_ptrs, kernel, grid, xb, rb)
+
+    n_ptrs = 0
+
+    def _numels(self, args: tuple[Any, ...]) -> tuple[int, int]:
+        return int(args[self.n_ptrs]), int(args[self.n_ptrs + 1])
+
+    def _choose(self, args: tuple[Any, ...], xnumel: int, rnumel: int) -> tuple[int, int, int]:
+        cands = self.candidates(xnumel, rnumel)
+        if len(cands) == 1 or self.interpret:
+            return cands[0]
+        key = f"{xnumel},{rnumel}"
+        hit = _Tuned.get(self.sha, key)
+        if hit is not None:
+            return (hit[0], hit[1], hit[2])
+        from triton.testing import do_bench
+
+        best, best_t = cands[0], float("inf")
+        for xb, rb, w in cands:
+            try:
+                t = do_bench(
+                    lambda xb=xb, rb=rb, w=w: self.fn[(cdiv(xnumel, xb),)](
+                        *args, XBLOCK=xb, RBLOCK=rb, num_warps=w
+                    ),
+                    warmup=3,
+                    rep=10,
+                )
+            except Exception:  # a config that does not compile (too many registers) is skipped
+                continue
+            if t < best_t:
+                best, best_t = (xb, rb, w), t
+        _Tuned.put(self.sha, key, list(best))
+        return best

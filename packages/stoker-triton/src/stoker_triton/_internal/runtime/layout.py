@@ -1,0 +1,43 @@
+"""Helpers the generated wrapper calls: input layouts and random seeds."""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_layout(t: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...]) -> torch.Tensor:
+    """The generated kernels index inputs with the strides seen at compile
+    time; an input with other strides is copied into that layout (correct,
+    slower) rather than read wrongly."""
+    ts = t.stride()
+    if ts == stride:
+        return t
+    for n, a, b in zip(size, ts, stride):
+        if n > 1 and a != b:
+            if any(s == 0 and m > 1 for s, m in zip(stride, size)):
+                raise ValueError(
+                    f"stoker-triton: an input was compiled as an expanded view (strides {stride}) "
+                    f"and now arrives with strides {ts}; the kernels cannot read it. "
+                    "Recompile for this layout (or pass a contiguous tensor to both)."
+                )
+            out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+            out.copy_(t)
+            return out
+    return t
+
+
+def ensure_layout(t: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...]) -> torch.Tensor:
+    """An extern result in the layout later kernels were generated for."""
+    return check_layout(t, size, stride)
+
+
+def new_seed() -> int:
+    """A seed per call from torch's CPU generator: reproducible under torch.manual_seed.
+
+    Always odd and above 1: Triton specializes an integer argument equal to 1 or
+    divisible by 16, so seeds of one kind keep every launch on one compiled binary
+    (the one the precompile built with `PRECOMPILE_SEED`)."""
+    return 2 * int(torch.randint(1, 2**30 - 1, (), dtype=torch.int64).item()) + 1
+
+
+PRECOMPILE_SEED = 12345  # an odd seed: the specialization every `new_seed()` has

@@ -1,0 +1,65 @@
+"""Generated modules (kernels, wrappers) in the disk cache, imported from memory."""
+
+from __future__ import annotations
+
+import hashlib
+import linecache
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from stoker_shapes import DiskCache
+from stoker_shapes._internal.diskcache import cache_root
+
+# Bump when the generated modules' layout changes: older entries become misses.
+MODULE_FORMAT = "1"
+
+
+def cache_dir() -> Path:
+    return cache_root() / "triton"
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def module_store(kind: str) -> DiskCache:
+    """The cache of generated modules of one kind ("kernels", "wrappers")."""
+    return DiskCache(cache_dir, kind, MODULE_FORMAT, ".py")
+
+
+def load_module(kind: str, source: str) -> tuple[ModuleType, Path]:
+    """Store `source` in the cache (keyed by content) and import it."""
+    sha = hashlib.sha256(source.encode()).hexdigest()[:24]
+    name = f"stoker_triton_{kind}_{sha}"
+    mod = sys.modules.get(name)
+    if mod is not None and mod.__file__ is not None:
+        return mod, Path(mod.__file__)
+    store = module_store(kind)
+    found = store.get_entry(sha)
+    if found is not None and found[1] == source.encode():
+        path = found[0]
+    else:
+        path = store.put(sha, source.encode())
+    return exec_module(name, path, source), path
+
+
+def exec_module(name: str, path: Path | str, source: str) -> ModuleType:
+    """Import `source` as module `name` whose file is `path` (a cache entry).
+
+    The source runs from memory (no `__pycache__`, no second read of the file)
+    and is registered with `linecache`, where `inspect.getsource` (hence
+    `@triton.jit`) reads it: the code, its line numbers and what Triton
+    hashes are the validated source's, whatever happens to the file later."""
+    mod = ModuleType(name)
+    mod.__file__ = str(path)
+    linecache.cache[str(path)] = (len(source), None, source.splitlines(True), str(path))
+    code = compile(source, str(path), "exec")
+    sys.modules[name] = mod
+    try:
+        exec(code, mod.__dict__)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return mod

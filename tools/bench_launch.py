@@ -1,0 +1,114 @@
+"""CPU cost of launching stoker-triton kernels (`bench_triton.py --launch-overhead`).
+
+- per launch: one generated-style kernel through `Launcher` (the lean path:
+  the compiled binary's launcher called directly) against the same launch
+  through `JITFunction.run` (Triton's binder, as before);
+- per compiled graph call: `compile_graph` of a one-kernel graph, whole call
+  minus its launch (the wrapper: arguments, layout checks, allocation, return);
+- per `stoker.compile` call: the same function through Dynamo's guards and
+  stoker's runtime, minus the launch; beside it Dynamo's own floor (a backend
+  that runs the captured graph as is, minus eager).
+
+Without CUDA, the launches run Triton's real (non-interpreter) path on a stand-in
+sm_90 driver whose launcher does nothing (`stoker_triton._internal.fakegpu`):
+what is measured is the host work before the driver call. With CUDA, real
+launches (CPU time to enqueue; the GPU work is tiny).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def _per_call_us(fn: Callable[[], Any], n: int) -> float:
+    """CPU time of this thread per call, in microseconds: the best of 7 rounds
+    (thread time leaves out the time other processes hold the core; the best
+    round the least cache disturbance from them)."""
+    fn()
+    rounds = []
+    for _ in range(7):
+        t0 = time.thread_time()
+        for _ in range(n):
+            fn()
+        rounds.append((time.thread_time() - t0) / n * 1e6)
+    return min(rounds)
+
+
+def launch_overhead() -> int:
+    os.environ["TRITON_INTERPRET"] = "0"
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    import torch
+
+    gpu = torch.cuda.is_available()
+    if not gpu:
+        from stoker_triton._internal.fakegpu import install
+
+        install()
+    import triton
+    import triton.language as tl
+    from torch._decomp import core_aten_decompositions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from stoker_triton import compile_graph
+    from stoker_triton._internal.runtime import Launcher
+
+    @triton.jit  # type: ignore[misc]
+    def kernel(in_ptr, out_ptr, xnumel, rnumel, s0, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+        x = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+        m = x < xnumel
+        tl.store(out_ptr + x, tl.load(in_ptr + x, m) * s0, m)
+
+    dev = "cuda" if gpu else "cpu"
+    a, o = torch.randn(4096, device=dev), torch.empty(4096, device=dev)
+    lau = Launcher(kernel, "bench", False, False, False)
+    lau.n_ptrs = 2
+    if lau.fast is None:
+        print("launch-overhead: the lean path is off here (see the log); nothing to compare")
+        return 1
+    n = 20000
+    lean = _per_call_us(lambda: lau(a, o, 4096, 1, 3), n)
+    xb, rb, w = lau.configs[(4096, 1)]
+    plain = _per_call_us(
+        lambda: kernel[(4096 // xb,)](a, o, 4096, 1, 3, XBLOCK=xb, RBLOCK=rb, num_warps=w), n
+    )
+
+    def f(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (x * 2 + b).relu()
+
+    x, b = torch.randn(64, 64, device=dev), torch.randn(64, device=dev)
+    g = compile_graph(make_fx(f, decomposition_table=core_aten_decompositions())(x, b), [x, b])
+    assert len(g.report.kernels) == 1, g.report
+    graph = _per_call_us(lambda: g(x, b), n // 4)
+
+    import stoker
+
+    if not gpu:  # the stub driver stands in for CUDA: let CPU inputs take the Triton executor
+        from stoker._internal import backend
+
+        backend.resolve_backend = lambda requested, devices: "triton"
+    sf = stoker.compile(f, backend="triton", dynamic=False)
+    # Dynamo's own floor: the same function, a backend that runs the captured graph as is
+    df = torch.compile(f, backend=lambda gm, example_inputs: gm.forward, dynamic=False)
+    with torch.no_grad():
+        sf(x, b)
+        full = _per_call_us(lambda: sf(x, b), n // 4)
+        dynamo = _per_call_us(lambda: df(x, b), n // 4)
+        eager = _per_call_us(lambda: f(x, b), n // 4)
+    if gpu:
+        torch.cuda.synchronize()
+    where = "CUDA" if gpu else "stub sm_90 driver, no GPU"
+    print(
+        f"launch overhead, CPU µs of the thread, best of 7 rounds ({where}; triton {triton.__version__})"
+    )
+    print(f"  per launch, lean path (Launcher)          {lean:8.2f}   target <= 5")
+    print(f"  per launch, JITFunction.run               {plain:8.2f}")
+    print(f"  per compile_graph call, 1 kernel          {graph:8.2f}")
+    print(f"    of which fixed (call minus launch)      {graph - lean:8.2f}")
+    print(f"  per stoker.compile call, 1 kernel         {full:8.2f}")
+    print(f"    of which fixed (guards+runtime+wrapper) {full - lean:8.2f}   target <= 30")
+    print(f"  torch.compile, graph run as is (floor)    {dynamo:8.2f}")
+    print(f"    of which Dynamo (minus eager f)         {dynamo - eager:8.2f}")
+    return 0
