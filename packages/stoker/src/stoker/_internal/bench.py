@@ -245,6 +245,35 @@ def _run_worker(
     return {"model": model, "backend": backend, "error": f"exit {p.returncode}: {tail}"}
 
 
+def _cold_then_warm(
+    name: str,
+    backend: str,
+    steps: int,
+    device: str,
+    timeout: float,
+    warm: bool,
+    progress: bool,
+    extra: Sequence[str] = (),
+    command: str = "worker",
+    warm_extra: Sequence[str] = (),
+) -> dict[str, Any]:
+    """One measurement process with empty caches, then (``warm``) one more with the
+    caches it left: the row of the first with the second's first step added."""
+    cache = tempfile.mkdtemp(prefix=f"stoker-bench-{name}-{backend}-")
+    try:
+        if progress:
+            print(f"  {name:<11} {backend:<12} cold ...", file=sys.stderr, flush=True)
+        row = _run_worker(name, backend, steps, device, cache, timeout, extra, command)
+        if warm and "error" not in row:
+            if progress:
+                print(f"  {name:<11} {backend:<12} warm ...", file=sys.stderr, flush=True)
+            w = _run_worker(name, backend, 1, device, cache, timeout, warm_extra, command)
+            row["warm_first_step_s"] = w.get("first_step_s")
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    return row
+
+
 def _fmt(v: Any, unit: str = "") -> str:
     if v is None:
         return "—"
@@ -259,34 +288,39 @@ def _fmt(v: Any, unit: str = "") -> str:
     return str(v)
 
 
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    head = [
-        "model",
-        "backend",
-        "cold first step s",
-        "warm first step s",
-        "steady ms",
-        "peak mem",
-        "recompiles",
-    ]
+# (header, row key, unit) of each column after "model" and "backend"
+MODEL_COLUMNS = (
+    ("cold first step s", "first_step_s", "s"),
+    ("warm first step s", "warm_first_step_s", "s"),
+    ("steady ms", "steady_ms", "ms"),
+    ("peak mem", "peak_mem", "B"),
+    ("recompiles", "recompiles", ""),
+)
+SUITE_COLUMNS = (
+    ("cold 1st s", "first_step_s", "s"),
+    ("warm 1st s", "warm_first_step_s", "s"),
+    ("steady ms", "steady_ms", "ms"),
+    ("÷ eager", "vs_eager", "s"),
+    ("÷ inductor", "vs_inductor", "s"),
+    ("peak mem", "peak_mem", "B"),
+    ("kernels/step", "kernels_per_step", ""),
+    ("loss rel", "loss_rel", "e"),
+    ("params rel", "params_rel", "e"),
+)
+
+
+def format_table(
+    rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]] = MODEL_COLUMNS
+) -> str:
+    """One line per (model, backend) row; an error fills the row's first column."""
+    head = ["model", "backend", *(h for h, _, _ in columns)]
     body: list[list[str]] = []
     for r in rows:
         if "error" in r:
-            body.append(
-                [r["model"], r["backend"], "error: " + str(r["error"])[:60], "", "", "", ""]
-            )
-            continue
-        body.append(
-            [
-                r["model"],
-                r["backend"],
-                _fmt(r.get("first_step_s"), "s"),
-                _fmt(r.get("warm_first_step_s"), "s"),
-                _fmt(r.get("steady_ms"), "ms"),
-                _fmt(r.get("peak_mem"), "B"),
-                _fmt(r.get("recompiles")),
-            ]
-        )
+            cells = ["error: " + str(r["error"])[:70]] + [""] * (len(columns) - 1)
+        else:
+            cells = [_fmt(r.get(key), unit) for _, key, unit in columns]
+        body.append([r["model"], r["backend"], *cells])
     return _text_table(head, body)
 
 
@@ -333,22 +367,20 @@ def run_suite(
         for name in names:
             eager_row: dict[str, Any] | None = None
             for be in order:
-                cache = tempfile.mkdtemp(prefix=f"stoker-bench-{name}-{be}-")
-                extra = ["--params", os.path.join(params_dir, f"{name}-{be}.pt")]
-                extra += ["--smoke"] if smoke else []
-                try:
-                    if progress:
-                        print(f"  {name:<11} {be:<12} cold ...", file=sys.stderr, flush=True)
-                    row = _run_worker(
-                        name, be, steps, device, cache, timeout, extra, "suite-worker"
-                    )
-                    if warm and "error" not in row:
-                        if progress:
-                            print(f"  {name:<11} {be:<12} warm ...", file=sys.stderr, flush=True)
-                        w = _run_worker(name, be, 1, device, cache, timeout, (), "suite-worker")
-                        row["warm_first_step_s"] = w.get("first_step_s")
-                finally:
-                    shutil.rmtree(cache, ignore_errors=True)
+                size = ["--smoke"] if smoke else []
+                params = ["--params", os.path.join(params_dir, f"{name}-{be}.pt")]
+                row = _cold_then_warm(
+                    name,
+                    be,
+                    steps,
+                    device,
+                    timeout,
+                    warm,
+                    progress,
+                    size + params,
+                    "suite-worker",
+                    size,
+                )
                 if be == "eager" and "error" not in row:
                     eager_row = row
                 elif eager_row is not None and "error" not in row:
@@ -372,40 +404,7 @@ def run_suite(
 
 
 def format_suite_table(rows: Sequence[dict[str, Any]]) -> str:
-    head = [
-        "config",
-        "backend",
-        "cold 1st s",
-        "warm 1st s",
-        "steady ms",
-        "÷ eager",
-        "÷ inductor",
-        "peak mem",
-        "kernels/step",
-        "loss rel",
-        "params rel",
-    ]
-    body: list[list[str]] = []
-    for r in rows:
-        if "error" in r:
-            body.append([r["model"], r["backend"], "error: " + str(r["error"])[:70]] + [""] * 8)
-            continue
-        body.append(
-            [
-                r["model"],
-                r["backend"],
-                _fmt(r.get("first_step_s"), "s"),
-                _fmt(r.get("warm_first_step_s"), "s"),
-                _fmt(r.get("steady_ms"), "ms"),
-                _fmt(r.get("vs_eager"), "s"),
-                _fmt(r.get("vs_inductor"), "s"),
-                _fmt(r.get("peak_mem"), "B"),
-                _fmt(r.get("kernels_per_step")),
-                _fmt(r.get("loss_rel"), "e"),
-                _fmt(r.get("params_rel"), "e"),
-            ]
-        )
-    return _text_table(head, body)
+    return format_table(rows, SUITE_COLUMNS)
 
 
 def run_models(
@@ -432,19 +431,7 @@ def run_models(
     rows: list[dict[str, Any]] = []
     for name in names:
         for be in backends:
-            cache = tempfile.mkdtemp(prefix=f"stoker-bench-{name}-{be}-")
-            try:
-                if progress:
-                    print(f"  {name:<10} {be:<10} cold ...", file=sys.stderr, flush=True)
-                row = _run_worker(name, be, steps, device, cache, timeout)
-                if warm and "error" not in row:
-                    if progress:
-                        print(f"  {name:<10} {be:<10} warm ...", file=sys.stderr, flush=True)
-                    w = _run_worker(name, be, 1, device, cache, timeout)
-                    row["warm_first_step_s"] = w.get("first_step_s")
-            finally:
-                shutil.rmtree(cache, ignore_errors=True)
-            rows.append(row)
+            rows.append(_cold_then_warm(name, be, steps, device, timeout, warm, progress))
     return rows
 
 
