@@ -571,3 +571,18 @@ def test_new_batch_sizes_recompile_once_mlp() -> None:
     compare(mlp, _batch_step(lambda n: torch.randn(n, 6)[:, :6]), steps=4)
     st = stoker_autograd.stats()
     assert st["captures"] == 1 and st["compiles"] <= 2 and st["recompiles"] <= 1, st
+
+
+def test_guards_added_while_retracing_name_the_backward_node() -> None:
+    """explain() of a miss names the autograd node whose retrace added the guard,
+    not just the user's ``loss.backward()`` line (or nothing: "origin unknown")."""
+    model = _TokenModel()
+    with stoker_autograd.enable() as session:
+        for n in (3, 5, 7):
+            model(torch.randint(0, 11, (n, 5))[:, :-1]).pow(2).mean().backward()
+    # the graph replayed with .grad defined compiled a symbolic variant: retrace guards
+    graph = next(g for g in session.graphs if len(g.variants) == 2)
+    text = str(graph.variants[-1].guards)
+    named = [line for line in text.splitlines() if "while retracing" in line]
+    assert any("Backward" in line for line in named), text
+    assert "origin unknown" not in text, text
