@@ -526,3 +526,63 @@ def test_parameter_with_transposed_layout_gets_grad_of_the_same_layout() -> None
         log.append(f"stride {m.w.grad.stride()}")
 
     compare(M, step, steps=3)
+
+
+def _batch_step(make_input: Callable[[int], torch.Tensor]) -> Step:
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        m(make_input((3, 5, 7, 9)[i])).pow(2).mean().backward()
+
+    return step
+
+
+class _TokenModel(nn.Module):
+    """Embedding of token ids, a product with a position table, a linear head (GPT-like)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(11, 8)
+        self.pos = nn.Embedding(4, 8)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) * self.pos(torch.arange(idx.shape[1])).tanh()
+        return self.head(x.reshape(-1, 8))  # batch x T rows
+
+
+@pytest.mark.parametrize("sliced", [True, False], ids=["sliced_ids", "dense_ids"])
+def test_new_batch_sizes_recompile_once_with_token_inputs(sliced: bool) -> None:
+    """Batches 3, 5, 7, 9: one static compile, one symbolic recompile, then none, also
+    when the saved ids are a slice ``seq[:, :-1]`` (strides not implied by sizes), as
+    the zoo GPT's batches are.  A static batch dim there used to specialize every
+    size derived from it (``batch x T`` of the head's input) and recompile per size."""
+
+    def ids(n: int) -> torch.Tensor:
+        seq = torch.randint(0, 11, (n, 5))
+        return seq[:, :-1] if sliced else seq[:, :-1].contiguous()
+
+    compare(_TokenModel, _batch_step(ids), steps=4)
+    st = stoker_autograd.stats()
+    assert st["captures"] == 1 and st["fallbacks"] == 0, st
+    assert st["compiles"] <= 2 and st["recompiles"] <= 1, st
+
+
+def test_new_batch_sizes_recompile_once_mlp() -> None:
+    compare(mlp, _batch_step(lambda n: torch.randn(n, 6)[:, :6]), steps=4)
+    st = stoker_autograd.stats()
+    assert st["captures"] == 1 and st["compiles"] <= 2 and st["recompiles"] <= 1, st
+
+
+def test_guards_added_while_retracing_name_the_backward_node() -> None:
+    """explain() of a miss names the autograd node whose retrace added the guard,
+    not just the user's ``loss.backward()`` line (or nothing: "origin unknown")."""
+    model = _TokenModel()
+    with stoker_autograd.enable() as session:
+        for n in (3, 5, 7):
+            model(torch.randint(0, 11, (n, 5))[:, :-1]).pow(2).mean().backward()
+    # the graph replayed with .grad defined compiled a symbolic variant: retrace guards
+    graph = next(g for g in session.graphs if len(g.variants) == 2)
+    text = str(graph.variants[-1].guards)
+    named = [line for line in text.splitlines() if "while retracing" in line]
+    assert any("Backward" in line for line in named), text
+    assert "origin unknown" not in text, text

@@ -13,8 +13,9 @@ engine's cache knows nothing about them).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ from torch.fx.experimental.proxy_tensor import (
     track_tensor_tree,
 )
 
-from stoker_shapes import Dim, GuardSet, ShapeContext, Source
+from stoker_shapes import Dim, GuardSet, Origin, ShapeContext, Source
 
 from . import ops
 from .capture import PLACEHOLDERS
@@ -363,12 +364,12 @@ def retrace(
             dims[v] = Dim(f"v{v}")
         return dims[v]
 
-    # A tensor whose strides do not follow from its sizes (a slice, an expand) keeps
-    # static sizes: its stride symbols could not be checked against any input.
+    # A tensor whose strides do not follow from its sizes (a slice such as the ids
+    # ``seq[:, :-1]``) is dynamic too: its stride gets its own symbol, bound to the
+    # input's stride by the guards.  Kept static, its batch dim would specialize every
+    # size computed with it (``batch x T`` rows) and recompile at each new batch size.
     in_specs: list[Any] = [
         [spec((0, i, d), int(n)) for d, n in enumerate(t.shape)]
-        if isinstance(t, torch.Tensor) and ops.is_dense(t)
-        else False
         if isinstance(t, torch.Tensor)
         else None
         for i, t in enumerate(inputs)
@@ -413,7 +414,8 @@ def retrace(
         stack.enter_context(decompose(core_aten_decompositions()))  # type: ignore[arg-type]
         for node in gm.graph.nodes:
             try:
-                _replay_node(rp, node, placeholders)
+                with _naming_origins(ctx, node):
+                    _replay_node(rp, node, placeholders)
             except RetraceError:
                 raise
             except Exception as e:
@@ -434,6 +436,30 @@ def retrace(
     graph = run_all(graph, RETRACED_PIPELINE)
     new_gm = fx.GraphModule(rp.tracer.root, graph, gm.__class__.__name__ + "Aten")
     return Retraced(new_gm, rp.arg_spec, ctx, rp.examples)
+
+
+@contextlib.contextmanager
+def _naming_origins(ctx: ShapeContext, node: fx.Node) -> Iterator[None]:
+    """Name ``node`` in the origin of every guard, replacement and range its replay adds.
+
+    The user's frame is ``loss.backward()`` at best (none at all when a library
+    calls it), so explain() would say little more than "origin unknown".
+    """
+    n_guards = len(ctx.shape_env.guards)
+    tables = (ctx.replacement_origins, ctx.range_origins)
+    before = [dict(t) for t in tables]
+    yield
+    what = f"while retracing {node.name} of {node.meta.get('autograd_node', 'the backward')}"
+
+    def named(o: Origin) -> Origin:
+        return dataclasses.replace(o, note=f"{o.note}, {what}" if o.note else what)
+
+    for i in range(n_guards, len(ctx.shape_env.guards)):
+        ctx.guard_origins[i] = named(ctx.guard_origins.get(i) or Origin())
+    for table, old in zip(tables, before, strict=True):
+        for k, o in table.items():
+            if old.get(k) is not o:
+                table[k] = named(o)
 
 
 def _plain(t: Any) -> Any:
