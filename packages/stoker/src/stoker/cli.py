@@ -99,12 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "demo" and args.ranks > 1:
-        from ._internal.demo_distributed import run_distributed_demo
-
-        return run_distributed_demo(
-            ranks=args.ranks,
-            parallel=args.parallel,
+    if args.command == "demo":
+        demo = dict(
             steps=args.steps,
             batch=args.batch,
             backend=args.backend,
@@ -113,18 +109,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             progress=not args.no_progress,
         )
-    if args.command == "demo":
+        if args.ranks > 1:
+            from ._internal.demo_distributed import run_distributed_demo
+
+            return run_distributed_demo(ranks=args.ranks, parallel=args.parallel, **demo)
         from ._internal.demo import run_demo
 
-        return run_demo(
-            steps=args.steps,
-            batch=args.batch,
-            backend=args.backend,
-            device=args.device,
-            report=args.report,
-            seed=args.seed,
-            progress=not args.no_progress,
-        )
+        return run_demo(**demo)
     if args.command == "bench":
         from ._internal.bench import run_bench
 
