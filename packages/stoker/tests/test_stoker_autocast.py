@@ -9,9 +9,6 @@ a compiled graph run under autocast again would compute in bf16.
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,6 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from interpret_script import run_interpreted
 
 import stoker
 
@@ -175,12 +173,4 @@ print("ok")
 def test_issue_repro_with_triton_kernels_under_the_interpreter() -> None:
     """``tl.cos`` refused the bf16 value autocast made of the fp32 region's matmul."""
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "STOKER_TRITON_CHECK_TARGETS": "cuda:90"}
-    p = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", _INTERPRET_REPRO],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
+    run_interpreted(_INTERPRET_REPRO)

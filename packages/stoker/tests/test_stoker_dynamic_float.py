@@ -6,11 +6,8 @@ it (``1.0 / scale``)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
+from interpret_script import run_interpreted
 
 _REPRO = """
 import torch, stoker
@@ -58,12 +55,4 @@ print("ok")
 
 def test_a_float_made_dynamic_runs_through_triton_kernels_under_the_interpreter() -> None:
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "STOKER_TRITON_CHECK_TARGETS": "cuda:90"}
-    p = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", _REPRO],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
+    run_interpreted(_REPRO)

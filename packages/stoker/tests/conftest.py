@@ -1,0 +1,6 @@
+"""Test helpers beside the tests (``interpret_script``) import by name."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
