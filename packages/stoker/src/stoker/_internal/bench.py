@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 BACKENDS = ("eager", "aot_eager", "inductor", "stoker")
@@ -347,8 +347,13 @@ def run_suite(
     timeout: float,
     smoke: bool,
     progress: bool = True,
+    on_row: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every suite entry × backend in fresh processes; parity measured against eager's run."""
+    """Every suite entry × backend in fresh processes; parity measured against eager's run.
+
+    ``on_row`` gets the rows so far after each one (the driver rewrites its JSON), so a
+    run cut short by a time limit keeps what it measured.
+    """
     import torch
 
     from .bench_suite import SUITE, SUITE_BACKENDS, compare_runs
@@ -388,7 +393,26 @@ def run_suite(
                     if row.get("steady_ms") and eager_row.get("steady_ms"):
                         row["vs_eager"] = row["steady_ms"] / eager_row["steady_ms"]
                 rows.append(row)
-    for row in rows:  # the ratio the suite's targets are stated in
+                _add_vs_inductor(rows)
+                if progress:
+                    print("    " + _row_line(row), file=sys.stderr, flush=True)
+                if on_row is not None:
+                    on_row(rows)
+    for row in rows:
+        row.pop("params_path", None)
+    return rows
+
+
+def _row_line(row: dict[str, Any]) -> str:
+    if "error" in row:
+        return f"{row['model']} {row['backend']}: error: {row['error']}"
+    cells = (f"{h}={_fmt(row.get(k), u)}" for h, k, u in SUITE_COLUMNS if row.get(k) is not None)
+    return f"{row['model']} {row['backend']}: " + ", ".join(cells)
+
+
+def _add_vs_inductor(rows: list[dict[str, Any]]) -> None:
+    """The ratio the suite's targets are stated in: steady time over Inductor's."""
+    for row in rows:
         ind = next(
             (
                 r
@@ -399,8 +423,6 @@ def run_suite(
         )
         if ind is not None and row.get("steady_ms"):
             row["vs_inductor"] = row["steady_ms"] / ind["steady_ms"]
-        row.pop("params_path", None)
-    return rows
 
 
 def format_suite_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -466,6 +488,7 @@ def run_bench(
             device=device,
             timeout=timeout,
             smoke=smoke,
+            on_row=lambda so_far: write_json(json_path, so_far, {}),
         )
         print(format_suite_table(rows))
         write_json(json_path, rows, {})
