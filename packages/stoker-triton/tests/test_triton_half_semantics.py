@@ -119,10 +119,12 @@ SPECIAL += [float("inf"), float("-inf"), float("nan"), -0.0, 0.9, -0.9, 127.9, -
 def cuda_float_to_int(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Eager CUDA's float -> integer cast (c10::convert): truncate and saturate
     to int32 (int8 and int16 then wrap) or int64 (int64, and uint8 which then
-    wraps), NaN -> 0: PTX cvt.rzi semantics."""
+    wraps). NaN gives 0 through int32 and INT64_MIN through int64 (both read
+    off an H100: torch 2.11, CUDA 13)."""
     wide = torch.int64 if dtype in (torch.int64, torch.uint8) else torch.int32
     info = torch.iinfo(wide)
-    d = x.double().nan_to_num(nan=0.0).trunc()
+    nan = 0.0 if wide == torch.int32 else float(info.min)
+    d = x.double().nan_to_num(nan=nan).trunc()
     big, small = d >= -float(info.min), d < float(info.min)
     out = torch.where(big | small, 0.0, d).to(torch.int64)
     out = torch.where(big, info.max, torch.where(small, info.min, out))
@@ -132,7 +134,8 @@ def cuda_float_to_int(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 @pytest.mark.parametrize("src", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_float_to_int_follows_cuda_eager(src):
     # NaN, inf and out-of-range values: CPU eager gives INT_MIN for int32/int64 (x86),
-    # CUDA saturates and maps NaN to 0; stoker follows CUDA on every device. In the
+    # CUDA saturates and maps NaN to 0 (int32) or INT64_MIN (int64); stoker follows CUDA
+    # on every device. In the
     # int32 range both agree (uint8 of -3.5 is 253 through int64 on both).
     # On the CPU this failed before for inf/NaN/out of range (NumPy's casts);
     # what the GPU did wrong (-3.5 -> 0) is checked on the PTX below.
@@ -311,6 +314,38 @@ def test_gpu_float_to_int_matches_eager_cuda(src):
         assert out.tolist() == cuda_float_to_int(x.cpu(), d).tolist(), (d, src)
     rt = compile_graph(trace(lambda x: x.to(torch.int8).float(), x), [x])
     torch.testing.assert_close(_outputs(rt, x)[0], x.to(torch.int8).float(), atol=0, rtol=0)
+
+
+# (dtype, the divisor 1.01 as eager's CUDA kernel holds it: cast to the dtype)
+SCALAR_AS = [
+    (torch.float16, 1.009765625),
+    (torch.bfloat16, 1.0078125),
+    (torch.float32, float(torch.tensor(1.01, dtype=torch.float32))),
+    (torch.float64, 1.01),
+]
+
+
+@pytest.mark.parametrize(("dtype", "held"), SCALAR_AS, ids=lambda v: str(v))
+def test_division_by_a_python_scalar_on_cuda_multiplies_by_its_reciprocal(dtype, held):
+    # Eager CUDA (div_true_kernel_cuda) computes x / s for a Python scalar s as
+    # x * (1 / s) in opmath, s first cast to x's dtype; the CPU divides. On an H100,
+    # true division gave 0.2-0.5% of half elements 1 ulp off eager. Lowered here for
+    # fake CUDA inputs (no GPU needed): the kernel multiplies by that reciprocal.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = torch.float64 if dtype == torch.float64 else torch.float32
+    inv = float(torch.ones((), dtype=op) / torch.tensor(held, dtype=op))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.empty(4, 8, device="cuda", dtype=dtype)
+        i = torch.empty(4, 8, device="cuda", dtype=torch.int32)
+    src = compile_graph(trace(lambda x: x / 1.01, x), [x]).report.kernels[0].source
+    assert f"* {inv!r})" in src and "/ 1.01" not in src, src
+    # an integer tensor divides in the default float dtype: the same rule
+    src = compile_graph(trace(lambda i: i / 3, i), [i]).report.kernels[0].source
+    assert f"* {float(torch.tensor(1.0) / 3)!r})" in src, src
+    # CPU kernels keep true division, as CPU eager does (checked against eager above)
+    src = compile_graph(trace(lambda x: x / 1.01, x.cpu()), [torch.ones(4, 8, dtype=dtype)])
+    assert "/ 1.01)" in src.report.kernels[0].source
 
 
 @pytest.mark.gpu

@@ -250,10 +250,13 @@ def const_value(py: bool | int | float, dtype: torch.dtype) -> bool | int | floa
         if dtype in (torch.float16, torch.bfloat16):
             return float(torch.tensor(float(py), dtype=torch.float32).to(dtype))
         return float(py)
-    if isinstance(py, float):  # float -> int32/int64 saturating, NaN -> 0; narrower ones wrap
+    if isinstance(py, float):  # float -> int32/int64 saturating; narrower ones wrap
         bits = 64 if dtype in (torch.int64, torch.uint8) else 32
         top = 2.0 ** (bits - 1)
-        py = 0 if py != py else -int(top) if py < -top else int(top) - 1 if py >= top else int(py)
+        if py != py:  # NaN: 0 through int32, INT64_MIN through int64 (as eager CUDA)
+            py = 0 if bits == 32 else -int(top)
+        else:
+            py = -int(top) if py < -top else int(top) - 1 if py >= top else int(py)
     info = torch.iinfo(dtype)
     wrapped = int(py) & ((1 << info.bits) - 1)
     return wrapped - (1 << info.bits) if info.min < 0 and wrapped > info.max else wrapped

@@ -26,7 +26,7 @@ from .core import (
     register,
     symbolic_value,
 )
-from .precision import HALF, opmath, scalar_operand
+from .precision import HALF, cuda_scalar_reciprocal, opmath, scalar_operand
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -299,6 +299,11 @@ def div(
     ctx: LoweringContext, node: Any, a: Any, b: Any, rounding_mode: str | None = None
 ) -> TensorValue:
     if rounding_mode is None:
+        inv = None
+        if ctx.device.type == "cuda":  # eager CUDA multiplies by a scalar's reciprocal
+            inv = cuda_scalar_reciprocal(b, common_dtype(node, "int_to_float"))
+        if inv is not None:
+            return make_pointwise(ctx, node, [a, inv], "mul", "int_to_float")
         return make_pointwise(ctx, node, [a, b], "truediv", "int_to_float")
     if rounding_mode == "floor":
         return make_pointwise(ctx, node, [a, b], "floordiv")

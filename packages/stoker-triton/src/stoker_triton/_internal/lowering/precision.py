@@ -30,6 +30,8 @@ op with a half result or half operands must be one of `EXACT_IN_HALF`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 HALF = (torch.float16, torch.bfloat16)
@@ -65,6 +67,24 @@ def scalar_operand(value: bool | int | float, dtype: torch.dtype) -> bool | int 
     if dtype in HALF and isinstance(value, int | float) and not isinstance(value, bool):
         return float(torch.tensor(value, dtype=dtype))
     return value
+
+
+def cuda_scalar_reciprocal(value: Any, dtype: torch.dtype) -> float | None:
+    """`x / value` for a Python number `value` on a CUDA tensor of (common)
+    floating `dtype`, as eager's CUDA kernel computes it: `x * inv` with
+    ``inv = opmath(1) / opmath(value as dtype)`` (`div_true_kernel_cuda`: a CPU
+    scalar divisor becomes a multiplication by its reciprocal, which can differ
+    from true division in the last bit). None where eager divides."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not dtype.is_floating_point:
+        return None
+    op = opmath(dtype)
+    b = torch.tensor(float(value), dtype=torch.float64).to(
+        torch.float32 if dtype in HALF else dtype
+    )
+    b = b.to(dtype).to(op)  # TensorIterator casts the CPU scalar to the common dtype first
+    return float(torch.ones((), dtype=op) / b)
 
 
 def opmath(dtype: torch.dtype) -> torch.dtype:
