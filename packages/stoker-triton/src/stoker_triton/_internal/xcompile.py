@@ -255,6 +255,10 @@ def _submit(
             with _lock:
                 if key in _done:
                     continue
+            if _built_before(key):  # by an earlier process: no worker needed
+                with _lock:
+                    _done.add(key)
+                continue
             kw = {"XBLOCK": xb, "RBLOCK": rb, "num_warps": w}
             jobs.append((key, _executor().submit("_compile_job", path, specs, kw, tgt, launcher)))
     return jobs
@@ -265,6 +269,46 @@ def _finish(key: tuple[Any, ...]) -> None:
     with _lock:
         _done.add(key)
         compiled_count += 1
+    _markers().put(_marker_key(key), b"built\n")
+
+
+# Which compiles succeeded, across processes: one small `DiskCache` entry per
+# (kernel source, argument specialization, target, config, Triton version and
+# cache dir). A warm process finds every kernel marked and starts no workers
+# (starting them costs seconds: each imports torch and Triton); the launch loads
+# the binary from Triton's cache. A marker whose binary was since deleted costs
+# only a compile at the launch, as without a precompile.
+
+
+def _markers() -> Any:
+    import triton
+
+    from stoker_shapes import DiskCache
+
+    from .runtime.modules import cache_dir
+
+    return DiskCache(cache_dir, "compiled", f"1-triton{triton.__version__}", ".ok")
+
+
+def _triton_cache_dir() -> str:
+    try:
+        from triton import knobs
+
+        return str(knobs.cache.dir)
+    except Exception:  # an older Triton: its environment variable
+        return os.environ.get("TRITON_CACHE_DIR", "~/.triton/cache")
+
+
+def _marker_key(key: tuple[Any, ...]) -> str:
+    import hashlib
+
+    path, specs, tgt, cfg = key
+    text = repr((Path(path).name, specs, tgt, cfg, _triton_cache_dir()))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _built_before(key: tuple[Any, ...]) -> bool:
+    return _markers().get(_marker_key(key)) is not None
 
 
 def check(path: str, args: Sequence[Any], configs: Sequence[tuple[int, int, int]]) -> int:
