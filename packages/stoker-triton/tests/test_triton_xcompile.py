@@ -64,6 +64,34 @@ def test_a_kernel_the_compiler_rejects_names_its_file(tmp_path, monkeypatch):
         xcompile.check(str(path), [a, a.clone(), 64, 1], [(64, 1, 4)])
 
 
+def test_compile_workers_never_import_torch(tmp_path, monkeypatch):
+    # A worker imports Triton and `xcompile` only: a fraction of a second here, where
+    # importing torch took 3.5 s (on the H100, whose Python had no bytecode cache,
+    # sixteen workers did that at once before the first precompile). Failed before:
+    # the package's __init__ and xcompile imported torch.
+    monkeypatch.setenv(xcompile.ENV, "cuda:90")
+    path = _kernel_file(
+        tmp_path,
+        "copy_kernel",
+        textwrap.dedent(
+            """
+            import triton
+            import triton.language as tl
+
+            @triton.jit
+            def kernel(ptr_a, ptr_b, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+                i = tl.arange(0, XBLOCK)
+                tl.store(ptr_b + i, tl.load(ptr_a + i, i < xnumel) * 2, i < xnumel)
+            """
+        ),
+    )
+    a = torch.randn(64, dtype=torch.bfloat16)
+    assert xcompile.check(str(path), [a, a[1:], 63, 1], [(64, 1, 4), (64, 1, 8)]) == 2
+    pool = xcompile._executor()
+    asked = [pool.submit("_torch_imported") for _ in range(4 * len(pool.threads))]
+    assert not any(f.result(timeout=120) for f in asked)
+
+
 def test_an_error_inside_a_jit_helper_names_its_reason(tmp_path, monkeypatch):
     # Triton reports it as a CompilationError at the call site; the reason
     # ("Cannot bitcast ...") is only in the exception's cause chain

@@ -34,21 +34,19 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import torch
-
 ENV = "STOKER_TRITON_CHECK_TARGETS"
 
-_PTR = {
-    torch.float32: "fp32",
-    torch.float64: "fp64",
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-    torch.int8: "i8",
-    torch.int16: "i16",
-    torch.int32: "i32",
-    torch.int64: "i64",
-    torch.uint8: "u8",
-    torch.bool: "i1",
+_PTR = {  # dtype name (as torch prints it, less "torch.") -> Triton pointer type
+    "float32": "fp32",
+    "float64": "fp64",
+    "float16": "fp16",
+    "bfloat16": "bf16",
+    "int8": "i8",
+    "int16": "i16",
+    "int32": "i32",
+    "int64": "i64",
+    "uint8": "u8",
+    "bool": "i1",
 }
 
 
@@ -81,17 +79,52 @@ Target = tuple[str, Any, int]  # (backend, arch, warp size), as triton's GPUTarg
 
 def _arg_spec(a: Any) -> Any:
     """What a worker needs of a launch argument (tensors are not sent)."""
+    import torch
+
     if isinstance(a, torch.Tensor):
         return ("tensor", str(a.dtype).removeprefix("torch."), a.data_ptr() % 16 == 0)
     return a
 
 
+class _DtypeName:
+    """Stands in for a torch dtype: Triton reads only its printed name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"torch.{self.name}"
+
+    __repr__ = __str__
+
+    def __eq__(self, other: object) -> bool:
+        return str(self) == str(other)
+
+    def __hash__(self) -> int:
+        return hash(str(self))
+
+
+class StandIn:
+    """A launch's tensor argument as Triton's binder sees it (its dtype and whether
+    its address is 16-byte aligned), without torch: the workers never import it."""
+
+    def __init__(self, dtype: str, aligned: bool) -> None:
+        self.dtype = _DtypeName(dtype)
+        self._ptr = 0 if aligned else 4
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+
 def _stand_in(spec: Any) -> Any:
-    """A tensor with the dtype and alignment of the one launched."""
+    """A tensor's stand-in with the dtype and alignment of the one launched."""
     if isinstance(spec, tuple) and len(spec) == 3 and spec[0] == "tensor":
-        t = torch.empty(32, dtype=getattr(torch, spec[1]))
-        return t if spec[2] else t[1:]
+        return StandIn(spec[1], spec[2])
     return spec
+
+
+def _is_tensor(a: Any) -> bool:
+    return hasattr(a, "data_ptr") and hasattr(a, "dtype")
 
 
 def _source(fn: Any, args: list[Any], kw: dict[str, int], backend: Any) -> tuple[Any, Any]:
@@ -115,7 +148,12 @@ def _source(fn: Any, args: list[Any], kw: dict[str, int], backend: Any) -> tuple
 
 
 def _compile_job(
-    path: str, arg_specs: list[Any], kw: dict[str, int], target: Target, launcher: bool = False
+    path: str,
+    source: str,
+    arg_specs: list[Any],
+    kw: dict[str, int],
+    target: Target,
+    launcher: bool = False,
 ) -> str | None:
     """In a worker (TRITON_INTERPRET=0 there): compile one kernel; None on
     success, else the error. `launcher`: also build Triton's launcher for it
@@ -126,7 +164,7 @@ def _compile_job(
         import triton
         from triton.backends.compiler import GPUTarget
 
-        fn = _native_module(path).kernel
+        fn = _native_module(path, source).kernel
         tgt = GPUTarget(target[0], target[1], target[2])
         backend = triton.compiler.make_backend(tgt)
         src, options = _source(fn, [_stand_in(a) for a in arg_specs], kw, backend)
@@ -141,6 +179,13 @@ def _compile_job(
         except Exception:  # no driver here: the launch builds it, as without us
             pass
     return None
+
+
+def _torch_imported() -> bool:
+    """Whether this process has imported torch (a worker must not: tests ask)."""
+    import sys
+
+    return "torch" in sys.modules
 
 
 def describe(e: BaseException) -> str:
@@ -160,19 +205,29 @@ def describe(e: BaseException) -> str:
 _modules: dict[str, ModuleType] = {}
 
 
-def _native_module(path: str) -> ModuleType:
+def _native_module(path: str, source: str | None = None) -> ModuleType:
     """The kernel module at `path` (a cache entry the launching process wrote)
-    imported with real `@triton.jit` functions, as a GPU build has it (`gpu_source`)."""
+    imported with real `@triton.jit` functions, as a GPU build has it
+    (`gpu_source`). Workers get that `source` with the job (reading the entry
+    would import the disk cache, hence torch)."""
     mod = _modules.get(path)
     if mod is None:
-        from .runtime import exec_module, module_store
+        from .srcmodule import exec_module
 
-        source = gpu_source(module_store("kernels").read_valid(path).decode())
+        if source is None:
+            source = _gpu_source_of(path)
         # a name of its own for linecache: the interpreter's module keeps `path`
         native = str(Path(path).with_suffix(".native.py"))
         mod = exec_module(f"stoker_triton_native_{Path(path).stem}", native, source)
         _modules[path] = mod
     return mod
+
+
+def _gpu_source_of(path: str) -> str:
+    """The GPU build's source of the kernel module at `path` (validated entry)."""
+    from .runtime.modules import module_store
+
+    return gpu_source(module_store("kernels").read_valid(path).decode())
 
 
 def cpu_count() -> int:
@@ -215,10 +270,11 @@ def signature(
     consts: dict[str, Any] = dict(constexprs)
     attrs: dict[tuple[int, ...], list[list[Any]]] = {}
     for i, (name, a) in enumerate(zip(arg_names, args)):
-        if isinstance(a, torch.Tensor):
-            if a.dtype not in _PTR:
+        if _is_tensor(a):  # a tensor, or its `StandIn`
+            dtype = str(a.dtype).removeprefix("torch.")
+            if dtype not in _PTR:
                 raise CrossCompileError(f"argument {name}: no Triton pointer type for {a.dtype}")
-            sig[name] = "*" + _PTR[a.dtype]
+            sig[name] = "*" + _PTR[dtype]
             if a.data_ptr() % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(a, bool):
@@ -248,6 +304,7 @@ def _submit(
     launcher: bool = False,
 ) -> list[tuple[tuple[Any, ...], Any]]:
     specs = [_arg_spec(a) for a in args]
+    source: str | None = None
     jobs = []
     for tgt in tgts:
         for xb, rb, w in dict.fromkeys(configs):  # small sizes repeat a config
@@ -260,7 +317,9 @@ def _submit(
                     _done.add(key)
                 continue
             kw = {"XBLOCK": xb, "RBLOCK": rb, "num_warps": w}
-            jobs.append((key, _executor().submit("_compile_job", path, specs, kw, tgt, launcher)))
+            source = source or _gpu_source_of(path)
+            fut = _executor().submit("_compile_job", path, source, specs, kw, tgt, launcher)
+            jobs.append((key, fut))
     return jobs
 
 

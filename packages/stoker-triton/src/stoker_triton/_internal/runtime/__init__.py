@@ -25,13 +25,13 @@ from typing import Any
 
 import torch
 
+from ..srcmodule import exec_module
 from .autotune import _Tuned
 from .launcher import Launcher, cdiv, next_pow2
 from .layout import PRECOMPILE_SEED, check_layout, ensure_layout, new_seed
 from .modules import (
     MODULE_FORMAT,
     cache_dir,
-    exec_module,
     interpreting,
     load_module,
     module_store,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import linecache
 import os
 import sys
 from pathlib import Path
@@ -11,6 +10,8 @@ from types import ModuleType
 
 from stoker_shapes import DiskCache
 from stoker_shapes._internal.diskcache import cache_root
+
+from ..srcmodule import exec_module
 
 # Bump when the generated modules' layout changes: older entries become misses.
 MODULE_FORMAT = "1"
@@ -43,23 +44,3 @@ def load_module(kind: str, source: str) -> tuple[ModuleType, Path]:
     else:
         path = store.put(sha, source.encode())
     return exec_module(name, path, source), path
-
-
-def exec_module(name: str, path: Path | str, source: str) -> ModuleType:
-    """Import `source` as module `name` whose file is `path` (a cache entry).
-
-    The source runs from memory (no `__pycache__`, no second read of the file)
-    and is registered with `linecache`, where `inspect.getsource` (hence
-    `@triton.jit`) reads it: the code, its line numbers and what Triton
-    hashes are the validated source's, whatever happens to the file later."""
-    mod = ModuleType(name)
-    mod.__file__ = str(path)
-    linecache.cache[str(path)] = (len(source), None, source.splitlines(True), str(path))
-    code = compile(source, str(path), "exec")
-    sys.modules[name] = mod
-    try:
-        exec(code, mod.__dict__)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return mod
