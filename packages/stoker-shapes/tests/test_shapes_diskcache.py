@@ -164,3 +164,22 @@ def test_clear(store) -> None:
 def test_kind_and_version_must_be_one_word(tmp_path) -> None:
     with pytest.raises(ValueError, match="no spaces"):
         DiskCache(tmp_path, "a b", "1")
+
+
+def test_a_quiet_cache_logs_below_debug_but_warns_about_broken_entries(tmp_path, caplog) -> None:
+    # bookkeeping entries (stoker-triton's "already compiled" markers) miss as a rule:
+    # their misses, writes and hits stay out of STOKER_LOGS=cache (INFO) and +cache (DEBUG)
+    quiet = DiskCache(tmp_path, "marks", "1", ".ok", quiet=True)
+    with caplog.at_level(logging.DEBUG, logger="stoker.cache"):
+        assert quiet.get("k") is None
+        path = quiet.put("k", b"built\n")
+        assert quiet.get("k") == b"built\n"
+        assert caplog.records == []
+        path.write_bytes(b"garbage")
+        assert quiet.get("k") is None
+    assert [r.levelno for r in caplog.records] == [logging.WARNING], caplog.records
+    loud = DiskCache(tmp_path, "other", "1")
+    with caplog.at_level(logging.DEBUG, logger="stoker.cache"):
+        caplog.clear()
+        loud.get("k")
+    assert [r.levelno for r in caplog.records] == [logging.INFO]

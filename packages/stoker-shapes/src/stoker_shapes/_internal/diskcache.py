@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger("stoker.cache")
+QUIET = logging.DEBUG - 5  # the level of a quiet cache's hits, misses and writes
 
 _MAGIC = b"# stoker-cache "
 _lock = threading.Lock()
@@ -128,7 +129,12 @@ class DiskCache:
     """
 
     def __init__(
-        self, root: Path | str | Callable[[], Path], kind: str, version: str, suffix: str = ""
+        self,
+        root: Path | str | Callable[[], Path],
+        kind: str,
+        version: str,
+        suffix: str = "",
+        quiet: bool = False,
     ) -> None:
         if any(c.isspace() for c in kind + version):
             raise ValueError(
@@ -138,6 +144,11 @@ class DiskCache:
         self.kind = kind
         self.version = version
         self.suffix = suffix
+        # quiet: hits, misses and writes are logged below DEBUG (bookkeeping entries,
+        # such as stoker-triton's "already compiled" markers, whose misses are expected);
+        # a broken entry is still warned about
+        self._level = QUIET if quiet else logging.INFO
+        self._hit_level = QUIET if quiet else logging.DEBUG
 
     @property
     def dir(self) -> Path:
@@ -172,11 +183,11 @@ class DiskCache:
                 continue
             body, why = self._parse(data)
             if body is not None:
-                log.debug("cache hit: %s", path)
+                log.log(self._hit_level, "cache hit: %s", path)
                 return path, body
             why = f"{path}: {why}"
             warn_once(str(path), "stoker cache: ignoring %s; compiling again and rewriting it", why)
-        log.info("cache miss: %s/%s (%s)", self.kind, key, why)
+        log.log(self._level, "cache miss: %s/%s (%s)", self.kind, key, why)
         return None
 
     def put(self, key: str, body: bytes) -> Path:
@@ -189,7 +200,7 @@ class DiskCache:
         path = self.path(key)
         try:
             atomic_write(path, data)
-            log.info("cache write: %s", path)
+            log.log(self._level, "cache write: %s", path)
             return path
         except OSError as e:
             root = self.dir.parent  # one warning for the whole cache, not one per kind

@@ -346,7 +346,7 @@ def _markers() -> Any:
 
     from .runtime.modules import cache_dir
 
-    return DiskCache(cache_dir, "compiled", f"1-triton{triton.__version__}", ".ok")
+    return DiskCache(cache_dir, "compiled", f"1-triton{triton.__version__}", ".ok", quiet=True)
 
 
 def _triton_cache_dir() -> str:
