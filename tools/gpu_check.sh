@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The GPU checks, in pieces that each fit a 10-minute device call, logs under $OUT.
+#     bash tools/gpu_check.sh tests              # every gpu-marked test, natively
+#     bash tools/gpu_check.sh kernels            # bench_triton: GB/s vs Inductor, launch overhead
+#     bash tools/gpu_check.sh suite gpt-m,mlp-l  # the GPU suite, eager/inductor/stoker, cold+warm
+#     bash tools/gpu_check.sh profile gpt-m      # cProfile of a stoker cold and a warm first step
+# Each step runs under `timeout`; a test's failure is printed as it happens (-rfE at the
+# end would be lost to a timeout), and the suite rewrites its JSON after every row.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+P=$PWD/packages
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+export PYTHONPATH=$P/stoker-shapes/src:$P/stoker-capture/src:$P/stoker-autograd/src:$P/stoker-triton/src:$P/stoker/src
+PY=${PYTHON:-python3}
+step=${1:-tests}
+case "$step" in
+tests)
+    nvidia-smi -L
+    $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+    dirs="packages/stoker-triton/tests packages/stoker/tests tests-integration"
+    timeout 540 bash -c "for d in $dirs; do $PY -m pytest -v --tb=short -m gpu -p no:cacheprovider \$d; done" \
+        2>&1 | tee "$OUT/gpu_tests.log" | grep -E "PASSED|FAILED|ERROR|^E |passed|failed"
+    ;;
+kernels)
+    timeout 540 $PY tools/bench_triton.py --inductor --launch-overhead 2>&1 | tee "$OUT/bench_triton.log"
+    ;;
+suite)
+    timeout 570 $PY tools/bench.py --suite gpu --models "${2:-gpt-m}" \
+        --backends "${3:-eager,inductor,stoker}" --json "$OUT/suite.json" --timeout 240 \
+        2>&1 | tee "$OUT/suite.log"
+    ;;
+profile)
+    C=$(mktemp -d)
+    export TORCHINDUCTOR_CACHE_DIR=$C/inductor TRITON_CACHE_DIR=$C/triton STOKER_CACHE_DIR=$C/stoker
+    for run in cold warm; do
+        STOKER_LOGS=timings,cache timeout 250 $PY -m cProfile -o "$OUT/$run.prof" \
+            -m stoker._internal.bench suite-worker "${2:-gpt-m}" stoker --steps 2 --device cuda \
+            > "$OUT/$run.log" 2>&1
+        $PY -c "import pstats; pstats.Stats('$OUT/$run.prof').sort_stats('cumulative').print_stats(50)" \
+            > "$OUT/prof_$run.txt" 2>&1
+        grep -o '"first_step_s": [0-9.]*' "$OUT/$run.log"
+    done
+    ;;
+*)
+    echo "unknown step $step: tests | kernels | suite MODELS [BACKENDS] | profile MODEL" >&2
+    exit 2
+    ;;
+esac
