@@ -103,6 +103,8 @@ def install() -> None:
 
 
 def _recording(real: Any, kind: str) -> Any:
+    # never traced by Dynamo (it would break the graph on the frame inspection)
+    @torch.compiler.disable  # type: ignore[untyped-decorator]
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             _record(kind, args)
@@ -189,8 +191,7 @@ def _site(frame: Any) -> Site | None:
     while g is not None:
         n = g.f_locals.get("n")
         if isinstance(n, torch.fx.Node) and n.target is op:
-            at, of, after = _position(n)
-            return Site(kind, at, of, after)
+            return Site(kind, *_position(n))
         g = g.f_back
     return Site(kind, None, None, None)
 
@@ -198,8 +199,9 @@ def _site(frame: Any) -> Site | None:
 _POSITIONS: dict[int, tuple[Any, dict[Any, tuple[int, int, int]]]] = {}  # id(graph) -> ...
 
 
-def _position(node: torch.fx.Node) -> tuple[int, int, int]:
-    """(index among call nodes, call nodes, compute nodes after it) in ``node``'s graph."""
+def _position(node: torch.fx.Node) -> tuple[int | None, int | None, int | None]:
+    """(index among call nodes, call nodes, compute nodes after it) in ``node``'s graph
+    (Nones for a node `distributed.comm_sites` does not list)."""
     graph = node.graph
     cached = _POSITIONS.get(id(graph))
     if cached is None or cached[0] is not graph:
@@ -212,7 +214,7 @@ def _position(node: torch.fx.Node) -> tuple[int, int, int]:
         if len(_POSITIONS) > 64:
             _POSITIONS.clear()
         _POSITIONS[id(graph)] = cached
-    return cached[1].get(node, (-1, -1, -1))
+    return cached[1].get(node, (None, None, None))
 
 
 # ---------------------------------------------------------------------- reading the log
