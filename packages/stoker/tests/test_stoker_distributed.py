@@ -241,3 +241,19 @@ def test_collectives_per_step_in_the_summary_demo_and_report(tmp_path: Path) -> 
     report.distributed = info
     html = report.to_html()
     assert "Collectives per step" in html and "post_acc_grad_hook" in html
+
+
+def test_a_model_without_ddp_or_fsdp2_has_no_distributed_section(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plain model's backward ends in the final callbacks too: that alone is not a
+    distributed run (the report would show an empty Distributed section)."""
+    from stoker._internal import collectives
+
+    monkeypatch.setattr(distributed, "_RECORDS", [])  # DDP modules of earlier tests
+    collectives.clear()
+    compiled = stoker.compile(_mlp())
+    compiled(torch.randn(3, 4)).sum().backward()
+    sites = distributed.backward_collectives()
+    assert [s["kind"] for s in sites] == ["final callbacks"]
+    assert distributed.summary() == {}

@@ -276,7 +276,10 @@ def summary() -> dict[str, Any]:
     ]
     sites = backward_collectives()
     steps = collectives.steps()
-    if not ddps and not steps and not any(s["kind"] != "post_acc_grad_hook" for s in sites):
+    # every compiled backward ends in the final callbacks, and user code may have
+    # post-accumulate-grad hooks: alone, neither says that anything is distributed
+    plain = ("post_acc_grad_hook", "final callbacks")
+    if not ddps and not steps and all(s["kind"] in plain for s in sites):
         return {}
     last = {
         f"last_{name}": step_summary(s) if s is not None else None
