@@ -1,7 +1,8 @@
-"""Worker of test_distributed.py: 2 CPU ranks (gloo, 127.0.0.1), eager against stoker.
+"""Worker of test_distributed.py: eager against stoker on 2 CPU ranks (gloo) or 1 GPU (NCCL).
 
-``python distributed_script.py GROUP OUT.json`` spawns 2 processes that run every
-case of GROUP (one spawn per group: process start-up and compiles are the cost),
+``python distributed_script.py GROUP OUT.json [CASE]`` spawns the processes of GROUP
+(``gloo``: 2 CPU ranks; ``nccl``: 1 GPU rank) that run each of its cases in turn
+(one spawn for all: process start-up, imports and the first compile are paid once),
 each case eager first (stoker's compiled autograd off) then compiled, on the same
 batches, whose sizes change between steps.  Rank 0 writes one JSON object per
 case to OUT.json; test_distributed.py asserts on them.
@@ -13,8 +14,10 @@ import datetime
 import json
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -23,12 +26,17 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 
 import stoker
+from stoker._internal import collectives
 from stoker._internal import distributed as stoker_dist
 from stoker._internal.launch import free_port
 from stoker._internal.models import GPT, GPTConfig, lm_loss
 
 STEPS = (5, 6, 7, 8)  # batch sizes (the GPT's: 3 fewer)
 LOG: list[str] = []  # collectives and markers, in the order they ran on this rank
+DEVICE = ["cpu"]  # "cuda" under NCCL
+# The MLP's sizes become symbolic when they change (automatic dynamic: a recompile in
+# step 2); the GPT's are symbolic from the start (its compile is the suite's cost).
+DYNAMIC: dict[str, bool | None] = {"mlp": None, "gpt": True}
 
 
 # ------------------------------------------------------------------ models and batches
@@ -97,9 +105,9 @@ class CkptBlock(nn.Module):
         return out  # type: ignore[no-any-return]
 
 
-def gpt(checkpoint: bool = False) -> nn.Module:
+def gpt(checkpoint: bool = False, layers: int = 2) -> nn.Module:
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32))
+    model = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=layers, n_head=2, n_embd=32))
     if checkpoint:
         blocks: Any = model.blocks  # type: ignore[attr-defined]
         for i, b in enumerate(list(blocks)):
@@ -111,9 +119,12 @@ def batch(kind: str, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * step + rank)
     n = STEPS[step]
     if kind == "gpt":
-        seq = torch.randint(0, 32, (n - 3, 9), generator=g)
+        seq = torch.randint(0, 32, (n - 3, 9), generator=g).to(DEVICE[0])
         return seq[:, :-1], seq[:, 1:]
-    return torch.randn(n, 8, generator=g), torch.randn(n, 4, generator=g)
+    return (
+        torch.randn(n, 8, generator=g).to(DEVICE[0]),
+        torch.randn(n, 4, generator=g).to(DEVICE[0]),
+    )
 
 
 def loss_of(kind: str, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -124,7 +135,7 @@ def loss_of(kind: str, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def full(p: torch.Tensor) -> torch.Tensor:
     full_tensor = getattr(p, "full_tensor", None)
-    return (full_tensor() if full_tensor is not None else p).detach().float().clone()
+    return (full_tensor() if full_tensor is not None else p).detach().float().cpu().clone()
 
 
 # ------------------------------------------------------------------ one training run
@@ -244,18 +255,24 @@ def ddp_case(
 ) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    build = gpt if kind == "gpt" else (lambda: mlp(marks))
+    def build() -> nn.Module:
+        return (gpt(layers=1) if kind == "gpt" else mlp(marks)).to(DEVICE[0])
+
+    ids = [0] if DEVICE[0] == "cuda" else None
     stoker.reset()
     m = build()
-    d = DDP(m, bucket_cap_mb=bucket_mb)
+    d = DDP(m, bucket_cap_mb=bucket_mb, device_ids=ids)
     eager = train(kind, d, m, rank, accumulate, d.no_sync)
     stoker.reset()
     m = build()
     if order == "outer":
-        d = DDP(m, bucket_cap_mb=bucket_mb)
-        model: nn.Module = stoker.compile(d, compiled_autograd=compiled_autograd)
+        d = DDP(m, bucket_cap_mb=bucket_mb, device_ids=ids)
+        model: nn.Module = stoker.compile(
+            d, compiled_autograd=compiled_autograd, dynamic=DYNAMIC[kind]
+        )
     else:
-        d = DDP(stoker.compile(m, compiled_autograd=compiled_autograd), bucket_cap_mb=bucket_mb)
+        c = stoker.compile(m, compiled_autograd=compiled_autograd, dynamic=DYNAMIC[kind])
+        d = DDP(c, bucket_cap_mb=bucket_mb, device_ids=ids)
         model = d
     comp = train(kind, model, m, rank, accumulate, d.no_sync)
     out = compare(eager, comp)
@@ -271,20 +288,6 @@ def ddp_case(
     return out
 
 
-def ddp_unsupported(rank: int) -> dict[str, Any]:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    stoker.reset()
-    d = DDP(mlp(), find_unused_parameters=True, gradient_as_bucket_view=True)
-    try:
-        stoker.compile(d)
-    except stoker.StokerConfigError as e:
-        return {"error": str(e)}
-    finally:
-        stoker.reset()
-    return {"error": None}
-
-
 # ------------------------------------------------------------------ FSDP2 cases
 def fsdp_case(
     rank: int,
@@ -295,7 +298,7 @@ def fsdp_case(
     marks: bool = False,
     bf16: bool = False,
 ) -> dict[str, Any]:
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     mp_policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if bf16 else None,
@@ -303,7 +306,7 @@ def fsdp_case(
     )
 
     def build() -> nn.Module:
-        m = gpt(checkpoint) if kind == "gpt" else mlp(marks)
+        m = (gpt(checkpoint) if kind == "gpt" else mlp(marks)).to(DEVICE[0])
         parts = list(m.blocks) if kind == "gpt" else m.linears()  # type: ignore[operator]
         for p in parts:
             fully_shard(p, reshard_after_forward=reshard, mp_policy=mp_policy)
@@ -313,33 +316,60 @@ def fsdp_case(
     _record_collectives()
     stoker.reset()
     m = build()
+    collectives.clear()
     eager = train(kind, m, m, rank)
+    eager_steps = collectives.steps()
     stoker.reset()
     m = build()
-    comp = train(kind, stoker.compile(m), m, rank)
+    collectives.clear()
+    comp = train(kind, stoker.compile(m, dynamic=DYNAMIC[kind]), m, rank)
     out = compare(eager, comp)
     out["graph_positions"] = stoker_dist.backward_collectives()
+    out["steps_eager"] = [_issued(s) for s in eager_steps]
+    out["steps"] = [_issued(s) for s in collectives.steps()]
+    out["compiled"] = [s.compiled for s in collectives.steps()]
+    out["sites"] = [
+        [asdict(c.site) if c.site else None for c in s.issued] for s in collectives.steps()
+    ]
+    out["summary"] = stoker_dist.summary()
+    out["fsdp_groups"] = sum(1 for x in m.modules() if isinstance(x, FSDPModule))
     stoker.reset()
     return out
 
 
-GROUPS: dict[str, list[tuple[str, Callable[[int], dict[str, Any]]]]] = {
-    "ddp": [
-        ("mlp_outer_25mb", lambda r: ddp_case(r, "mlp", "outer", 25)),
-        ("mlp_inner_small_no_sync", lambda r: ddp_case(r, "mlp", "inner", 0.001, accumulate=2)),
-        ("gpt_outer_small", lambda r: ddp_case(r, "gpt", "outer", 0.01)),
-        (
-            "mlp_outer_small_no_ca",
-            lambda r: ddp_case(r, "mlp", "outer", 0.001, compiled_autograd=False, marks=False),
-        ),
-        ("unsupported", ddp_unsupported),
-    ],
-    "fsdp2": [
-        ("mlp_reshard_marks", lambda r: fsdp_case(r, "mlp", True, marks=True)),
-        ("mlp_no_reshard", lambda r: fsdp_case(r, "mlp", False)),
-        ("gpt_reshard_ckpt", lambda r: fsdp_case(r, "gpt", True, checkpoint=True)),
-        ("mlp_bf16_params_fp32_reduce", lambda r: fsdp_case(r, "mlp", True, bf16=True)),
-    ],
+def _issued(step: collectives.Step) -> list[tuple[str, int, str, str]]:
+    return [(c.kind, c.numel, c.dtype, c.phase) for c in step.issued]
+
+
+CASES: dict[str, Callable[[int], dict[str, Any]]] = {
+    # DDP: both compile orders, buckets of 25 MB (one) and small ones, no_sync, graph breaks
+    "ddp_mlp_outer_25mb": lambda r: ddp_case(r, "mlp", "outer", 25, marks=False),
+    "ddp_mlp_inner_small_no_sync": lambda r: ddp_case(
+        r, "mlp", "inner", 0.001, accumulate=2, marks=True
+    ),
+    "ddp_gpt_outer_small": lambda r: ddp_case(r, "gpt", "outer", 0.01),
+    "ddp_mlp_outer_small_no_ca": lambda r: ddp_case(
+        r, "mlp", "outer", 0.001, compiled_autograd=False, marks=False
+    ),
+    # FSDP2: per-layer (per-block) + root, both reshard_after_forward, checkpointing, bf16
+    "fsdp2_mlp_reshard_marks": lambda r: fsdp_case(r, "mlp", True, marks=True),
+    "fsdp2_mlp_no_reshard": lambda r: fsdp_case(r, "mlp", False),
+    "fsdp2_gpt_reshard_ckpt": lambda r: fsdp_case(r, "gpt", True, checkpoint=True),
+    "fsdp2_mlp_bf16_params_fp32_reduce": lambda r: fsdp_case(r, "mlp", True, bf16=True),
+}
+# One spawned job per group: process start-up, imports and Dynamo's first compile are paid once.
+GROUPS: dict[str, tuple[str, int, list[str]]] = {  # backend, world size, cases
+    "gloo": ("gloo", 2, list(CASES)),
+    "nccl": (
+        "nccl",
+        1,
+        [
+            "ddp_mlp_outer_25mb",
+            "ddp_mlp_inner_small_no_sync",
+            "fsdp2_mlp_reshard_marks",
+            "fsdp2_mlp_bf16_params_fp32_reduce",
+        ],
+    ),
 }
 
 
@@ -354,16 +384,25 @@ def _jsonable(x: Any) -> Any:
 
 
 def worker(rank: int, port: int, group: str, out: str, only: str | None) -> None:
+    backend, world, cases = GROUPS[group]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=90))
+    if backend == "nccl":
+        DEVICE[0] = "cuda"
+        torch.cuda.set_device(rank)
+    dist.init_process_group(
+        backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=90)
+    )
     torch.set_num_threads(1)
+    collectives.install()
     results: dict[str, Any] = {}
     try:
-        for name, case in GROUPS[group]:
+        for name in cases:
             if only and name != only:
                 continue
+            t0 = time.perf_counter()
             try:
-                results[name] = _jsonable(case(rank))
+                results[name] = _jsonable(CASES[name](rank))
+                results[name]["seconds"] = round(time.perf_counter() - t0, 1)
             except Exception:
                 results[name] = {"exception": traceback.format_exc()}
                 break  # the other rank may be stuck in a collective: stop here
@@ -377,4 +416,4 @@ def worker(rank: int, port: int, group: str, out: str, only: str | None) -> None
 if __name__ == "__main__":
     group, out = sys.argv[1], sys.argv[2]
     only = sys.argv[3] if len(sys.argv) > 3 else None
-    mp.spawn(worker, args=(free_port(), group, out, only), nprocs=2)
+    mp.spawn(worker, args=(free_port(), group, out, only), nprocs=GROUPS[group][1])

@@ -4,7 +4,9 @@ reducer's bookkeeping.  The 2-rank parity runs are in tests-integration."""
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,11 +59,14 @@ def _ddp(m: nn.Module, **kw: object) -> nn.parallel.DistributedDataParallel:
 
 
 def test_unsupported_settings_are_named_with_what_to_change() -> None:
-    d = _ddp(_mlp(), find_unused_parameters=True, gradient_as_bucket_view=True)
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    d = _ddp(_mlp(), find_unused_parameters=True)
+    d.register_comm_hook(None, default_hooks.allreduce_hook)
     with pytest.raises(stoker.StokerConfigError) as e:
         stoker.compile(d)
     msg = str(e.value)
-    assert "find_unused_parameters=False" in msg and "gradient_as_bucket_view=False" in msg
+    assert "find_unused_parameters=False" in msg and "register no comm hook" in msg
     assert "compiled_autograd=False" in msg
     # the same settings are fine without compiled autograd (DDP's own reducer runs)
     stoker.compile(_ddp(_mlp(), find_unused_parameters=True), compiled_autograd=False)
@@ -97,6 +102,60 @@ def test_stoker_reducer_trains_like_eager_ddp_with_no_sync(order: str) -> None:
     assert info["ddp"][-1]["mode"] == "stoker_reducer"
     hooks = [s for s in info["backward_sites"] if s["kind"] == "post_acc_grad_hook"]
     assert len(hooks) == 6 and hooks[0]["compute_after"] > 0
+
+
+@pytest.mark.parametrize("setting", ["static_graph", "gradient_as_bucket_view"])
+def test_static_graph_and_gradient_as_bucket_view_train_like_eager_ddp(setting: str) -> None:
+    """static_graph: DDP's delayed first all-reduce is its C++ reducer's, which stoker's
+    replaces (its buckets are static anyway); gradient_as_bucket_view: each .grad stays
+    its own tensor, the reduced bucket is copied into it."""
+    eager = _mlp()
+    ref = _ddp(copy.deepcopy(eager), bucket_cap_mb=0.0002, **{setting: True})
+    m = copy.deepcopy(eager)
+    d = _ddp(m, bucket_cap_mb=0.0002, **{setting: True})
+    compiled = stoker.compile(d)
+    for step in range(3):
+        x = torch.randn(5 + step, 4)
+        compiled(x).pow(2).mean().backward()
+        with stoker.autograd_enabled(False):
+            ref(x).pow(2).mean().backward()
+        for p, q in zip(m.parameters(), ref.module.parameters(), strict=True):
+            assert p.grad is not None and q.grad is not None
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+            p.grad, q.grad = None, None
+    assert d._stoker_ddp.mode == "stoker_reducer"  # type: ignore[attr-defined]
+    assert len(d._stoker_ddp.steps) == 3  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("order", ["outer", "inner"])
+def test_join_is_refused_with_what_to_change(order: str) -> None:
+    """DDP's join() shadows the all-reduces of DDP's C++ reducer, which stoker's replaces
+    (a rank out of data would wait on collectives nobody issues): refused, in either order
+    and whether join() is entered before or after the first forward."""
+    m = _mlp()
+    d = _ddp(m) if order == "outer" else _ddp(stoker.compile(m))
+    model = stoker.compile(d) if order == "outer" else d
+    with pytest.raises(stoker.StokerConfigError, match=r"join\(\).*same number of batches"):
+        with d.join():
+            model(torch.randn(3, 4)).sum().backward()
+    model(torch.randn(3, 4)).sum().backward()  # adopted now, if not before
+    with pytest.raises(stoker.StokerConfigError, match=r"join\(\)"):
+        with d.join():
+            pass
+
+
+def test_join_works_without_compiled_autograd() -> None:
+    m = _mlp()
+    ref = _ddp(copy.deepcopy(m))
+    d = _ddp(m)
+    compiled = stoker.compile(d, compiled_autograd=False)
+    x = torch.randn(3, 4)
+    with d.join():
+        compiled(x).sum().backward()
+    with stoker.autograd_enabled(False), ref.join():
+        ref(x).sum().backward()
+    for p, q in zip(m.parameters(), ref.module.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
 
 
 def test_a_parameter_without_gradient_is_an_error_not_a_hang() -> None:
@@ -141,3 +200,60 @@ def test_demo_cli_takes_ranks_and_parallel_and_prints_where_collectives_sit() ->
     text = format_distributed("ddp", 1, distributed.summary())
     assert "DDP reducer mode: stoker_reducer" in text
     assert "started after" in text and "post_acc_grad_hook ×6" in text
+
+
+def test_collectives_per_step_in_the_summary_demo_and_report(tmp_path: Path) -> None:
+    """Eager steps (a hand-written reducer: an all-reduce per gradient from a hook) and
+    compiled DDP steps (stoker's reducer: one per bucket) alternate, as in the demo; each
+    collective is recorded at c10d's ProcessGroup with its phase, the compiled ones with
+    the backward node that issued them; the demo text and the report show both.  (FSDP2
+    issues no collectives on one rank: its counts are checked on 2 in tests-integration.)"""
+    from stoker._internal import collectives
+    from stoker._internal.demo_distributed import format_distributed
+
+    eager = _mlp()
+    for p in eager.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: dist.all_reduce(p.grad))
+    m = _mlp()
+    d = _ddp(m, bucket_cap_mb=0.0002)
+    compiled = stoker.compile(d, report=str(tmp_path / "r.html"))
+    collectives.install()
+    collectives.clear()
+    for step in range(3):
+        x = torch.randn(3 + step, 4)
+        with stoker.autograd_enabled(False):
+            eager(x).sum().backward()
+        compiled(x).sum().backward()
+    assert [s.compiled for s in collectives.steps()] == [False, True] * 3
+    info = distributed.summary()
+    buckets = len(d._stoker_ddp.buckets)  # type: ignore[attr-defined]
+    assert info["last_eager"]["counts"] == {"all_reduce": {"backward": 6}}
+    assert info["last_compiled"]["counts"] == {"all_reduce": {"backward": buckets}}
+    issued = info["last_compiled"]["issued"]
+    assert all(c["site"]["kind"] == "post_acc_grad_hook" for c in issued)
+    at = [c["site"]["at"] for c in issued]
+    assert at == sorted(at) and at[0] < issued[0]["site"]["of"] - 1  # inside the backward
+    text = format_distributed("ddp", 1, info)
+    assert re.search(rf"all_reduce +backward 6 \| {buckets}\n", text), text
+    assert "by post_acc_grad_hook at" in text
+    report = stoker.last_report()
+    assert report is not None
+    report.distributed = info
+    html = report.to_html()
+    assert "Collectives per step" in html and "post_acc_grad_hook" in html
+
+
+def test_a_model_without_ddp_or_fsdp2_has_no_distributed_section(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plain model's backward ends in the final callbacks too: that alone is not a
+    distributed run (the report would show an empty Distributed section)."""
+    from stoker._internal import collectives
+
+    monkeypatch.setattr(distributed, "_RECORDS", [])  # DDP modules of earlier tests
+    collectives.clear()
+    compiled = stoker.compile(_mlp())
+    compiled(torch.randn(3, 4)).sum().backward()
+    sites = distributed.backward_collectives()
+    assert [s["kind"] for s in sites] == ["final callbacks"]
+    assert distributed.summary() == {}

@@ -61,11 +61,6 @@ _UNSUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
         "every parameter must take part in the loss: pass find_unused_parameters=False",
     ),
     (
-        "gradient_as_bucket_view=True",
-        lambda d: bool(d.gradient_as_bucket_view),
-        "stoker's reducer keeps .grad apart from its buckets: pass gradient_as_bucket_view=False",
-    ),
-    (
         "mixed_precision",
         lambda d: getattr(d, "mixed_precision", None) is not None,
         "cast the model yourself (or use torch.autocast) and drop DDP's mixed_precision",
@@ -88,17 +83,47 @@ _UNSUPPORTED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
 )
 
 
-def check_supported(ddp: DDP) -> None:
+_JOIN = (
+    "DDP's join() context (uneven inputs)",
+    lambda d: bool(getattr(getattr(d, "_join_config", None), "enable", False)),
+    "give every rank the same number of batches (e.g. DistributedSampler(drop_last=True)), "
+    "as join()'s shadow all-reduces follow DDP's C++ reducer, which stoker's replaces",
+)
+
+
+def check_supported(ddp: DDP, join_only: bool = False) -> None:
     """Raise `DistributedConfigError` naming each DDP setting stoker's reducer refuses."""
-    bad = [(what, fix) for what, test, fix in _UNSUPPORTED if test(ddp)]
+    rules = (_JOIN,) if join_only else (*_UNSUPPORTED, _JOIN)
+    bad = [(what, fix) for what, test, fix in rules if test(ddp)]
+    if _JOIN[0] in (what for what, _fix in bad):  # Join leaves it on when its block raises
+        ddp._join_config = type(ddp._join_config).construct_disabled_join_config()
     if bad:
-        lines = "\n".join(f"  - {what}: {fix}" for what, fix in bad)
-        raise DistributedConfigError(
-            "stoker: DistributedDataParallel with compiled autograd (stoker.compile's default) "
-            f"runs stoker's bucketed reducer, which does not support:\n{lines}\n"
-            "or keep these settings and pass compiled_autograd=False to stoker.compile "
-            "(DDP's own reducer then runs, with Dynamo's graph split at bucket boundaries)."
-        )
+        raise DistributedConfigError(_message(bad))
+
+
+def _message(bad: list[tuple[str, str]]) -> str:
+    lines = "\n".join(f"  - {what}: {fix}" for what, fix in bad)
+    return (
+        "stoker: DistributedDataParallel with compiled autograd (stoker.compile's default) "
+        f"runs stoker's bucketed reducer, which does not support:\n{lines}\n"
+        "or keep these settings and pass compiled_autograd=False to stoker.compile "
+        "(DDP's own reducer then runs, with Dynamo's graph split at bucket boundaries)."
+    )
+
+
+def refuse_join(ddp: Any) -> None:
+    """Make ``ddp.join()`` (and a forward inside one entered earlier) raise what to change."""
+
+    def join_hook(**kwargs: Any) -> Any:  # Join() calls it first: nothing is set up yet
+        what, _test, fix = _JOIN
+        raise DistributedConfigError(_message([(what, fix)]))
+
+    @torch.compiler.disable  # type: ignore[untyped-decorator]
+    def pre(module: Any, args: Any) -> None:
+        check_supported(ddp, join_only=True)
+
+    ddp.join_hook = join_hook
+    ddp.register_forward_pre_hook(pre)
 
 
 def first_bucket_bytes(ddp: DDP) -> int:

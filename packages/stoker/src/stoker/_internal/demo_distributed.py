@@ -4,8 +4,9 @@ Every rank trains an eager copy and a compiled copy of the GPT, both wrapped the
 same way (``DDP(model)`` or ``fully_shard`` per block and the root), on its own
 batches; rank 0 prints the demo's comparison, then what stoker did for the
 parallelism: DDP's reducer mode and the all-reduces of the last step (which
-bucket, after how many gradients), and where in the captured backward graph the
-nodes that issue collectives sit.  gloo on the CPU; NCCL with one GPU per rank.
+bucket, after how many gradients), the collectives per step of eager and of
+stoker side by side, the node of the compiled backward that issued each, and
+where in the captured backward graph the nodes that issue collectives sit.  gloo on the CPU; NCCL with one GPU per rank.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def format_distributed(parallel: str, world: int, info: dict[str, Any]) -> str:
                     f"    bucket {c['bucket']}: {c['params']} params, {c['bytes']} B, "
                     f"started after {c['after_grads']} gradients were ready"
                 )
+    lines += format_steps(info)
     sites = info.get("backward_sites", [])
     if sites:
         kinds: dict[str, list[str]] = {}
@@ -70,6 +72,40 @@ def format_distributed(parallel: str, world: int, info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_steps(info: dict[str, Any], shown: int = 12) -> list[str]:
+    """Collectives per step, the newest eager step beside the newest compiled one, then
+    the compiled step's backward collectives in issue order with the node that issued each."""
+    eager, comp = info.get("last_eager"), info.get("last_compiled")
+    if comp is None:
+        return []
+    lines = ["  collectives per step (eager | stoker, the newest step of each):"]
+    counts_e = eager["counts"] if eager else {}
+    for kind, phases in comp["counts"].items():
+        cells = [
+            f"{phase} {counts_e.get(kind, {}).get(phase, '-')} | {n}"
+            for phase, n in sorted(phases.items(), reverse=True)
+        ]
+        lines.append(f"    {kind:<15} " + "   ".join(cells))
+    if eager is None:
+        lines.append("    (eager: none seen; DDP's C++ reducer issues its all-reduces from C++)")
+    issued = [c for c in comp["issued"] if c["phase"] == "backward"]
+    if issued:
+        lines.append("  stoker's backward, collectives in issue order (node/total in its graph):")
+        for c in issued[:shown]:
+            site = c["site"] or {}
+            where = (
+                f"{site['at']}/{site['of']} (+{site['compute_after']} compute after)"
+                if site.get("at") is not None
+                else "node not found"
+            )
+            lines.append(
+                f"    {c['kind']} {c['numel']} {c['dtype']} by {site.get('kind', '?')} at {where}"
+            )
+        if len(issued) > shown:
+            lines.append(f"    ... {len(issued) - shown} more")
+    return lines
+
+
 def _rank_main(
     rank: int,
     world: int,
@@ -82,8 +118,10 @@ def _rank_main(
     seed: int,
     progress: bool,
 ) -> None:
-    from . import distributed
+    from . import collectives, distributed
     from .demo import format_result, train_side_by_side
+
+    collectives.install()  # before the first (eager) step
 
     res = train_side_by_side(
         steps=steps,

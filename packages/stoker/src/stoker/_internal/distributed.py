@@ -35,13 +35,14 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 import torch
 import torch._dynamo
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import logs
+from . import collectives, logs
 from .ddp_reducer import (
     BucketReducer,
     Collective,
@@ -49,6 +50,7 @@ from .ddp_reducer import (
     DistributedConfigError,
     check_supported,
     first_bucket_bytes,
+    refuse_join,
 )
 
 __all__ = ["Collective", "DistributedConfigError", "adopt", "on_graph", "summary", "wrap_forward"]
@@ -77,6 +79,12 @@ def adopt(ddp: Any, compiled_autograd: bool) -> DDPRecord:
             ddp._remove_autograd_hooks()
             ddp._use_python_reducer = True  # DDP's forward no longer drives its reducer
             _sync_buffers_around_forward(ddp)
+        if ddp.gradient_as_bucket_view:
+            _LOG.info(
+                "DDP gradient_as_bucket_view=True: each .grad stays its own tensor (stoker's "
+                "reducer copies the reduced bucket into it); DDP's results, not its memory saving"
+            )
+        refuse_join(ddp)
         ddp._stoker_reducer = BucketReducer(ddp, rec)  # type: ignore[assignment]
     else:
         rec = DDPRecord(
@@ -176,6 +184,8 @@ def wrap_forward(compiled: torch.nn.Module, compiled_autograd: bool) -> None:
 
     @functools.wraps(inner)
     def forward(*args: Any, **kwargs: Any) -> Any:
+        if torch.distributed.is_initialized():
+            collectives.install()  # the report's collectives per step
         ddp = _active_cpp_ddp()
         if ddp is not None and compiled_autograd:
             adopt(ddp, compiled_autograd=True)
@@ -186,14 +196,15 @@ def wrap_forward(compiled: torch.nn.Module, compiled_autograd: bool) -> None:
 
 
 # ---------------------------------------------------------------------- where they sit
-def comm_sites(graph: Any) -> list[dict[str, Any]]:
+def comm_sites(graph: Any, with_nodes: bool = False) -> list[Any]:
     """The nodes of a captured backward graph that can issue collectives, in order.
 
     DDP's buckets start in post-accumulate-grad hooks; FSDP2 all-gathers in its
     pre-backward hooks and reduce-scatters in ``RegisterPostBackwardFunction``'s
-    backward (and its root callback, at the graph's end).  Each site says how much
-    backward compute (functional backwards and aten ops) runs after it: what a
-    collective started there can overlap with.
+    backward and in its root callback (the final callbacks, at the graph's end).
+    Each site says how much backward compute (functional backwards and aten ops)
+    runs after it: what a collective started there can overlap with.  With
+    ``with_nodes``: ``(node, site)`` pairs.
     """
     import stoker_autograd
 
@@ -202,17 +213,20 @@ def comm_sites(graph: Any) -> list[dict[str, Any]]:
     compute = [
         n.target not in opaque and getattr(n.target, "__name__", "") != "getitem" for n in calls
     ]
-    sites: list[dict[str, Any]] = []
+    sites: list[Any] = []
     for i, n in enumerate(calls):
         if n.target is stoker_autograd.call_hook:
             kind = str(n.kwargs.get("hook_type"))
         elif n.target is stoker_autograd.call_backward:
             kind = f"backward of {n.meta.get('stoker_fn', 'autograd.Function')}"
+        elif n.target in opaque and "final_callbacks" in getattr(n.target, "__name__", ""):
+            kind = "final callbacks"
         else:
             continue
         if kind == "unpack_hook":
             continue
-        sites.append({"at": i, "of": len(calls), "kind": kind, "compute_after": sum(compute[i:])})
+        site = {"at": i, "of": len(calls), "kind": kind, "compute_after": sum(compute[i:])}
+        sites.append((n, site) if with_nodes else site)
     return sites
 
 
@@ -226,9 +240,20 @@ def backward_collectives() -> list[dict[str, Any]]:
     return comm_sites(session.graphs[-1].gm.graph)
 
 
+def step_summary(step: collectives.Step) -> dict[str, Any]:
+    """One step's collectives for the report: counts by kind and phase, then each in order."""
+    return {
+        "compiled": step.compiled,
+        "counts": step.counts(),
+        "issued": [asdict(c) for c in step.issued],
+    }
+
+
 def summary() -> dict[str, Any]:
     """For the report: each DDP module's mode, buckets and collectives per step (the
-    newest steps), and where collectives can start in the newest backward graph."""
+    newest steps), where collectives can start in the newest backward graph, and the
+    collectives issued through Python per step: the newest steps, and the newest
+    eager and compiled ones (``last_eager``, ``last_compiled``) side by side."""
     ddps = [
         {
             "mode": r.mode,
@@ -250,6 +275,22 @@ def summary() -> dict[str, Any]:
         for r in _RECORDS
     ]
     sites = backward_collectives()
-    if not ddps and not any(s["kind"] != "post_acc_grad_hook" for s in sites):
+    steps = collectives.steps()
+    # every compiled backward ends in the final callbacks, and user code may have
+    # post-accumulate-grad hooks: alone, neither says that anything is distributed
+    plain = ("post_acc_grad_hook", "final callbacks")
+    if not ddps and not steps and all(s["kind"] in plain for s in sites):
         return {}
-    return {"ddp": ddps, "backward_sites": sites}
+    last = {
+        f"last_{name}": step_summary(s) if s is not None else None
+        for name, s in (
+            ("eager", collectives.last(compiled=False)),
+            ("compiled", collectives.last(compiled=True)),
+        )
+    }
+    return {
+        "ddp": ddps,
+        "backward_sites": sites,
+        "steps": [step_summary(s) for s in steps[-4:]],
+        **last,
+    }

@@ -385,6 +385,20 @@ def _render_distributed(d: dict[str, Any]) -> str:
                 frozenset({1, 2, 3, 4}),
             )
         )
+    steps = d.get("steps", [])
+    if steps:
+        out.append(
+            "<h3>Collectives per step (issued through Python; the newest steps)</h3>"
+            + _table(
+                ["step", "backward", "kind", "phase", "elements", "dtype", "issued by", "node"],
+                [
+                    [k, "stoker" if st["compiled"] else "eager", *_issued_cells(c)]
+                    for k, st in enumerate(steps)
+                    for c in st["issued"]
+                ],
+                frozenset({0, 4}),
+            )
+        )
     sites = d.get("backward_sites", [])
     if sites:
         out.append("<h3>Nodes issuing collectives in the newest captured backward graph</h3>")
@@ -396,3 +410,15 @@ def _render_distributed(d: dict[str, Any]) -> str:
             )
         )
     return "".join(out)
+
+
+def _issued_cells(c: dict[str, Any]) -> list[Any]:
+    """kind, phase, elements, dtype, and the backward node that issued it (compiled only)."""
+    site = c["site"]
+    if site is None:
+        where = ["—", "—"]
+    elif site["at"] is None:
+        where = [site["kind"], "?"]
+    else:
+        where = [site["kind"], f"{site['at']}/{site['of']} (+{site['compute_after']} compute)"]
+    return [c["kind"], c["phase"], c["numel"], c["dtype"], *where]
