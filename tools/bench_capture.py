@@ -24,7 +24,7 @@ tables paid there); the table shows the fastest run per stage, wall and CPU
 seconds, and the issue-12 total (capture + partition + lowering + codegen,
 without load).
 
-    python tools/bench_capture.py --pipeline gpt-m [--repeat 3] [--json PATH]
+    python tools/bench_capture.py --pipeline gpt-m [--repeat 3] [--json PATH] [--smoke]
 """
 
 from __future__ import annotations
@@ -356,17 +356,17 @@ def pipeline_once(name: str, smoke: bool) -> dict[str, dict[str, float]]:
     return {"wall": wall, "cpu": cpu}
 
 
-def _pipeline_worker(name: str) -> None:
+def _pipeline_worker(name: str, smoke: bool) -> None:
     import tempfile
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as cache:
         os.environ["STOKER_CACHE_DIR"] = cache  # a cold kernel cache for `load`
         pipeline_once(name, smoke=True)  # imports, one-time tables
-        print(json.dumps(pipeline_once(name, smoke=False)))
+        print(json.dumps(pipeline_once(name, smoke=smoke)))
 
 
-def bench_pipeline(name: str, repeat: int) -> dict[str, Any]:
+def bench_pipeline(name: str, repeat: int, smoke: bool = False) -> dict[str, Any]:
     """The fastest of ``repeat`` fresh processes, per stage."""
     import subprocess
 
@@ -377,7 +377,7 @@ def bench_pipeline(name: str, repeat: int) -> dict[str, Any]:
     runs = []
     for _ in range(repeat):
         out = subprocess.run(
-            [sys.executable, __file__, "--pipeline-worker", name],
+            [sys.executable, __file__, "--pipeline-worker", name, *(["--smoke"] if smoke else [])],
             env=env,
             capture_output=True,
             text=True,
@@ -390,7 +390,7 @@ def bench_pipeline(name: str, repeat: int) -> dict[str, Any]:
         kind: {st: min(r[kind].get(st, 0.0) for r in runs) for st, _ in PIPELINE_STAGES}
         for kind in ("wall", "cpu")
     }
-    return {"model": name, "repeat": repeat, "best": best, "runs": runs}
+    return {"model": name, "smoke": smoke, "repeat": repeat, "best": best, "runs": runs}
 
 
 def print_pipeline(row: dict[str, Any]) -> None:
@@ -420,13 +420,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--pipeline", metavar="MODEL", help="time stoker's stages on a suite model")
     ap.add_argument("--repeat", type=int, default=3, help="processes for --pipeline")
+    ap.add_argument("--smoke", action="store_true", help="--pipeline at the tiny size (tests)")
     ap.add_argument("--pipeline-worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.pipeline_worker:
-        _pipeline_worker(args.pipeline_worker)
+        _pipeline_worker(args.pipeline_worker, args.smoke)
         return 0
     if args.pipeline:
-        row = bench_pipeline(args.pipeline, args.repeat)
+        row = bench_pipeline(args.pipeline, args.repeat, args.smoke)
         print_pipeline(row)
         if args.json:
             pathlib.Path(args.json).write_text(
