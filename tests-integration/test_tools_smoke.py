@@ -29,6 +29,37 @@ def test_bench_triton_smoke_prints_every_case(tmp_path):
     assert all(int(r[28:36]) == 1 for r in rows), proc.stdout
 
 
+def test_bench_capture_pipeline_smoke_times_every_stage(tmp_path):
+    """``tools/bench_capture.py --pipeline``: issue 12's per-stage compile times, here on
+    the tiny GPT so the mode cannot rot."""
+    import json
+
+    out = tmp_path / "pipeline.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "bench_capture.py"),
+            "--pipeline",
+            "tiny-gpt",
+            "--smoke",
+            "--repeat",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "STOKER_CACHE_DIR": str(tmp_path / "cache")},
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    best = json.loads(out.read_text())["pipeline"]["best"]
+    stages = ("state", "capture", "partition", "prepare", "lower", "schedule", "codegen", "load")
+    for kind in ("wall", "cpu"):
+        assert all(best[kind][st] > 0 for st in stages), best
+    assert "target" in proc.stdout and "codegen" in proc.stdout, proc.stdout
+
+
 def test_bench_gpu_suite_smoke_runs_every_configuration(tmp_path):
     """``tools/bench.py --suite gpu --smoke``: every entry of the H100 suite trains at tiny
     sizes, eager and stoker, and the driver fills in parity against eager."""

@@ -13,6 +13,18 @@ On each model (an MLP, a small GPT block, a small CNN with BatchNorm):
   partitioner, all on stoker's joint graph of the model.
 
     python tools/bench_capture.py [--json PATH] [--iters N] [--models mlp,gpt,cnn]
+
+``--pipeline gpt-m`` instead times stoker's own stages on one model of the GPU
+suite (`stoker._internal.bench_suite`; any entry name): state + capture of the
+joint graph, min-cut partition, then stoker-triton's prepare, lower, schedule,
+codegen and load for the forward and the backward graph (no GPU needed: the
+kernels are generated, not run).  Each of ``--repeat`` runs is a fresh process
+that first compiles the tiny version of the same model (imports and one-time
+tables paid there); the table shows the fastest run per stage, wall and CPU
+seconds, and the issue-12 total (capture + partition + lowering + codegen,
+without load).
+
+    python tools/bench_capture.py --pipeline gpt-m [--repeat 3] [--json PATH] [--smoke]
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import contextlib
 import copy
 import json
 import math
+import os
 import pathlib
 import sys
 import time
@@ -281,12 +294,146 @@ def print_tables(compile_rows: list[dict[str, Any]], byte_rows: list[dict[str, A
             )
 
 
+# --------------------------------------------------------------------------- pipeline
+
+# (stage, what it covers); the triton stages run once for the forward, once for the backward
+PIPELINE_STAGES = (
+    ("state", "fake inputs, forward metadata (create_aot_state)"),
+    ("capture", "joint graph (aot_stage1_graph_capture)"),
+    ("partition", "min_cut_partition"),
+    ("prepare", "stoker-triton: fake inputs, decompositions"),
+    ("lower", "aten -> loop IR"),
+    ("schedule", "fusion"),
+    ("codegen", "Triton sources + wrapper"),
+    ("load", "kernel modules + wrapper imported (not counted in the target)"),
+)
+_TARGET_STAGES = ("state", "capture", "partition", "prepare", "lower", "schedule", "codegen")
+
+
+def pipeline_once(name: str, smoke: bool) -> dict[str, dict[str, float]]:
+    """Seconds (wall and CPU) per stage of one compile of suite entry ``name``."""
+    import stoker_capture
+    import stoker_triton
+    from stoker._internal.bench_suite import get_entry
+    from stoker_capture._internal.compile import example_inputs
+
+    entry = get_entry(name)
+    torch.manual_seed(0)
+    size = entry.sized(smoke)
+    model = entry.build(size)
+    args, _ = entry.batch(size, torch.Generator().manual_seed(0))
+    wall: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+
+    def timed(stage: str, fn: Callable[[], Any]) -> Any:
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = fn()
+        wall[stage] = wall.get(stage, 0.0) + time.perf_counter() - t0
+        cpu[stage] = cpu.get(stage, 0.0) + time.process_time() - c0
+        return out
+
+    cfg = stoker_capture.AOTConfig(mode="joint", dynamic="static")
+    cast = (
+        torch.autocast("cpu", dtype=entry.autocast) if entry.autocast else contextlib.nullcontext()
+    )
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cast)
+        state = timed(
+            "state", lambda: stoker_capture.create_aot_state(model, args, None, cfg, stack)
+        )
+        graph = timed("capture", lambda: stoker_capture.aot_stage1_graph_capture(state))
+        n = graph.num_fw_outputs
+        part = timed(
+            "partition", lambda: stoker_capture.min_cut_partition(graph.gm, num_fw_outputs=n)
+        )
+        with stoker_capture.autocast_off(), state.ctx.tracing():
+            for gm in (part.fw, part.bw):
+                report = stoker_triton.compile_graph(gm, example_inputs(gm)).report
+                for kind, ms in (("wall", report.timings_ms), ("cpu", report.cpu_ms)):
+                    acc = wall if kind == "wall" else cpu
+                    for stage, v in ms.items():
+                        acc[stage] = acc.get(stage, 0.0) + v / 1e3
+    return {"wall": wall, "cpu": cpu}
+
+
+def _pipeline_worker(name: str, smoke: bool) -> None:
+    import tempfile
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["STOKER_CACHE_DIR"] = cache  # a cold kernel cache for `load`
+        pipeline_once(name, smoke=True)  # imports, one-time tables
+        print(json.dumps(pipeline_once(name, smoke=smoke)))
+
+
+def bench_pipeline(name: str, repeat: int, smoke: bool = False) -> dict[str, Any]:
+    """The fastest of ``repeat`` fresh processes, per stage."""
+    import subprocess
+
+    env = dict(os.environ)
+    if not torch.cuda.is_available():
+        env.setdefault("TRITON_INTERPRET", "1")
+    env.setdefault("STOKER_TRITON_CHECK_TARGETS", "")  # no sm_90 cross-compile in `load`
+    runs = []
+    for _ in range(repeat):
+        out = subprocess.run(
+            [sys.executable, __file__, "--pipeline-worker", name, *(["--smoke"] if smoke else [])],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if out.returncode != 0:
+            raise SystemExit(f"pipeline worker failed:\n{out.stderr[-4000:]}")
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    best = {
+        kind: {st: min(r[kind].get(st, 0.0) for r in runs) for st, _ in PIPELINE_STAGES}
+        for kind in ("wall", "cpu")
+    }
+    return {"model": name, "smoke": smoke, "repeat": repeat, "best": best, "runs": runs}
+
+
+def print_pipeline(row: dict[str, Any]) -> None:
+    best = row["best"]
+    print(f"\nstoker's stages on {row['model']} (fastest of {row['repeat']} processes), seconds")
+    print(f"{'stage':<10} {'wall':>7} {'cpu':>7}  what")
+    for st, what in PIPELINE_STAGES:
+        print(f"{st:<10} {best['wall'][st]:7.2f} {best['cpu'][st]:7.2f}  {what}")
+    for label, stages in (
+        ("target", _TARGET_STAGES),
+        ("all", tuple(st for st, _ in PIPELINE_STAGES)),
+    ):
+        w = sum(best["wall"][s] for s in stages)
+        c = sum(best["cpu"][s] for s in stages)
+        note = (
+            "capture + partition + lowering + codegen (issue 12: <= 3 s)"
+            if label == "target"
+            else "with load"
+        )
+        print(f"{label:<10} {w:7.2f} {c:7.2f}  {note}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write the results as JSON here")
     ap.add_argument("--iters", type=int, default=30, help="timed steady-state calls")
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--pipeline", metavar="MODEL", help="time stoker's stages on a suite model")
+    ap.add_argument("--repeat", type=int, default=3, help="processes for --pipeline")
+    ap.add_argument("--smoke", action="store_true", help="--pipeline at the tiny size (tests)")
+    ap.add_argument("--pipeline-worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.pipeline_worker:
+        _pipeline_worker(args.pipeline_worker, args.smoke)
+        return 0
+    if args.pipeline:
+        row = bench_pipeline(args.pipeline, args.repeat, args.smoke)
+        print_pipeline(row)
+        if args.json:
+            pathlib.Path(args.json).write_text(
+                json.dumps({"torch": torch.__version__, "pipeline": row}, indent=1)
+            )
+        return 0
     names = args.models.split(",")
     unknown = [n for n in names if n not in MODELS]
     if unknown:

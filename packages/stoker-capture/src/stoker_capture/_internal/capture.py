@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._decomp import core_aten_decompositions
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from .autocast import autocast_off
@@ -152,7 +153,8 @@ def aot_stage1_graph_capture(state: AOTState) -> CapturedGraph:
             return (*fw_out, *grads)
 
     ctx = state.ctx
-    with ctx.tracing(), recording_node_meta(state.module):
+    # a lazy graph module: its Python code is generated when first run or printed
+    with ctx.tracing(), recording_node_meta(state.module), _use_lazy_graph_module(True):
         if state.joint:
             tangents = [_tangent_like(spec) for spec, m in zip(meta.fw_specs, mask) if m]
             gm = make_fx(joint_fn, decomposition_table=table, record_module_stack=True)(

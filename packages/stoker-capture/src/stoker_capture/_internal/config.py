@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 # compiler(gm, example_inputs) -> callable run as fn(*args), returning the graph's output tuple
 Compiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
@@ -18,6 +19,8 @@ Mode = Literal["auto", "joint", "inference"]
 
 def aten_executor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
     """The default compiler: run the graph module as it is (its forward: no Module call)."""
+    # stages hand over lazy graph modules: generate the code now, not inside the first call
+    _LazyGraphModule.force_recompile(gm)
     return gm.forward
 
 

@@ -23,6 +23,10 @@ from torch.overrides import TorchFunctionMode
 from stoker_shapes._internal.provenance import is_internal_file
 
 _INTERNAL: dict[str, bool] = {}  # filename -> is it torch's/stoker's/the stdlib's (memo)
+# (code, line) of the user frames -> their formatted trace: a model's layers repeat the
+# same lines, and formatting (source lookup) costs far more than walking the frames
+_FORMATTED: dict[tuple[tuple[types.CodeType, int], ...], str] = {}
+_FORMATTED_MAX = 4096
 
 
 def user_stack_trace(limit: int = 6) -> str:
@@ -37,10 +41,17 @@ def user_stack_trace(limit: int = 6) -> str:
         if not internal:
             frames.append(f)
         f = f.f_back
-    summary = traceback.StackSummary.extract(
-        ((fr, fr.f_lineno) for fr in reversed(frames)), lookup_lines=True
-    )
-    return "".join(summary.format()).strip()
+    key = tuple((fr.f_code, fr.f_lineno) for fr in frames)
+    text = _FORMATTED.get(key)
+    if text is None:
+        summary = traceback.StackSummary.extract(
+            ((fr, fr.f_lineno) for fr in reversed(frames)), lookup_lines=True
+        )
+        text = "".join(summary.format()).strip()
+        if len(_FORMATTED) >= _FORMATTED_MAX:
+            _FORMATTED.clear()
+        _FORMATTED[key] = text
+    return text
 
 
 class _StackTraceMode(TorchFunctionMode):

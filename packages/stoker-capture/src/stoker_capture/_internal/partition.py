@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.experimental import symbolic_shapes
 
 from .errors import StokerCaptureError
@@ -235,7 +236,8 @@ def cse(joint: fx.GraphModule) -> fx.GraphModule:
                 seen[key] = env[n]
         else:
             env[n] = g.node_copy(n, lambda a: env[a])
-    return fx.GraphModule(joint, g, class_name=type(joint).__name__)
+    # lazy: its Python code is generated when first run or printed, not for every pass
+    return _LazyGraphModule(joint, g, class_name=type(joint).__name__)
 
 
 def _never_merge(n: fx.Node) -> bool:
@@ -399,7 +401,8 @@ def _extract(
             env[n] = new
     g.output(tuple(env[o] if isinstance(o, fx.Node) else o for o in outputs))
     g.lint()
-    return fx.GraphModule(owner, g, class_name=f"Stoker{what.capitalize()}")
+    # lazy: a compiler that never runs the graph module skips generating its code
+    return _LazyGraphModule(owner, g, class_name=f"Stoker{what.capitalize()}")
 
 
 def build_partition(

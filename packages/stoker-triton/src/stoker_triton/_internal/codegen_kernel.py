@@ -37,8 +37,8 @@ from .scheduler import (
     Kernel,
     Placement,
     Schedule,
+    canonical_index,
     load_index,
-    simplify_index,
     store_index,
 )
 
@@ -123,7 +123,7 @@ class KernelCodegen:
         return self.ptr_args[buf]
 
     def index_code(self, e: Expr) -> str:
-        e = simplify_index(sympy.expand(e))
+        e = canonical_index(e)
         for s in e.free_symbols:
             if s not in (XINDEX, RINDEX) and str(s) not in self.local_names:
                 self.symbols.add(s)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -414,7 +415,9 @@ _printer = IndexPrinter()
 _ = (CleanDiv, FloorDiv, Mod, ModularIndexing, PythonMod)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def print_index(e: Expr) -> str:
+    """Python/Triton text of an index expression (memoized: printing sorts terms, slowly)."""
     return str(_printer.doprint(e))
 
 

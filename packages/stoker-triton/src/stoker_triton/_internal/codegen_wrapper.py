@@ -260,18 +260,17 @@ def check_bound(src: str, program: Program) -> None:
     """Every name `call` reads must be bound before it runs: a symbolic size or
     scalar that no input provides is an error here, at compile time, naming the
     symbol and where it came from, rather than a NameError at the first call."""
-    tree = ast.parse(src)
     bound = set(dir(builtins))
-    for n in ast.walk(tree):
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store | ast.Del):
-            bound.add(n.id)
+    read: set[str] = set()
+    for n in ast.walk(ast.parse(src)):  # one walk: wrappers of large graphs are long
+        if isinstance(n, ast.Name):
+            (read if isinstance(n.ctx, ast.Load) else bound).add(n.id)
         elif isinstance(n, ast.arg):
             bound.add(n.arg)
         elif isinstance(n, ast.alias):
             bound.add(n.asname or n.name.split(".")[0])
         elif isinstance(n, ast.FunctionDef):
             bound.add(n.name)
-    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     missing = sorted(read - bound)
     if not missing:
         return

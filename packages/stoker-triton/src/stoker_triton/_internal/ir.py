@@ -14,6 +14,7 @@ prints the whole lowered program.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
@@ -23,8 +24,9 @@ import torch
 Expr: TypeAlias = sympy.Expr
 
 
+@functools.cache
 def index_var(prefix: str, i: int) -> sympy.Symbol:
-    """The i-th loop variable of a node (`x0`, `r1`): a nonnegative integer."""
+    """The i-th loop variable of a node (`x0`, `r1`): a nonnegative integer (memoized)."""
     return sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True)
 
 

@@ -118,7 +118,23 @@ def compile_graph_impl(
 def _has_data_dependent_sizes(gm: torch.fx.GraphModule) -> bool:
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-    return any(free_unbacked_symbols(n.meta.get("val")) for n in gm.graph.nodes)
+    return any(
+        free_unbacked_symbols(v) for n in gm.graph.nodes if _maybe_symbolic(v := n.meta.get("val"))
+    )
+
+
+def _maybe_symbolic(v: Any) -> bool:
+    """False for what has no symbols for sure: a plain tensor of static sizes and
+    strides, a Python number, None (the common case, checked without sympy)."""
+    if v is None or isinstance(v, bool | int | float):
+        return False
+    if type(v) is torch.Tensor or isinstance(v, torch._subclasses.FakeTensor):
+        return not (
+            all(type(s) is int for s in v.shape)
+            and all(type(s) is int for s in v.stride())
+            and type(v.storage_offset()) is int
+        )
+    return True
 
 
 def _aten_graph(gm: torch.fx.GraphModule, report: CompileReport, reason: str) -> CompiledGraph:
@@ -239,17 +255,23 @@ def decompose(
 ) -> torch.fx.GraphModule:
     """Decompose the table's composite ops one node at a time (each
     decomposition traced alone and inlined: much cheaper than retracing the
-    graph); a graph with nodes lacking `meta["val"]` is retraced whole."""
+    graph; nodes with the same op and input metadata, such as the layers of a
+    model, share one trace); a graph with nodes lacking `meta["val"]` is
+    retraced whole."""
+    from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
+
     table = decomposition_table()
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     if any("val" not in n.meta for n in calls if n.target is not operator.getitem):
         return _retrace(gm, fake_inputs, fake_mode, table)
     if not any(n.target in table for n in calls):
         return gm
-    new = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # leave the caller's graph alone
+    with _use_lazy_graph_module(True):  # generate the Python code only if it is run
+        new = _make_graph_module(gm, copy.deepcopy(gm.graph))  # leave the caller's graph alone
+    traces: dict[Any, torch.fx.Graph] = {}
     try:
         for node in [n for n in new.graph.nodes if n.op == "call_function" and n.target in table]:
-            _inline_decomposition(new, node, table, fake_mode)
+            _inline_decomposition(new, node, table, fake_mode, traces)
     except Exception as e:  # an unusual signature: retrace the whole graph instead
         log.debug("per-node decomposition failed (%s); retracing the graph", e)
         return _retrace(gm, fake_inputs, fake_mode, table)
@@ -259,9 +281,13 @@ def decompose(
 
 
 def _inline_decomposition(
-    gm: torch.fx.GraphModule, node: torch.fx.Node, table: dict[Any, Any], fake_mode: Any
+    gm: torch.fx.GraphModule,
+    node: torch.fx.Node,
+    table: dict[Any, Any],
+    fake_mode: Any,
+    traces: dict[Any, torch.fx.Graph] | None = None,
 ) -> None:
-    from torch.fx.experimental.proxy_tensor import make_fx
+    """Replace `node` by its decomposition, traced once per `_trace_key` in `traces`."""
     from torch.utils import _pytree as pytree
 
     vals, spec = pytree.tree_flatten(
@@ -269,25 +295,21 @@ def _inline_decomposition(
     )
     srcs, _ = pytree.tree_flatten(torch.fx.node.map_arg((node.args, node.kwargs), lambda a: a))
     dyn = [i for i, v in enumerate(vals) if isinstance(v, torch.Tensor | torch.SymInt)]
-    decomp = table[node.target]
-
-    def run(*dyn_vals: Any) -> Any:
-        full = list(vals)
-        for i, v in zip(dyn, dyn_vals):
-            full[i] = v
-        a, kw = pytree.tree_unflatten(full, spec)
-        out = decomp(*a, **kw)
-        return tuple(out) if isinstance(out, tuple | list) else out  # plain, not a namedtuple
-
-    with fake_mode:
-        sub = make_fx(run, decomposition_table=table)(*[vals[i] for i in dyn])
+    # which inputs are the same node: a trace of f(x, x) must not serve f(x, y)
+    same = tuple(next(j for j in dyn if srcs[j] is srcs[i]) for i in dyn)
+    key = _trace_key(node.target, spec, vals, same)
+    sub = traces.get(key) if traces is not None and key is not None else None
+    if sub is None:
+        sub = _trace_decomposition(table[node.target], vals, spec, dyn, same, table, fake_mode)
+        if traces is not None and key is not None:
+            traces[key] = sub
     env: dict[torch.fx.Node, Any] = {}
-    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    placeholders = [n for n in sub.nodes if n.op == "placeholder"]
     for ph, i in zip(placeholders, dyn):
         env[ph] = srcs[i]
     result: Any = None
     with gm.graph.inserting_before(node):
-        for sn in sub.graph.nodes:
+        for sn in sub.nodes:
             if sn.op == "placeholder":
                 continue
             if sn.op == "output":
@@ -305,6 +327,82 @@ def _inline_decomposition(
             user.replace_all_uses_with(result[user.args[1]])
             gm.graph.erase_node(user)
     gm.graph.erase_node(node)
+
+
+def _trace_decomposition(
+    decomp: Any,
+    vals: list[Any],
+    spec: Any,
+    dyn: list[int],
+    same: tuple[int, ...],
+    table: dict[Any, Any],
+    fake_mode: Any,
+) -> torch.fx.Graph:
+    """The graph of `decomp` on these inputs; placeholders are the `dyn` positions.
+
+    make_fx tells inputs apart by identity, so one value object reaching two
+    positions from different nodes (nodes inlined from one shared trace share
+    their values) is traced through a distinct stand-in with the same metadata."""
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils import _pytree as pytree
+
+    inputs: list[Any] = []
+    seen: dict[int, int] = {}  # id(value) -> the first dyn position that holds it
+    for k, i in enumerate(dyn):
+        v = vals[i]
+        first = seen.setdefault(id(v), same[k])
+        if first != same[k] and isinstance(v, torch.Tensor):
+            with fake_mode:
+                v = v.as_strided(v.shape, v.stride(), v.storage_offset())
+        inputs.append(v)
+
+    def run(*dyn_vals: Any) -> Any:
+        full = list(vals)
+        for i, v in zip(dyn, dyn_vals):
+            full[i] = v
+        a, kw = pytree.tree_unflatten(full, spec)
+        out = decomp(*a, **kw)
+        return tuple(out) if isinstance(out, tuple | list) else out  # plain, not a namedtuple
+
+    # a lazy graph module: its Python code is never needed, only the graph
+    with fake_mode, _use_lazy_graph_module(True):
+        return make_fx(run, decomposition_table=table)(*inputs).graph
+
+
+def _trace_key(target: Any, spec: Any, vals: list[Any], same: tuple[int, ...]) -> Any:
+    """What a decomposition's trace depends on: the op, the argument structure,
+    which inputs are one node, and every argument's value or, for tensors,
+    metadata.  None: do not share the trace."""
+    parts: list[Any] = [target, spec, same]
+    for v in vals:
+        if isinstance(v, torch.Tensor):
+            if v.layout != torch.strided:
+                return None
+            parts.append(
+                (
+                    "T",
+                    tuple(_size_key(x) for x in v.shape),
+                    tuple(_size_key(x) for x in v.stride()),
+                    _size_key(v.storage_offset()),
+                    v.dtype,
+                    v.device,
+                    v.requires_grad,
+                )
+            )
+        elif isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
+            parts.append(("S", type(v), v.node.expr))
+        elif v is None or isinstance(v, bool | int | float | str | torch.dtype | torch.device):
+            parts.append((type(v), v))  # the type too: 1, 1.0 and True hash alike
+        elif isinstance(v, torch.layout | torch.memory_format):
+            parts.append((type(v), str(v)))
+        else:
+            return None  # anything else: trace this node on its own
+    return tuple(parts)
+
+
+def _size_key(x: Any) -> Any:
+    return x.node.expr if isinstance(x, torch.SymInt) else int(x)
 
 
 def _retrace(

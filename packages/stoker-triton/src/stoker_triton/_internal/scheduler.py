@@ -17,6 +17,7 @@ are freed after their last reader (`Schedule.last_use`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import sympy
@@ -161,6 +162,13 @@ def simplify_index(e: Expr) -> Expr:
     return e
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def canonical_index(e: Expr) -> Expr:
+    """`simplify_index(sympy.expand(e))`, memoized: the same index expressions
+    recur across the nodes and kernels of a graph (and the layers of a model)."""
+    return simplify_index(sympy.expand(e))
+
+
 def place(
     node: PointwiseNode | ReductionNode | ScatterNode, xnumel: Expr, rnumel: Expr
 ) -> Placement | None:
@@ -196,11 +204,11 @@ def place(
 
 def store_index(buf: Buffer, node: PointwiseNode | ReductionNode, p: Placement) -> Expr:
     flat = sum((index_var("x", k) * st for k, st in enumerate(buf.stride)), sympy.Integer(0))
-    return simplify_index(sympy.expand(flat.xreplace(p.varmap)))
+    return canonical_index(flat.xreplace(p.varmap))
 
 
 def load_index(ld: Load, p: Placement) -> Expr:
-    return simplify_index(sympy.expand(ld.index.xreplace(p.varmap)))
+    return canonical_index(ld.index.xreplace(p.varmap))
 
 
 def _fits(

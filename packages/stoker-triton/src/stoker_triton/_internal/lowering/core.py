@@ -10,6 +10,7 @@ reduction, an extern call, the graph's outputs or a reuse heuristic needs it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -83,6 +84,11 @@ class TensorValue:
 
 
 def contiguous_strides(size: Sequence[Expr]) -> tuple[Expr, ...]:
+    return _contiguous_strides(tuple(size))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _contiguous_strides(size: tuple[Expr, ...]) -> tuple[Expr, ...]:
     out: list[Expr] = []
     acc: Expr = sympy.Integer(1)
     for s in reversed(size):
