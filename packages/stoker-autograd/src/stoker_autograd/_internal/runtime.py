@@ -167,6 +167,7 @@ class CompiledBackward:
                 fn: Callable[..., Any] = rt.gm
             else:  # the compiler sees only pure aten segments
                 fn = SegmentedBackward(rt.gm, self.session.compiler)
+                stats.segments += len(fn.segments)
         except Exception as e:
             self.failed = f"the compiler failed: {e}"
             self._warn(self.failed)

@@ -1,11 +1,19 @@
-"""Hand a compiler only pure core-aten graphs: split the retraced graph at opaque calls.
+"""Hand a compiler only pure core-aten graphs: split the retraced graph at Python calls.
 
 The retraced backward interleaves aten ops with Python calls that must run as
-they are (hooks, custom backwards, accumulate-grad, size checks).  A compiler
-such as stoker-triton's ``compile_graph`` takes a functional aten graph over
-tensors and SymInts, so each maximal run of aten nodes becomes one sub-graph,
-compiled once; a small runner calls the compiled runs and the Python calls in
-the graph's order, and frees each value after its last use.
+they are (hooks, custom backwards, size checks of their results, the final
+callbacks).  A compiler such as stoker-triton's ``compile_graph`` takes a
+functional aten graph over tensors and SymInts, so each maximal run of aten
+nodes between two Python calls becomes one sub-graph, compiled once; a small
+runner calls the compiled runs and the Python calls in the graph's order, and
+frees each value after its last use.
+
+Accumulate-grad does not cut a run.  Its gradient becomes an output of the
+segment, and the runner applies the run's accumulate-grads (``ops.accumulate_grad``,
+eager's rules) in graph order right after the segment, so before the next Python
+call: a hook, a custom backward or a final callback sees exactly the ``.grad``
+eager shows at that point, and no aten op reads ``.grad``.  An accumulate-grad
+whose result an aten op reads stays a Python call.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.fx as fx
 
 from . import ops
@@ -58,12 +67,34 @@ def _items_beside_their_source(graph: fx.Graph) -> list[fx.Node]:
     return order
 
 
+def is_deferred_accumulate(n: fx.Node) -> bool:
+    """An accumulate-grad that a run of aten ops keeps: only Python calls read its result."""
+    return (
+        n.op == "call_function"
+        and n.target is ops.accumulate_grad
+        and all(is_python_node(u) for u in n.users)
+    )
+
+
+def _may_steal(acc: fx.Node, produced: set[fx.Node]) -> bool:
+    """The graph's half of the stealing rule: this run computed the gradient with an aten
+    op, and the accumulate-grad is its only reader (the runner checks the tensor)."""
+    g = acc.args[2] if len(acc.args) == 4 else None
+    return (
+        isinstance(g, fx.Node)
+        and g in produced
+        and isinstance(g.target, torch._ops.OpOverload)
+        and len(g.users) == 1
+    )
+
+
 @dataclass
 class _Segment:
-    fn: Callable[..., Any]
+    fn: Callable[..., Any] | None  # None: the run has accumulate-grads only
     inputs: list[fx.Node]
     outputs: list[fx.Node]
-    gm: fx.GraphModule
+    gm: fx.GraphModule | None
+    accumulates: list[tuple[fx.Node, bool]]  # applied after fn, in order; (node, may steal)
 
 
 @dataclass
@@ -72,7 +103,7 @@ class _Call:
 
 
 class SegmentedBackward:
-    """Runs compiled aten segments and Python calls in graph order."""
+    """Runs compiled aten segments, their accumulate-grads and Python calls in graph order."""
 
     def __init__(self, gm: fx.GraphModule, compiler: Callable[..., Any]) -> None:
         graph = gm.graph
@@ -80,25 +111,33 @@ class SegmentedBackward:
         self.output = next(n for n in graph.nodes if n.op == "output")
         self.steps: list[_Segment | _Call] = []
         run: list[fx.Node] = []
+        accs: list[fx.Node] = []
         for n in _items_beside_their_source(graph):
             if n.op in ("placeholder", "output"):
                 continue
-            if is_python_node(n):
-                self._flush(gm, run, compiler)
-                run = []
+            if is_deferred_accumulate(n):
+                accs.append(n)
+            elif is_python_node(n):
+                self._flush(gm, run, accs, compiler)
+                run, accs = [], []
                 self.steps.append(_Call(n))
             else:
                 run.append(n)
-        self._flush(gm, run, compiler)
+        self._flush(gm, run, accs, compiler)
         self._plan_frees()
 
     @property
     def segments(self) -> list[fx.GraphModule]:
-        return [s.gm for s in self.steps if isinstance(s, _Segment)]
+        """The compiled sub-graphs, in order."""
+        return [s.gm for s in self.steps if isinstance(s, _Segment) and s.gm is not None]
 
-    def _flush(self, gm: fx.GraphModule, run: list[fx.Node], compiler: Callable[..., Any]) -> None:
-        if not run:
-            return
+    def _flush(
+        self,
+        gm: fx.GraphModule,
+        run: list[fx.Node],
+        accs: list[fx.Node],
+        compiler: Callable[..., Any],
+    ) -> None:
         members = set(run)
         inputs: list[fx.Node] = []
         for n in run:
@@ -106,8 +145,11 @@ class SegmentedBackward:
                 if a not in members and a not in inputs:
                     inputs.append(a)
         outputs = [n for n in run if any(u not in members for u in n.users)]
-        if not outputs:
-            return  # nothing outside reads it
+        accumulates = [(a, _may_steal(a, members)) for a in accs]
+        if not outputs:  # nothing outside reads the run
+            if accumulates:
+                self.steps.append(_Segment(None, [], [], None, accumulates))
+            return
         g = fx.Graph()
         remap: dict[fx.Node, fx.Node] = {}
         for a in inputs:
@@ -119,12 +161,16 @@ class SegmentedBackward:
         g.output(tuple(remap[o] for o in outputs))
         sub = fx.GraphModule(gm, g, "StokerBackwardSegment")
         examples = [a.meta.get("val") for a in inputs]
-        self.steps.append(_Segment(compiler(sub, examples), inputs, outputs, sub))
+        fn = compiler(sub, examples)
+        self.steps.append(_Segment(fn, inputs, outputs, sub, accumulates))
 
     def _plan_frees(self) -> None:
         last: dict[fx.Node, int] = {}
         for i, s in enumerate(self.steps):
-            used = s.inputs if isinstance(s, _Segment) else s.node.all_input_nodes
+            if isinstance(s, _Segment):
+                used = s.inputs + [a for acc, _ in s.accumulates for a in acc.all_input_nodes]
+            else:
+                used = s.node.all_input_nodes
             for a in used:
                 last[a] = i
         keep = set(self.output.all_input_nodes)
@@ -137,9 +183,12 @@ class SegmentedBackward:
         env: dict[fx.Node, Any] = dict(zip(self.placeholders, args))
         for step, frees in zip(self.steps, self.frees):
             if isinstance(step, _Segment):
-                outs = step.fn(*[env[a] for a in step.inputs])
+                ins = [env[a] for a in step.inputs]
+                outs = step.fn(*ins) if step.fn is not None else ()
                 for o, v in zip(step.outputs, outs):
                     env[o] = v
+                if step.accumulates:
+                    _apply_accumulates(step.accumulates, env, ins, outs)
             else:
                 n = step.node
                 a, k = fx.map_arg((n.args, n.kwargs), lambda x: env[x])
@@ -147,3 +196,41 @@ class SegmentedBackward:
             for f in frees:
                 env.pop(f, None)
         return fx.map_arg(self.output.args[0], lambda x: env[x])
+
+
+def _apply_accumulates(
+    accumulates: list[tuple[fx.Node, bool]],
+    env: dict[fx.Node, Any],
+    ins: list[Any],
+    outs: Any,
+) -> None:
+    """Each accumulate-grad of a segment, in graph order, as eager applies it.
+
+    A gradient may be stolen (become ``.grad`` itself, no copy) when the graph says
+    nobody else reads it and the tensor the compiler returned is its own memory: not
+    a view, and no other input or output of the segment shares its storage.
+    """
+    shared: dict[int, int] | None = None
+    for acc, may_steal in accumulates:
+        a: Any = fx.map_arg(acc.args, lambda x: env[x])
+        if may_steal and a[0].grad is None:
+            if shared is None:
+                shared = _storage_counts([*ins, *outs])
+            variable, variable_grad, g, has_post_hooks = a
+            fresh = not g._is_view() and shared.get(_storage(g), 0) == 1
+            env[acc] = ops.accumulate_grad(variable, variable_grad, g, has_post_hooks, fresh)
+        else:
+            env[acc] = ops.accumulate_grad(*a)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return int(t.untyped_storage().data_ptr())
+
+
+def _storage_counts(values: list[Any]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            k = _storage(v)
+            counts[k] = counts.get(k, 0) + 1
+    return counts
