@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -95,6 +95,9 @@ class _Segment:
     outputs: list[fx.Node]
     gm: fx.GraphModule | None
     accumulates: list[tuple[fx.Node, bool]]  # applied after fn, in order; (node, may steal)
+    # per accumulate: outputs read last by it, dropped right after (a copied gradient
+    # is freed before the next one is copied, as when each accumulate had its segment)
+    drops: list[list[fx.Node]] = field(default_factory=list)
 
 
 @dataclass
@@ -178,17 +181,18 @@ class SegmentedBackward:
         for n, i in last.items():
             if n not in keep:
                 self.frees[i].append(n)
+        for i, s in enumerate(self.steps):
+            if isinstance(s, _Segment):
+                s.drops = _drops(s, {n for n in self.frees[i] if n in set(s.outputs)})
 
     def __call__(self, *args: Any) -> Any:
         env: dict[fx.Node, Any] = dict(zip(self.placeholders, args))
         for step, frees in zip(self.steps, self.frees):
             if isinstance(step, _Segment):
-                ins = [env[a] for a in step.inputs]
-                outs = step.fn(*ins) if step.fn is not None else ()
-                for o, v in zip(step.outputs, outs):
-                    env[o] = v
+                if step.fn is not None:
+                    env.update(zip(step.outputs, step.fn(*[env[a] for a in step.inputs])))
                 if step.accumulates:
-                    _apply_accumulates(step.accumulates, env, ins, outs)
+                    _apply_accumulates(step, env)
             else:
                 n = step.node
                 a, k = fx.map_arg((n.args, n.kwargs), lambda x: env[x])
@@ -198,29 +202,43 @@ class SegmentedBackward:
         return fx.map_arg(self.output.args[0], lambda x: env[x])
 
 
-def _apply_accumulates(
-    accumulates: list[tuple[fx.Node, bool]],
-    env: dict[fx.Node, Any],
-    ins: list[Any],
-    outs: Any,
-) -> None:
+def _drops(step: _Segment, freed: set[fx.Node]) -> list[list[fx.Node]]:
+    """For each accumulate-grad of ``step``: the outputs in ``freed`` it reads last."""
+    last: dict[fx.Node, int] = {}
+    for j, (acc, _) in enumerate(step.accumulates):
+        for a in acc.all_input_nodes:
+            last[a] = j
+    drops: list[list[fx.Node]] = [[] for _ in step.accumulates]
+    for a, j in last.items():
+        if a in freed:
+            drops[j].append(a)
+    return drops
+
+
+def _apply_accumulates(step: _Segment, env: dict[fx.Node, Any]) -> None:
     """Each accumulate-grad of a segment, in graph order, as eager applies it.
 
     A gradient may be stolen (become ``.grad`` itself, no copy) when the graph says
     nobody else reads it and the tensor the compiler returned is its own memory: not
-    a view, and no other input or output of the segment shares its storage.
+    a view, and no other live input or output of the segment shares its storage
+    (counted once, at the first candidate: values freed since only make it stricter,
+    and a value stolen later was counted alone).
     """
     shared: dict[int, int] | None = None
-    for acc, may_steal in accumulates:
+    for (acc, may_steal), drops in zip(step.accumulates, step.drops):
         a: Any = fx.map_arg(acc.args, lambda x: env[x])
         if may_steal and a[0].grad is None:
             if shared is None:
-                shared = _storage_counts([*ins, *outs])
+                values = [env[n] for n in step.inputs] + [env.get(n) for n in step.outputs]
+                shared = _storage_counts(values)
             variable, variable_grad, g, has_post_hooks = a
             fresh = not g._is_view() and shared.get(_storage(g), 0) == 1
             env[acc] = ops.accumulate_grad(variable, variable_grad, g, has_post_hooks, fresh)
         else:
             env[acc] = ops.accumulate_grad(*a)
+        del a
+        for n in drops:
+            env.pop(n, None)
 
 
 def _storage(t: torch.Tensor) -> int:
