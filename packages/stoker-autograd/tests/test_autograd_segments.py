@@ -255,6 +255,34 @@ def test_a_fresh_gradient_is_stolen_then_added_in_place_as_eager_does() -> None:
         ]
 
 
+def test_linear_gradients_are_stolen_from_the_segment_as_eager_steals_them() -> None:
+    """A Linear's weight gradient comes out as a transposed view of the segment's matmul
+    buffer, its bias gradient as a view of a sum: views of memory nobody else holds,
+    with the parameter's layout, so eager steals them and so does the runtime."""
+    m, e = _mlp(), _mlp()
+    rec = _Recorder()
+    with stoker_autograd.enable(compiler=rec):
+        for _ in range(3):
+            x = torch.randn(4, 6)
+            for model in (m, e):
+                model.zero_grad()
+                rec.outputs.clear()
+                if model is e:
+                    with stoker_autograd.disabled():
+                        model(x).pow(2).sum().backward()
+                else:
+                    model(x).pow(2).sum().backward()
+                    stolen = [
+                        p.grad.untyped_storage().data_ptr() in rec.outputs  # type: ignore[union-attr]
+                        for p in m.parameters()
+                    ]
+    assert stolen == [True] * 6, stolen
+    for p, q in zip(m.parameters(), e.parameters()):
+        assert p.grad is not None and q.grad is not None
+        assert p.grad.stride() == q.grad.stride() and p.grad._base is None
+        torch.testing.assert_close(p.grad, q.grad)
+
+
 class _Twins(nn.Module):
     """Two parameters whose gradients are equal: a compiler may return one tensor for both."""
 

@@ -219,10 +219,12 @@ def _apply_accumulates(step: _Segment, env: dict[fx.Node, Any]) -> None:
     """Each accumulate-grad of a segment, in graph order, as eager applies it.
 
     A gradient may be stolen (become ``.grad`` itself, no copy) when the graph says
-    nobody else reads it and the tensor the compiler returned is its own memory: not
-    a view, and no other live input or output of the segment shares its storage
-    (counted once, at the first candidate: values freed since only make it stricter,
-    and a value stolen later was counted alone).
+    nobody else reads it and the tensor the compiler returned is its own memory: it
+    fills its storage exactly, and no other live input or output of the segment
+    shares that storage (counted once, at the first candidate: values freed since
+    only make it stricter, and a value stolen later was counted alone).  Such a
+    tensor may be a view of a buffer internal to the compiled segment (a transposed
+    matmul result); eager steals views too, so it is handed over detached.
     """
     shared: dict[int, int] | None = None
     for (acc, may_steal), drops in zip(step.accumulates, step.drops):
@@ -232,7 +234,9 @@ def _apply_accumulates(step: _Segment, env: dict[fx.Node, Any]) -> None:
                 values = [env[n] for n in step.inputs] + [env.get(n) for n in step.outputs]
                 shared = _storage_counts(values)
             variable, variable_grad, g, has_post_hooks = a
-            fresh = not g._is_view() and shared.get(_storage(g), 0) == 1
+            fresh = shared.get(_storage(g), 0) == 1 and _fills_its_storage(g)
+            if fresh and g._is_view():  # of a buffer nobody else holds: eager steals it too
+                g = g.detach()
             env[acc] = ops.accumulate_grad(variable, variable_grad, g, has_post_hooks, fresh)
         else:
             env[acc] = ops.accumulate_grad(*a)
@@ -243,6 +247,11 @@ def _apply_accumulates(step: _Segment, env: dict[fx.Node, Any]) -> None:
 
 def _storage(t: torch.Tensor) -> int:
     return int(t.untyped_storage().data_ptr())
+
+
+def _fills_its_storage(t: torch.Tensor) -> bool:
+    """Its elements are all of its storage: holding it as ``.grad`` pins nothing more."""
+    return t.numel() * t.element_size() == t.untyped_storage().nbytes()
 
 
 def _storage_counts(values: list[Any]) -> dict[int, int]:
