@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -21,12 +21,30 @@ import stoker_autograd
 
 Step = Callable[[nn.Module, list[str], int], None]
 
+_COMPILER: list[Any] = [None]
+
+
+def _segmented(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    return gm
+
+
+@pytest.fixture(autouse=True, params=["aten", "segmented"])
+def _executor(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test runs twice: the whole retraced graph on the aten executor,
+    and split into segments handed to a compiler, as stoker-triton gets it (there the
+    runtime applies each segment's accumulate-grads after it, before the next hook)."""
+    _COMPILER[0] = None if request.param == "aten" else _segmented
+    yield
+    _COMPILER[0] = None
+
 
 def run(
     model: nn.Module, step: Step, steps: int, compiled: bool, **kw: Any
 ) -> tuple[list[list[torch.Tensor | None]], list[str]]:
     log: list[str] = []
     grads: list[list[torch.Tensor | None]] = []
+    if _COMPILER[0] is not None:
+        kw.setdefault("compiler", _COMPILER[0])
     ctx = stoker_autograd.enable(**kw) if compiled else _null()
     with ctx:
         for i in range(steps):
@@ -402,7 +420,7 @@ def test_stoker_capture_aot_backward_is_inlined() -> None:
     m = mlp()
     ref = copy.deepcopy(m)
     cm = stoker_capture.aot_module(m)
-    with stoker_autograd.enable() as session:
+    with stoker_autograd.enable(compiler=_COMPILER[0]) as session:
         for _ in range(3):
             m.zero_grad()
             ref.zero_grad()
@@ -477,7 +495,7 @@ def test_stoker_capture_model_hooks_follow_eager_order() -> None:
     log_e: list[str] = []
     install(m, log_c)
     install(ref, log_e)
-    with stoker_autograd.enable():
+    with stoker_autograd.enable(compiler=_COMPILER[0]):
         for _ in range(3):
             x = torch.randn(5, 6)
             n_c, n_e = len(log_c), len(log_e)

@@ -1,13 +1,18 @@
-"""SegmentedBackward hands the compiler tensors, never the tuple of a multi-output op."""
+"""SegmentedBackward: what the compiler gets (tensors, never a tuple), where segments are
+cut (at Python calls only, never at an accumulate-grad), and that the gradients, the
+``.grad`` each hook sees and stealing match eager."""
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.nn as nn
 
+import stoker_autograd
 from stoker_autograd._internal.ops import call_hook
 from stoker_autograd._internal.segments import SegmentedBackward
 
@@ -42,3 +47,285 @@ def test_items_of_a_multi_output_op_stay_in_its_segment() -> None:
     t = torch.randn(4, 3)
     v, m = torch.var_mean(t, 1, keepdim=True)
     torch.testing.assert_close(run(t, lambda a: a * 2)[0], (v + m) * (t * 2))
+
+
+# ------------------------------------------------ accumulate-grad does not cut a segment
+class _Recorder:
+    """A compiler that counts the segments it gets and runs each as it is."""
+
+    def __init__(self) -> None:
+        self.segments: list[fx.GraphModule] = []
+        self.outputs: list[int] = []  # storage of every tensor a segment returned
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        self.segments.append(gm)
+
+        def run(*args: Any) -> Any:
+            outs = gm(*args)
+            self.outputs += [o.untyped_storage().data_ptr() for o in outs]
+            return outs
+
+        return run
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 3))
+
+
+Step = Callable[[nn.Module, list[Any]], None]
+
+
+def _plain(m: nn.Module, log: list[Any]) -> None:
+    m.zero_grad()
+    m(torch.randn(4, 6)).pow(2).sum().backward()
+
+
+def _run(
+    make: Callable[[], nn.Module], step: Step, steps: int = 3
+) -> tuple[_Recorder, list[Any], list[Any], nn.Module]:
+    """Runs ``step`` eagerly and compiled (seed by seed); compares every ``.grad`` after
+    every step and what the steps logged (hooks log the ``.grad`` they see)."""
+    eager, compiled = make(), make()
+    rec = _Recorder()
+    log_e: list[Any] = []
+    log_c: list[Any] = []
+    for i in range(steps):
+        torch.manual_seed(i)
+        step(eager, log_e)
+        log_e.append([p.grad.clone() if p.grad is not None else None for p in eager.parameters()])
+    with stoker_autograd.enable(compiler=rec):
+        for i in range(steps):
+            torch.manual_seed(i)
+            step(compiled, log_c)
+            log_c.append(
+                [p.grad.clone() if p.grad is not None else None for p in compiled.parameters()]
+            )
+    assert stoker_autograd.stats()["cache_hits"] >= 1  # a compiled variant ran
+    torch.testing.assert_close(log_c, log_e, atol=1e-5, rtol=1e-4)
+    return rec, log_e, log_c, compiled
+
+
+def _grads_now(m: nn.Module) -> list[torch.Tensor | None]:
+    return [None if p.grad is None else p.grad.clone() for p in m.parameters()]
+
+
+def test_mlp_backward_is_one_segment() -> None:
+    rec, *_ = _run(_mlp, _plain)
+    assert len(rec.segments) == 1
+    assert stoker_autograd.stats()["segments"] == 1
+    # the segment returns the six gradients; nothing in it writes .grad
+    (out,) = [n for n in rec.segments[0].graph.nodes if n.op == "output"]
+    assert len(out.args[0]) >= 6
+
+
+def test_each_gradient_is_dropped_right_after_its_accumulate() -> None:
+    """A copied gradient is freed before the next is copied (peak memory as when each
+    accumulate-grad had its own segment)."""
+    m = _mlp()
+    with stoker_autograd.enable(compiler=_Recorder()) as session:
+        for _ in range(2):
+            _plain(m, [])
+    run = session.graphs[0].variants[0].fn
+    assert isinstance(run, SegmentedBackward)
+    (seg,) = [s for s in run.steps if getattr(s, "accumulates", None)]
+    assert len(seg.accumulates) == 6
+    for (acc, _), drops in zip(seg.accumulates, seg.drops):
+        assert drops == [acc.args[2]], (acc, drops)
+
+
+def test_post_accumulate_grad_hook_cuts_and_sees_every_earlier_grad() -> None:
+    def step(m: nn.Module, log: list[Any]) -> None:
+        m.zero_grad()
+        h = m[2].weight.register_post_accumulate_grad_hook(lambda p: log.append(_grads_now(m)))
+        m(torch.randn(4, 6)).pow(2).sum().backward()
+        h.remove()
+
+    rec, log_e, *_ = _run(_mlp, step)
+    assert len(rec.segments) == 2
+    seen = log_e[0]  # what the hook saw: its own .grad and the later layer's, not the earlier
+    assert seen[2] is not None and seen[4] is not None and seen[0] is None
+
+
+def test_tensor_hook_on_a_parameter_cuts_and_sees_the_grads_before_it() -> None:
+    def step(m: nn.Module, log: list[Any]) -> None:
+        m.zero_grad()
+
+        def hook(g: torch.Tensor) -> torch.Tensor:
+            log.append(_grads_now(m))
+            return g * 3
+
+        h = m[2].bias.register_hook(hook)
+        m(torch.randn(4, 6)).pow(2).sum().backward()
+        h.remove()
+
+    rec, *_ = _run(_mlp, step)
+    assert len(rec.segments) == 2
+
+
+class _Cube(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, m: nn.Module, log: list[Any]) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.model, ctx.log = m, log
+        return x**3
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        # a custom backward sees the .grad of the layers after it, as eager shows it
+        ctx.log.append(_grads_now(ctx.model))
+        (x,) = ctx.saved_tensors
+        return g * 3 * x**2, None, None
+
+
+def test_custom_function_cuts_and_sees_the_grads_before_it() -> None:
+    def step(m: nn.Module, log: list[Any]) -> None:
+        m.zero_grad()
+        y = _Cube.apply(m[1](m[0](torch.randn(4, 6))), m, log)
+        m[2:](y).pow(2).sum().backward()
+
+    rec, log_e, *_ = _run(_mlp, step)
+    assert len(rec.segments) == 2
+    assert log_e[0][4] is not None and log_e[0][0] is None
+
+
+def test_grads_match_eager_first_assignment_then_accumulating() -> None:
+    def step(m: nn.Module, log: list[Any]) -> None:  # no zero_grad: the 2nd step adds
+        m(torch.randn(4, 6)).pow(2).sum().backward()
+
+    rec, *_ = _run(_mlp, step)
+    assert len(rec.segments) == 2  # .grad None, then defined: two captures, one segment each
+
+
+def test_grads_match_eager_zero_grad_to_zeros() -> None:
+    def step(m: nn.Module, log: list[Any]) -> None:
+        m.zero_grad(set_to_none=False)
+        m(torch.randn(4, 6)).pow(2).sum().backward()
+
+    _run(_mlp, step, steps=4)
+
+
+class _Shared(nn.Module):
+    """A parameter used twice, and one stored transposed (strides (1, 4))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = nn.Parameter(torch.randn(4, 4))
+        self.t = nn.Parameter(torch.randn(6, 4).t())
+        self.s = nn.Parameter(torch.randn(4, 6))  # elementwise: its gradient is a fresh mul
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(x @ self.t.t() @ self.w) @ self.w
+        return (h.sum(1, keepdim=True) * x * self.s).sum()
+
+
+def test_param_used_twice_and_transposed_layout_match_eager() -> None:
+    def step(m: nn.Module, log: list[Any]) -> None:
+        m.zero_grad()
+        m(torch.randn(3, 6).expand(4, 3, 6).reshape(12, 6)[:4]).backward()
+        log.append([p.grad.stride() for p in m.parameters()])  # type: ignore[union-attr]
+
+    rec, *_, m = _run(_Shared, step)
+    assert len(rec.segments) == 1
+    assert m.t.grad is not None and m.t.grad.stride() == (1, 4)
+
+
+def test_a_fresh_gradient_is_stolen_then_added_in_place_as_eager_does() -> None:
+    """First backward: ``.grad`` is the segment's own output (no copy).  Second: the
+    same tensor object, added into in place.  A view, or a tensor the hook keeps, is
+    copied instead."""
+    m = _Shared()
+    rec = _Recorder()
+    with stoker_autograd.enable(compiler=rec):
+        for _ in range(2):  # the first run is uncompiled; the second compiles
+            m.zero_grad()
+            m(torch.randn(4, 6)).backward()
+        m.zero_grad()
+        rec.outputs.clear()
+        m(torch.randn(4, 6)).backward()
+        first = m.s.grad
+        assert first is not None
+        assert first.untyped_storage().data_ptr() in rec.outputs  # stolen
+        m(torch.randn(4, 6)).backward()
+        assert m.s.grad is first  # accumulated in place, as eager
+        # .w's gradient is a sum of two matmuls' results: stolen or not, never aliased
+        assert m.w.grad is not None and m.w.grad.untyped_storage().data_ptr() not in [
+            p.untyped_storage().data_ptr() for p in (m.s.grad, m.t.grad)
+        ]
+
+
+def test_linear_gradients_are_stolen_from_the_segment_as_eager_steals_them() -> None:
+    """A Linear's weight gradient comes out as a transposed view of the segment's matmul
+    buffer, its bias gradient as a view of a sum: views of memory nobody else holds,
+    with the parameter's layout, so eager steals them and so does the runtime."""
+    m, e = _mlp(), _mlp()
+    rec = _Recorder()
+    with stoker_autograd.enable(compiler=rec):
+        for _ in range(3):
+            x = torch.randn(4, 6)
+            for model in (m, e):
+                model.zero_grad()
+                rec.outputs.clear()
+                if model is e:
+                    with stoker_autograd.disabled():
+                        model(x).pow(2).sum().backward()
+                else:
+                    model(x).pow(2).sum().backward()
+                    stolen = [
+                        p.grad.untyped_storage().data_ptr() in rec.outputs  # type: ignore[union-attr]
+                        for p in m.parameters()
+                    ]
+    assert stolen == [True] * 6, stolen
+    for p, q in zip(m.parameters(), e.parameters()):
+        assert p.grad is not None and q.grad is not None
+        assert p.grad.stride() == q.grad.stride() and p.grad._base is None
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+class _Twins(nn.Module):
+    """Two parameters whose gradients are equal: a compiler may return one tensor for both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = nn.Parameter(torch.randn(4, 6))
+        self.b = nn.Parameter(torch.randn(4, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * self.a).sum() + (x * self.b).sum()
+
+
+def _cse(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """A compiler that hands back one tensor for outputs of equal value."""
+
+    def run(*args: Any) -> Any:
+        outs: list[torch.Tensor] = []
+        for o in gm(*args):
+            same = [p for p in outs if p.shape == o.shape and torch.equal(p, o)]
+            outs.append(same[0] if same else o)
+        return tuple(outs)
+
+    return run
+
+
+def test_a_gradient_the_compiler_returns_twice_is_not_stolen() -> None:
+    """Stealing one tensor into two ``.grad`` would alias them, and the next in-place
+    accumulation would add twice: such a gradient is copied."""
+    e, m = _Twins(), _Twins()
+    with stoker_autograd.enable(compiler=_cse):
+        for i in range(4):  # zero_grad every other step: stolen/copied, then accumulated
+            x = torch.randn(4, 6)
+            for model in (e, m):
+                if i % 2 == 0:
+                    model.zero_grad()
+                if model is e:
+                    with stoker_autograd.disabled():
+                        model(x).backward()
+                else:
+                    model(x).backward()
+            assert m.a.grad is not None and m.b.grad is not None
+            assert m.a.grad.untyped_storage().data_ptr() != m.b.grad.untyped_storage().data_ptr()
+            torch.testing.assert_close(m.a.grad, e.a.grad)
+            torch.testing.assert_close(m.b.grad, e.b.grad)
+    assert stoker_autograd.stats()["cache_hits"] >= 1

@@ -48,13 +48,14 @@ def test_report_guards_recompiles_and_autograd(
         m = _model()
         c = stoker.compile(m, report=str(path))
         assert stoker_autograd.is_enabled(), "stoker.compile should switch compiled autograd on"
-        before = stoker_autograd.stats()["captures"]
+        before = stoker_autograd.stats()
         for n in (3, 3, 5):
             x = torch.randn(n, 4)
             out = c(x)
             torch.testing.assert_close(out, m(x))
             out.sum().backward()
-        assert stoker_autograd.stats()["captures"] > before
+        after = stoker_autograd.stats()
+        assert after["captures"] > before["captures"]
     finally:
         stoker.set_logs("")
     rep = c.stoker_report
@@ -70,10 +71,14 @@ def test_report_guards_recompiles_and_autograd(
     err = capsys.readouterr().err
     assert "[stoker.recompiles]" in err and "[stoker.guards]" in err
     assert rep.autograd_graphs, "the backward graph compiled autograd captured is in the report"
+    # accumulate-grad does not cut: each compiled backward is one segment
+    assert after["segments"] - before["segments"] == after["compiles"] - before["compiles"] > 0
+    assert rep.autograd["segments"] >= 1
     rep.flush()
     page = path.read_text()
     assert "expected 3, actual 5" in page and "matches float32[3, 4]" in page
     assert "compiled autograd graph 0 [aten]" in page
+    assert "<td>segments</td>" in page, "segments per backward are among the autograd counters"
 
 
 def test_autograd_switch_scoping(stub_capture: None) -> None:

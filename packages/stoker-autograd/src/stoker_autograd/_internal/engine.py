@@ -84,7 +84,7 @@ def is_enabled() -> bool:
 
 
 def stats() -> dict[str, int]:
-    """Counters: captures, cache_hits, compiles, recompiles, eager_runs, fallbacks."""
+    """Counters: captures, cache_hits, compiles, recompiles, eager_runs, fallbacks, segments."""
     return STATS.as_dict()
 
 

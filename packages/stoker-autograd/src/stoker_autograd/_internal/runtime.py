@@ -166,7 +166,7 @@ class CompiledBackward:
                 _mark_stealable(rt.gm)
                 fn: Callable[..., Any] = rt.gm
             else:  # the compiler sees only pure aten segments
-                fn = SegmentedBackward(rt.gm, self.session.compiler)
+                fn = SegmentedBackward(rt.gm, self._counted_compiler)
         except Exception as e:
             self.failed = f"the compiler failed: {e}"
             self._warn(self.failed)
@@ -181,6 +181,10 @@ class CompiledBackward:
         stats.compiles += 1
         if len(self.variants) > 1:
             stats.recompiles += 1
+
+    def _counted_compiler(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        self.session.stats.segments += 1  # first: a compiler that reports stats sees it
+        return self.session.compiler(gm, example_inputs)
 
     def _warn(self, why: str) -> None:
         key = f"{self.capture_id}:{why}"

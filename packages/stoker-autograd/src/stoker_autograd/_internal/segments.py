@@ -1,20 +1,29 @@
-"""Hand a compiler only pure core-aten graphs: split the retraced graph at opaque calls.
+"""Hand a compiler only pure core-aten graphs: split the retraced graph at Python calls.
 
 The retraced backward interleaves aten ops with Python calls that must run as
-they are (hooks, custom backwards, accumulate-grad, size checks).  A compiler
-such as stoker-triton's ``compile_graph`` takes a functional aten graph over
-tensors and SymInts, so each maximal run of aten nodes becomes one sub-graph,
-compiled once; a small runner calls the compiled runs and the Python calls in
-the graph's order, and frees each value after its last use.
+they are (hooks, custom backwards, size checks of their results, the final
+callbacks).  A compiler such as stoker-triton's ``compile_graph`` takes a
+functional aten graph over tensors and SymInts, so each maximal run of aten
+nodes between two Python calls becomes one sub-graph, compiled once; a small
+runner calls the compiled runs and the Python calls in the graph's order, and
+frees each value after its last use.
+
+Accumulate-grad does not cut a run.  Its gradient becomes an output of the
+segment, and the runner applies the run's accumulate-grads (``ops.accumulate_grad``,
+eager's rules) in graph order right after the segment, so before the next Python
+call: a hook, a custom backward or a final callback sees exactly the ``.grad``
+eager shows at that point, and no aten op reads ``.grad``.  An accumulate-grad
+whose result an aten op reads stays a Python call.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import torch.fx as fx
 
 from . import ops
@@ -58,12 +67,37 @@ def _items_beside_their_source(graph: fx.Graph) -> list[fx.Node]:
     return order
 
 
+def is_deferred_accumulate(n: fx.Node) -> bool:
+    """An accumulate-grad that a run of aten ops keeps: only Python calls read its result."""
+    return (
+        n.op == "call_function"
+        and n.target is ops.accumulate_grad
+        and all(is_python_node(u) for u in n.users)
+    )
+
+
+def _may_steal(acc: fx.Node, produced: set[fx.Node]) -> bool:
+    """The graph's half of the stealing rule: this run computed the gradient with an aten
+    op, and the accumulate-grad is its only reader (the runner checks the tensor)."""
+    g = acc.args[2] if len(acc.args) == 4 else None
+    return (
+        isinstance(g, fx.Node)
+        and g in produced
+        and isinstance(g.target, torch._ops.OpOverload)
+        and len(g.users) == 1
+    )
+
+
 @dataclass
 class _Segment:
-    fn: Callable[..., Any]
+    fn: Callable[..., Any] | None  # None: the run has accumulate-grads only
     inputs: list[fx.Node]
     outputs: list[fx.Node]
-    gm: fx.GraphModule
+    gm: fx.GraphModule | None
+    accumulates: list[tuple[fx.Node, bool]]  # applied after fn, in order; (node, may steal)
+    # per accumulate: outputs read last by it, dropped right after (a copied gradient
+    # is freed before the next one is copied, as when each accumulate had its segment)
+    drops: list[list[fx.Node]] = field(default_factory=list)
 
 
 @dataclass
@@ -72,7 +106,7 @@ class _Call:
 
 
 class SegmentedBackward:
-    """Runs compiled aten segments and Python calls in graph order."""
+    """Runs compiled aten segments, their accumulate-grads and Python calls in graph order."""
 
     def __init__(self, gm: fx.GraphModule, compiler: Callable[..., Any]) -> None:
         graph = gm.graph
@@ -80,25 +114,33 @@ class SegmentedBackward:
         self.output = next(n for n in graph.nodes if n.op == "output")
         self.steps: list[_Segment | _Call] = []
         run: list[fx.Node] = []
+        accs: list[fx.Node] = []
         for n in _items_beside_their_source(graph):
             if n.op in ("placeholder", "output"):
                 continue
-            if is_python_node(n):
-                self._flush(gm, run, compiler)
-                run = []
+            if is_deferred_accumulate(n):
+                accs.append(n)
+            elif is_python_node(n):
+                self._flush(gm, run, accs, compiler)
+                run, accs = [], []
                 self.steps.append(_Call(n))
             else:
                 run.append(n)
-        self._flush(gm, run, compiler)
+        self._flush(gm, run, accs, compiler)
         self._plan_frees()
 
     @property
     def segments(self) -> list[fx.GraphModule]:
-        return [s.gm for s in self.steps if isinstance(s, _Segment)]
+        """The compiled sub-graphs, in order."""
+        return [s.gm for s in self.steps if isinstance(s, _Segment) and s.gm is not None]
 
-    def _flush(self, gm: fx.GraphModule, run: list[fx.Node], compiler: Callable[..., Any]) -> None:
-        if not run:
-            return
+    def _flush(
+        self,
+        gm: fx.GraphModule,
+        run: list[fx.Node],
+        accs: list[fx.Node],
+        compiler: Callable[..., Any],
+    ) -> None:
         members = set(run)
         inputs: list[fx.Node] = []
         for n in run:
@@ -106,8 +148,11 @@ class SegmentedBackward:
                 if a not in members and a not in inputs:
                     inputs.append(a)
         outputs = [n for n in run if any(u not in members for u in n.users)]
-        if not outputs:
-            return  # nothing outside reads it
+        accumulates = [(a, _may_steal(a, members)) for a in accs]
+        if not outputs:  # nothing outside reads the run
+            if accumulates:
+                self.steps.append(_Segment(None, [], [], None, accumulates))
+            return
         g = fx.Graph()
         remap: dict[fx.Node, fx.Node] = {}
         for a in inputs:
@@ -119,12 +164,16 @@ class SegmentedBackward:
         g.output(tuple(remap[o] for o in outputs))
         sub = fx.GraphModule(gm, g, "StokerBackwardSegment")
         examples = [a.meta.get("val") for a in inputs]
-        self.steps.append(_Segment(compiler(sub, examples), inputs, outputs, sub))
+        fn = compiler(sub, examples)
+        self.steps.append(_Segment(fn, inputs, outputs, sub, accumulates))
 
     def _plan_frees(self) -> None:
         last: dict[fx.Node, int] = {}
         for i, s in enumerate(self.steps):
-            used = s.inputs if isinstance(s, _Segment) else s.node.all_input_nodes
+            if isinstance(s, _Segment):
+                used = s.inputs + [a for acc, _ in s.accumulates for a in acc.all_input_nodes]
+            else:
+                used = s.node.all_input_nodes
             for a in used:
                 last[a] = i
         keep = set(self.output.all_input_nodes)
@@ -132,14 +181,18 @@ class SegmentedBackward:
         for n, i in last.items():
             if n not in keep:
                 self.frees[i].append(n)
+        for i, s in enumerate(self.steps):
+            if isinstance(s, _Segment):
+                s.drops = _drops(s, {n for n in self.frees[i] if n in set(s.outputs)})
 
     def __call__(self, *args: Any) -> Any:
         env: dict[fx.Node, Any] = dict(zip(self.placeholders, args))
         for step, frees in zip(self.steps, self.frees):
             if isinstance(step, _Segment):
-                outs = step.fn(*[env[a] for a in step.inputs])
-                for o, v in zip(step.outputs, outs):
-                    env[o] = v
+                if step.fn is not None:
+                    env.update(zip(step.outputs, step.fn(*[env[a] for a in step.inputs])))
+                if step.accumulates:
+                    _apply_accumulates(step, env)
             else:
                 n = step.node
                 a, k = fx.map_arg((n.args, n.kwargs), lambda x: env[x])
@@ -147,3 +200,64 @@ class SegmentedBackward:
             for f in frees:
                 env.pop(f, None)
         return fx.map_arg(self.output.args[0], lambda x: env[x])
+
+
+def _drops(step: _Segment, freed: set[fx.Node]) -> list[list[fx.Node]]:
+    """For each accumulate-grad of ``step``: the outputs in ``freed`` it reads last."""
+    last: dict[fx.Node, int] = {}
+    for j, (acc, _) in enumerate(step.accumulates):
+        for a in acc.all_input_nodes:
+            last[a] = j
+    drops: list[list[fx.Node]] = [[] for _ in step.accumulates]
+    for a, j in last.items():
+        if a in freed:
+            drops[j].append(a)
+    return drops
+
+
+def _apply_accumulates(step: _Segment, env: dict[fx.Node, Any]) -> None:
+    """Each accumulate-grad of a segment, in graph order, as eager applies it.
+
+    A gradient may be stolen (become ``.grad`` itself, no copy) when the graph says
+    nobody else reads it and the tensor the compiler returned is its own memory: it
+    fills its storage exactly, and no other live input or output of the segment
+    shares that storage (counted once, at the first candidate: values freed since
+    only make it stricter, and a value stolen later was counted alone).  Such a
+    tensor may be a view of a buffer internal to the compiled segment (a transposed
+    matmul result); eager steals views too, so it is handed over detached.
+    """
+    shared: dict[int, int] | None = None
+    for (acc, may_steal), drops in zip(step.accumulates, step.drops):
+        a: Any = fx.map_arg(acc.args, lambda x: env[x])
+        if may_steal and a[0].grad is None:
+            if shared is None:
+                values = [env[n] for n in step.inputs] + [env.get(n) for n in step.outputs]
+                shared = _storage_counts(values)
+            variable, variable_grad, g, has_post_hooks = a
+            fresh = shared.get(_storage(g), 0) == 1 and _fills_its_storage(g)
+            if fresh and g._is_view():  # of a buffer nobody else holds: eager steals it too
+                g = g.detach()
+            env[acc] = ops.accumulate_grad(variable, variable_grad, g, has_post_hooks, fresh)
+        else:
+            env[acc] = ops.accumulate_grad(*a)
+        del a
+        for n in drops:
+            env.pop(n, None)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return int(t.untyped_storage().data_ptr())
+
+
+def _fills_its_storage(t: torch.Tensor) -> bool:
+    """Its elements are all of its storage: holding it as ``.grad`` pins nothing more."""
+    return t.numel() * t.element_size() == t.untyped_storage().nbytes()
+
+
+def _storage_counts(values: list[Any]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            k = _storage(v)
+            counts[k] = counts.get(k, 0) + 1
+    return counts

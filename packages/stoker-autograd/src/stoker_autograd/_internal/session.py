@@ -21,6 +21,9 @@ class Stats:
     recompiles: compiles caused by a failed guard of an earlier compile
     eager_runs: backwards run by the captured graph uncompiled (first run of each compile)
     fallbacks:  of those, runs after compiling was given up (a warning said why)
+    segments:   aten sub-graphs handed to the compiler, over all compiles (a backward is
+                split only at Python calls: hooks, custom backwards, size checks of their
+                results; 0 with the default `aten_executor`, which runs the whole graph)
     """
 
     captures: int = 0
@@ -29,6 +32,7 @@ class Stats:
     recompiles: int = 0
     eager_runs: int = 0
     fallbacks: int = 0
+    segments: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
