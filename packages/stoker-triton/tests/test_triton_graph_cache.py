@@ -204,3 +204,34 @@ def test_switched_off_it_neither_reads_nor_writes(cache, tmp_path, monkeypatch):
     assert _static(_mlp, *args).report.cache == "" and len(cache) == 2
     assert not (tmp_path / "triton" / "graphs").exists()
     assert graphcache.enabled() is False
+
+
+def test_nested_outputs_and_constants_on_a_hit(cache):
+    """The output structure comes from the entry; constants from the caller's module."""
+
+    def f(x):
+        return {"a": x.sin(), "b": [x * 2, x.sum()]}
+
+    x = torch.randn(4, 8)
+    gm = trace(f, x)
+    gm.register_buffer("scale", torch.full((8,), 3.0))
+    g = gm.graph
+    out = next(n for n in g.nodes if n.op == "output")
+    with g.inserting_before(out):
+        c = g.get_attr("scale")
+        c.meta["val"] = gm.scale
+        a = out.args[0]["a"]
+        m = g.call_function(torch.ops.aten.mul.Tensor, (a, c))
+        m.meta["val"] = torch.empty(4, 8)
+    out.args = ({"a": m, "b": out.args[0]["b"]},)
+    gm.recompile()
+    cold = compile_graph(gm, [x])
+    gm.scale.fill_(5.0)  # read at the call, not baked in: a hit sees the new value
+    warm = compile_graph(gm, [x])
+    assert warm.report.cache == "hit" and len(cache) == 1
+    y = torch.randn(4, 8)
+    want = {"a": y.sin() * 5, "b": [y * 2, y.sum()]}
+    for fn in (cold, warm):
+        got = fn(y)
+        assert isinstance(got, dict) and isinstance(got["b"], list)
+        assert_same([got["a"], *got["b"]], [want["a"], *want["b"]])

@@ -132,8 +132,14 @@ def _graph_text(gm: torch.fx.GraphModule) -> list[str]:
     for n in gm.graph.nodes:
         val = n.meta.get("val", n.meta.get("example_value"))
         line = f"{n.op} {n.name} {_target_text(n.target)} {_val_text(n.args)} {_val_text(n.kwargs)} :: {_val_text(val)}"
-        if n.op == "get_attr":
-            line += " = " + _val_text(getattr(gm, str(n.target), None))
+        if n.op in ("get_attr", "call_module"):
+            sub = getattr(gm, str(n.target), None)
+            if isinstance(sub, torch.fx.GraphModule):  # a subgraph (higher-order op): its code
+                lines += [f"subgraph {n.target}:", *_graph_text(sub)]
+            elif isinstance(sub, torch.nn.Module):
+                line += " = " + repr(sub)
+            else:
+                line += " = " + _val_text(sub)
         lines.append(line)
     return lines
 
@@ -261,10 +267,15 @@ MAX_VARIANTS = 8  # entries per key: one per distinct set of guards the compile 
 
 def save(key: str, entry: Entry) -> None:
     """Add ``entry`` to the variants under ``key`` (sizes that made the compile add
-    other guards are other variants of one key), newest first."""
+    other guards are other variants of one key), newest first. Raises `Uncacheable`
+    when the entry cannot be pickled (an output structure of an unregistered type)."""
     exprs = [g.expr for g in entry.guards]
     variants = [e for e in _read(key)[0] if [g.expr for g in e.guards] != exprs]
-    store().put(key, pickle.dumps([entry, *variants][:MAX_VARIANTS]))
+    try:
+        body = pickle.dumps([entry, *variants][:MAX_VARIANTS])
+    except Exception as e:
+        raise Uncacheable(f"the entry cannot be stored ({type(e).__name__}: {e})") from e
+    store().put(key, body)
     _count("writes")
 
 

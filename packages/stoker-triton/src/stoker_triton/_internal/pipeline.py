@@ -82,7 +82,7 @@ def compile_graph_impl(
         n_guards = len(shape_env.guards) if shape_env is not None else 0
     # a graph compiled before (in any process): load it, skip every stage below
     key = None
-    if graphcache.enabled():
+    if graphcache.enabled() and not debug:  # debug prints the IR: compile it
         with report.stage("cache"):
             key = graphcache.graph_key(
                 gm, fake_inputs, shape_env, {"prm": persistent_max, "at": autotune}, debug
@@ -97,6 +97,7 @@ def compile_graph_impl(
     if _has_data_dependent_sizes(gm):
         # Sizes that only exist at run time (nonzero, unique, masked_select, .item())
         # have no input to bind them from: the whole graph runs through aten.
+        report.cache = ""  # not stored: the graph runs as it is, nothing to load
         return _aten_graph(gm, report, "sizes that depend on tensor data (unbacked symbols)")
     # 1. lowering: each aten op -> loop-level IR by the rule table
     with report.stage("lower"):
@@ -186,14 +187,28 @@ def _save_cached(
     guards: list[Any],
 ) -> None:
     """Store what `_load_cached` needs to rebuild this compiled graph."""
-    import hashlib
-
     try:
         packed = {k: graphcache.pack_const(c, gm) for k, c in consts.items()}
+        _store_entry(key, packed, report, kernels, launchers, wrapper_src, out_spec, guards)
     except graphcache.Uncacheable as e:
         log_cache.info("compiled graph not cached: %s", e)
         report.cache = f"uncacheable: {e}"
         return
+    report.cache = f"miss ({report.cache})"
+
+
+def _store_entry(
+    key: str,
+    packed: dict[str, tuple[str, Any]],
+    report: CompileReport,
+    kernels: dict[str, KernelSource],
+    launchers: dict[str, Launcher],
+    wrapper_src: str,
+    out_spec: Any,
+    guards: list[Any],
+) -> None:
+    import hashlib
+
     entry = graphcache.Entry(
         wrapper=hashlib.sha256(wrapper_src.encode()).hexdigest()[:24],
         kernels={
@@ -215,7 +230,6 @@ def _save_cached(
         fallback_reasons=dict(report.fallback_reasons),
     )
     graphcache.save(key, entry)
-    report.cache = f"miss ({report.cache})"
 
 
 def _has_data_dependent_sizes(gm: torch.fx.GraphModule) -> bool:
