@@ -58,7 +58,7 @@ _ENV_OFF = "STOKER_TRITON_GRAPH_CACHE"  # "0": neither read nor write entries
 stats: dict[str, int] = {}
 
 
-def _count(what: str) -> None:
+def count(what: str) -> None:
     stats[what] = stats.get(what, 0) + 1
 
 
@@ -102,8 +102,14 @@ def _target_text(t: Any) -> str:
     return f"{mod}.{name}"
 
 
-def _val_text(v: Any) -> str:
-    """A value's metadata as text (tensors by metadata, never by their data)."""
+def _val_text(v: Any, data: bool = False) -> str:
+    """A value's metadata as text: tensors by metadata, and with ``data`` (a real
+    tensor written into the graph's arguments) by a hash of their values too."""
+    if isinstance(v, torch.Tensor) and data and not _is_fake(v):
+        values = hashlib.sha256(
+            v.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        )
+        return _val_text(v) + "=" + values.hexdigest()[:16]
     if isinstance(v, torch.Tensor):
         try:
             stride = tuple(str(s) for s in v.stride())
@@ -117,9 +123,9 @@ def _val_text(v: Any) -> str:
     if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
         return f"S[{type(v).__name__},{v.node.expr}]"
     if isinstance(v, list | tuple):
-        return type(v).__name__ + "(" + ",".join(_val_text(x) for x in v) + ")"
+        return type(v).__name__ + "(" + ",".join(_val_text(x, data) for x in v) + ")"
     if isinstance(v, dict):
-        return "{" + ",".join(f"{k!r}:{_val_text(x)}" for k, x in v.items()) + "}"
+        return "{" + ",".join(f"{k!r}:{_val_text(x, data)}" for k, x in v.items()) + "}"
     if isinstance(v, torch.fx.Node):
         return f"%{v.name}"
     if callable(v) and not isinstance(v, type):
@@ -127,11 +133,18 @@ def _val_text(v: Any) -> str:
     return repr(v)
 
 
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor) or t.device.type == "meta"
+
+
 def _graph_text(gm: torch.fx.GraphModule) -> list[str]:
     lines = []
     for n in gm.graph.nodes:
         val = n.meta.get("val", n.meta.get("example_value"))
-        line = f"{n.op} {n.name} {_target_text(n.target)} {_val_text(n.args)} {_val_text(n.kwargs)} :: {_val_text(val)}"
+        args = f"{_val_text(n.args, data=True)} {_val_text(n.kwargs, data=True)}"
+        line = f"{n.op} {n.name} {_target_text(n.target)} {args} :: {_val_text(val)}"
         if n.op in ("get_attr", "call_module"):
             sub = getattr(gm, str(n.target), None)
             if isinstance(sub, torch.fx.GraphModule):  # a subgraph (higher-order op): its code
@@ -276,7 +289,7 @@ def save(key: str, entry: Entry) -> None:
     except Exception as e:
         raise Uncacheable(f"the entry cannot be stored ({type(e).__name__}: {e})") from e
     store().put(key, body)
-    _count("writes")
+    count("writes")
 
 
 def _read(key: str) -> tuple[list[Entry], str]:

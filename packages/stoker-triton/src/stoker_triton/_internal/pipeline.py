@@ -149,7 +149,7 @@ def _load_cached(
     """The compiled graph from the cache, or None (`report.cache` says why not)."""
     got = graphcache.load(key, gm, shape_env)
     if isinstance(got, str):
-        graphcache._count(f"miss: {got}")
+        graphcache.count(f"miss: {got}")
         log_cache.info("compiled-graph cache miss (%s): %s", got, key)
         report.cache = got
         return None
@@ -163,7 +163,7 @@ def _load_cached(
     call = got.wrapper.make_call(launchers, got.consts)
     added = [str(g.expr) for g in shape_env.guards[n_guards:]] if shape_env is not None else []
     graphcache.report_of(got, report, added)
-    graphcache._count("hits")
+    graphcache.count("hits")
     report.cache = "hit"
     log_cache.info("compiled-graph cache hit: %s (%d kernels)", key, len(launchers))
     return CompiledGraph(call, report, _source_of(got.wrapper_path), entry.out_spec)
