@@ -84,6 +84,8 @@ def test_the_imported_source_is_the_validated_one(tmp_path, monkeypatch):
 def test_hits_and_misses_are_logged_with_why(tmp_path, monkeypatch, caplog):
     # STOKER_LOGS=cache shows misses (and why) and writes; +cache shows hits as well
     monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    # the module store alone (the compiled-graph cache has its own log test)
+    monkeypatch.setenv("STOKER_TRITON_GRAPH_CACHE", "0")
     x, y = torch.randn(3, 5), torch.randn(3, 5)
     _forget_modules()
     with caplog.at_level(logging.DEBUG, logger="stoker.cache"):

@@ -5,6 +5,9 @@ lower      each aten op -> loop-level IR by the rule table      (lowering/)
 schedule   IR nodes -> fused kernels, buffer lifetimes           (scheduler.py)
 codegen    one Triton source per kernel + the Python wrapper     (codegen_*.py)
 load       kernels and wrapper from the disk cache -> a callable (runtime/)
+
+A graph compiled before, in this process or another, skips decompose..codegen:
+its entry in the compiled-graph cache (graphcache.py) names the modules to load.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import sympy
 import torch
 import torch.fx
 
+from . import graphcache
 from .codegen_kernel import KernelSource, generate_kernel
 from .codegen_ops import PRELUDE, PRELUDE_BF16
 from .codegen_wrapper import generate_wrapper
@@ -31,6 +35,7 @@ from .scheduler import PERSISTENT_RNUMEL_MAX, Kernel, schedule
 from .verify import verify_program, verify_schedule
 
 log = logging.getLogger("stoker.kernels")
+log_cache = logging.getLogger("stoker.cache")
 
 aten = torch.ops.aten
 
@@ -75,11 +80,24 @@ def compile_graph_impl(
     with report.stage("prepare"):
         fake_mode, shape_env, fake_inputs = prepare_inputs(example_inputs)
         n_guards = len(shape_env.guards) if shape_env is not None else 0
+    # a graph compiled before (in any process): load it, skip every stage below
+    key = None
+    if graphcache.enabled() and not debug:  # debug prints the IR: compile it
+        with report.stage("cache"):
+            key = graphcache.graph_key(
+                gm, fake_inputs, shape_env, {"prm": persistent_max, "at": autotune}, debug
+            )
+            hit = _load_cached(key, gm, shape_env, n_guards, autotune, report)
+        if hit is not None:
+            return hit
+    caller_gm = gm  # get_attr constants are read from the caller's module on a hit
+    with report.stage("prepare"):
         gm = decompose(gm, fake_inputs, fake_mode)
         device = _device(fake_inputs)
     if _has_data_dependent_sizes(gm):
         # Sizes that only exist at run time (nonzero, unique, masked_select, .item())
         # have no input to bind them from: the whole graph runs through aten.
+        report.cache = ""  # not stored: the graph runs as it is, nothing to load
         return _aten_graph(gm, report, "sizes that depend on tensor data (unbacked symbols)")
     # 1. lowering: each aten op -> loop-level IR by the rule table
     with report.stage("lower"):
@@ -110,9 +128,108 @@ def compile_graph_impl(
         precompile(lambda: _precompile_jobs(kernels, launchers, program, shape_env), device)
 
     _fill_report(report, program, sched, kernels, paths, str(wpath), ctx, shape_env, n_guards)
+    if key is not None:
+        added = list(shape_env.guards[n_guards:]) if shape_env is not None else []
+        _save_cached(
+            key, caller_gm, report, kernels, launchers, wrapper_src, consts, out_spec, added
+        )
     if debug:
         print(_debug_text(report, wrapper_src), file=sys.stderr)
     return CompiledGraph(call, report, wrapper_src, out_spec)
+
+
+def _load_cached(
+    key: str,
+    gm: torch.fx.GraphModule,
+    shape_env: Any,
+    n_guards: int,
+    autotune: bool,
+    report: CompileReport,
+) -> CompiledGraph | None:
+    """The compiled graph from the cache, or None (`report.cache` says why not)."""
+    got = graphcache.load(key, gm, shape_env)
+    if isinstance(got, str):
+        graphcache.count(f"miss: {got}")
+        log_cache.info("compiled-graph cache miss (%s): %s", got, key)
+        report.cache = got
+        return None
+    entry = got.entry
+    launchers = {
+        name: _launcher(
+            mod, k.sha, k.is_reduction, k.persistent, k.has_atomics, k.n_ptrs, path, autotune
+        )
+        for name, (mod, path), k in ((n, got.kernels[n], entry.kernels[n]) for n in entry.kernels)
+    }
+    call = got.wrapper.make_call(launchers, got.consts)
+    added = [str(g.expr) for g in shape_env.guards[n_guards:]] if shape_env is not None else []
+    graphcache.report_of(got, report, added)
+    graphcache.count("hits")
+    report.cache = "hit"
+    log_cache.info("compiled-graph cache hit: %s (%d kernels)", key, len(launchers))
+    return CompiledGraph(call, report, _source_of(got.wrapper_path), entry.out_spec)
+
+
+def _source_of(path: str) -> str:
+    import linecache
+
+    return "".join(linecache.getlines(path))  # registered by the module loader
+
+
+def _save_cached(
+    key: str,
+    gm: torch.fx.GraphModule,
+    report: CompileReport,
+    kernels: dict[str, KernelSource],
+    launchers: dict[str, Launcher],
+    wrapper_src: str,
+    consts: dict[str, Any],
+    out_spec: Any,
+    guards: list[Any],
+) -> None:
+    """Store what `_load_cached` needs to rebuild this compiled graph."""
+    try:
+        packed = {k: graphcache.pack_const(c, gm) for k, c in consts.items()}
+        _store_entry(key, packed, report, kernels, launchers, wrapper_src, out_spec, guards)
+    except graphcache.Uncacheable as e:
+        log_cache.info("compiled graph not cached: %s", e)
+        report.cache = f"uncacheable: {e}"
+        return
+    report.cache = f"miss ({report.cache})"
+
+
+def _store_entry(
+    key: str,
+    packed: dict[str, tuple[str, Any]],
+    report: CompileReport,
+    kernels: dict[str, KernelSource],
+    launchers: dict[str, Launcher],
+    wrapper_src: str,
+    out_spec: Any,
+    guards: list[Any],
+) -> None:
+    import hashlib
+
+    entry = graphcache.Entry(
+        wrapper=hashlib.sha256(wrapper_src.encode()).hexdigest()[:24],
+        kernels={
+            n: graphcache.KernelEntry(
+                launchers[n].sha,
+                ks.is_reduction,
+                ks.persistent,
+                ks.has_atomics,
+                len(ks.pointer_args),
+            )
+            for n, ks in kernels.items()
+        },
+        consts=packed,
+        out_spec=out_spec,
+        guards=guards,
+        kernel_infos=list(report.kernels),
+        extern_calls=list(report.extern_calls),
+        fallback_ops=dict(report.fallback_ops),
+        fallback_reasons=dict(report.fallback_reasons),
+    )
+    graphcache.save(key, entry)
 
 
 def _has_data_dependent_sizes(gm: torch.fx.GraphModule) -> bool:
@@ -458,22 +575,44 @@ def load_kernels(
 ) -> tuple[dict[str, Launcher], dict[str, str]]:
     import hashlib
 
-    from .xcompile import targets
-
-    check_gpu = interpreting() and bool(targets())
     launchers: dict[str, Launcher] = {}
     paths: dict[str, str] = {}
     for name, ks in kernels.items():
         src = kernel_module_source(ks)
         mod, path = load_module("kernels", src)
         sha = hashlib.sha256(src.encode()).hexdigest()[:24]
-        lau = Launcher(mod.kernel, sha, ks.is_reduction, ks.persistent, ks.has_atomics, autotune)
-        lau.n_ptrs = len(ks.pointer_args)
-        lau.path = str(path)
-        lau.check_gpu = check_gpu
-        launchers[name] = lau
+        launchers[name] = _launcher(
+            mod,
+            sha,
+            ks.is_reduction,
+            ks.persistent,
+            ks.has_atomics,
+            len(ks.pointer_args),
+            str(path),
+            autotune,
+        )
         paths[name] = str(path)
     return launchers, paths
+
+
+def _launcher(
+    mod: Any,
+    sha: str,
+    is_reduction: bool,
+    persistent: bool,
+    has_atomics: bool,
+    n_ptrs: int,
+    path: str,
+    autotune: bool,
+) -> Launcher:
+    """The launcher of one loaded kernel module (compiled now, or found in the cache)."""
+    from .xcompile import targets
+
+    lau = Launcher(mod.kernel, sha, is_reduction, persistent, has_atomics, autotune)
+    lau.n_ptrs = n_ptrs
+    lau.path = path
+    lau.check_gpu = interpreting() and bool(targets())
+    return lau
 
 
 def _precompile_jobs(

@@ -38,6 +38,8 @@ class CompileReport:
     # stage -> CPU milliseconds of this process (the benchmark's measure on a busy machine)
     cpu_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     wrapper_path: str = ""
+    # the compiled-graph cache: "hit", "miss (<why>)", "uncacheable: <why>", "" (off)
+    cache: str = ""
     # the IR and the schedule as text, printed when first asked for (printing every
     # sympy index of a large graph costs seconds that a compile does not need)
     text_of: dict[str, str | Callable[[], str]] = dataclasses.field(
@@ -97,4 +99,6 @@ class CompileReport:
         )
         if self.wrapper_path:
             lines.append(f"  wrapper: {self.wrapper_path}")
+        if self.cache:
+            lines.append(f"  compiled-graph cache: {self.cache}")
         return "\n".join(lines)

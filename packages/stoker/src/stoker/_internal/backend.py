@@ -243,7 +243,9 @@ class _RecordingCompiler:
         if stage == "backward":
             self.rec.partition = _partition_from_backward(gm, self.owner.options)
         t0 = time.perf_counter()
-        fn = compile_with_executor(self.executor, gm, example_inputs, self.rec, self.owner.options)
+        fn = compile_with_executor(
+            self.executor, gm, example_inputs, self.rec, self.owner.options, self.owner.report
+        )
         self.rec.time(f"codegen {stage}", (time.perf_counter() - t0) * 1e3)
         self.owner.report.flush()
         return fn
@@ -255,6 +257,7 @@ def compile_with_executor(
     example_inputs: Sequence[Any],
     rec: CompileRecord | None,
     opts: CompileOptions | None = None,
+    report: Report | None = None,
 ) -> CompiledCallable:
     """The aten executor (the graph module itself) or stoker-triton's compiled callable."""
     if executor == "aten":
@@ -272,6 +275,8 @@ def compile_with_executor(
     )
     if rec is not None:
         _record_kernels(rec, getattr(fn, "report", None), _stage_of(gm))
+    if report is not None:
+        report.count_cache(getattr(getattr(fn, "report", None), "cache", ""))
     return fn  # type: ignore[no-any-return]
 
 
@@ -297,7 +302,7 @@ def autograd_compiler(opts: CompileOptions, first_report: Report) -> Callable[..
         report.flush()
         if executor == "aten":
             return gm
-        return compile_with_executor(executor, gm, example_inputs, None, opts)
+        return compile_with_executor(executor, gm, example_inputs, None, opts, report)
 
     return compile_backward
 

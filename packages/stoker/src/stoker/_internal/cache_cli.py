@@ -1,8 +1,9 @@
 """``stoker cache info`` and ``stoker cache clear``: what stoker keeps on disk.
 
 stoker's own cache is ``$STOKER_CACHE_DIR`` (default ``~/.cache/stoker``): one
-folder per kind of entry (``triton/kernels``, ``triton/wrappers``,
-``triton/autotune``), each file a checked `stoker_shapes.DiskCache` entry.
+folder per kind of entry (``triton/graphs``: compiled graphs, each naming its
+modules in ``triton/kernels`` and ``triton/wrappers``; ``triton/autotune``),
+each file a checked `stoker_shapes.DiskCache` entry.
 Triton keeps the compiled binaries in its own cache (``$TRITON_CACHE_DIR``,
 default ``~/.triton/cache``), shared with every other Triton user (Inductor
 too): ``info`` shows its size, ``clear --triton`` empties it as well.
@@ -15,6 +16,14 @@ import shutil
 import sys
 from pathlib import Path
 from typing import TextIO
+
+# what each folder of stoker's cache holds (`info` prints it beside the folder)
+KINDS: dict[str, str] = {
+    "triton/graphs": "compiled graphs: a warm process loads them instead of compiling",
+    "triton/kernels": "generated Triton kernel modules",
+    "triton/wrappers": "generated wrapper modules",
+    "triton/autotune": "max-autotune choices",
+}
 
 
 def triton_cache_dir() -> Path:
@@ -59,6 +68,8 @@ def info(out: TextIO | None = None) -> int:
             line += f"  ({len(broken)} broken: read as misses, rewritten on the next compile)"
         if temps:
             line += f"  ({len(temps)} unfinished temporary files)"
+        if folder in KINDS:
+            line += f"  {KINDS[folder]}"
         print(line, file=out)
     tri = triton_cache_dir()
     tfiles = _walk(tri)

@@ -22,7 +22,8 @@ TOPICS: dict[str, str] = {
     "kernels": "the Triton kernels generated per graph, and ops that fell back to aten",
     "autograd": "compiled autograd: backward graphs captured, cache hits and misses",
     "timings": "how long each compile stage took",
-    "cache": "on-disk caches: misses and writes (hits at +cache), broken entries ignored",
+    "cache": "on-disk caches: compiled graphs loaded or compiled (and why), misses and "
+    "writes (other hits at +cache), broken entries ignored",
     "distributed": "DDP/FSDP2: the reducer mode chosen per DDP module, its buckets",
 }
 

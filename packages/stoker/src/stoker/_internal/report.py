@@ -113,6 +113,8 @@ class Report:
     autograd_graphs: list[GraphRecord] = field(default_factory=list)  # captured backwards
     distributed: dict[str, Any] = field(default_factory=dict)  # distributed.summary()
     options: dict[str, Any] = field(default_factory=dict)
+    # stoker-triton's compiled-graph cache: outcome ("hit", "miss (new key)", ...) -> graphs
+    graph_cache: dict[str, int] = field(default_factory=dict)
     created: str = field(
         default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     )
@@ -121,6 +123,11 @@ class Report:
         rec = CompileRecord(index=len(self.compiles), frame=frame, executor=executor)
         self.compiles.append(rec)
         return rec
+
+    def count_cache(self, outcome: str) -> None:
+        """Count one graph's compiled-graph cache outcome ("" when the cache was off)."""
+        if outcome:
+            self.graph_cache[outcome] = self.graph_cache.get(outcome, 0) + 1
 
     # ------------------------------------------------------------------ counts
     @property
@@ -142,6 +149,9 @@ class Report:
             "kernels": self.n_kernels,
             "fallbacks": sum(len(c.fallbacks) for c in self.compiles),
             "recompiles": len(self.recompiles),
+            # compiled graphs loaded from stoker-triton's cache / compiled (and why)
+            "cache_hits": self.graph_cache.get("hit", 0),
+            "cache_misses": sum(n for k, n in self.graph_cache.items() if k != "hit"),
             # "total" covers the nested stages; records without one sum what they have
             "compile_ms": round(
                 sum(c.timings_ms.get("total", sum(c.timings_ms.values())) for c in self.compiles), 3
@@ -231,7 +241,16 @@ def _render(r: Report) -> str:
     opts = ", ".join(f"{k}={v!r}" for k, v in r.options.items()) or "defaults"
     parts.append(
         _table(
-            ["graphs", "guards", "kernels", "fallbacks", "recompiles", "compile time (ms)"],
+            [
+                "graphs",
+                "guards",
+                "kernels",
+                "fallbacks",
+                "recompiles",
+                "cache hits",
+                "cache misses",
+                "compile time (ms)",
+            ],
             [
                 [
                     s["graphs"],
@@ -239,12 +258,15 @@ def _render(r: Report) -> str:
                     s["kernels"],
                     s["fallbacks"],
                     s["recompiles"],
+                    s["cache_hits"],
+                    s["cache_misses"],
                     s["compile_ms"],
                 ]
             ],
-            frozenset(range(6)),
+            frozenset(range(8)),
         )
         + f"<p>options: <code>{_e(opts)}</code></p>"
+        + _cache_outcomes(r.graph_cache)
     )
     # graphs
     g: list[str] = []
@@ -361,6 +383,14 @@ def _render(r: Report) -> str:
         f"<style>{_CSS}</style></head><body><header><h1>{_e(r.title)}</h1><p>{_e(env)}</p></header>"
         f"<nav>{nav}</nav><main>{body}</main></body></html>\n"
     )
+
+
+def _cache_outcomes(counts: dict[str, int]) -> str:
+    """Compiled graphs by cache outcome: loaded (hit) or compiled, and why (miss)."""
+    if not counts:
+        return ""
+    items = ", ".join(f"{k}: {n}" for k, n in sorted(counts.items()))
+    return f"<p>compiled-graph cache (graphs by outcome): <code>{_e(items)}</code></p>"
 
 
 def _render_distributed(d: dict[str, Any]) -> str:

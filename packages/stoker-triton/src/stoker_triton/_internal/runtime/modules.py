@@ -44,3 +44,15 @@ def load_module(kind: str, source: str) -> tuple[ModuleType, Path]:
     else:
         path = store.put(sha, source.encode())
     return exec_module(name, path, source), path
+
+
+def load_stored(kind: str, sha: str) -> tuple[ModuleType, Path] | None:
+    """Import the module stored under content key ``sha`` (None: missing or broken)."""
+    name = f"stoker_triton_{kind}_{sha}"
+    mod = sys.modules.get(name)
+    if mod is not None and mod.__file__ is not None:
+        return mod, Path(mod.__file__)
+    found = module_store(kind).get_entry(sha)
+    if found is None or hashlib.sha256(found[1]).hexdigest()[:24] != sha:
+        return None
+    return exec_module(name, found[0], found[1].decode()), found[0]

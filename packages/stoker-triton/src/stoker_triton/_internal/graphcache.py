@@ -1,0 +1,393 @@
+"""The compiled-graph cache: a warm process loads a graph's wrapper and kernels
+instead of decomposing, lowering, scheduling and generating them again.
+
+An entry (``$STOKER_CACHE_DIR/triton/graphs/<key>``, a checked `DiskCache`
+file) names the wrapper and kernel modules by their content keys (the modules
+themselves stay in ``triton/wrappers`` and ``triton/kernels``), each kernel's
+launcher settings, the wrapper's constants, the output structure, the guards
+the compile added to the shape env, and the report's fields.
+
+| what decides the key | how |
+|---|---|
+| the FX graph | every node: op, name, target (qualified), args, kwargs, ``meta["val"]`` (dtype, device, sizes, strides, offsets, symbolic expressions as text) |
+| the inputs | each one's dtype, device, sizes, strides, offset, requires_grad; SymInts as expressions |
+| the shape env | each input symbol's replacement and value range, and the guards it already holds (they decide what a compile still has to guard) |
+| the compile | options, debug flag, interpreter or native, the GPU's compute capability, sm_90 cross-compile targets |
+| the code | torch, triton and stoker-triton versions, a hash of stoker-triton's sources, the module and entry formats |
+
+| on a lookup | result |
+|---|---|
+| no entry | miss "new key" |
+| broken entry (bytes, version) | `DiskCache` warns once naming the file; miss "corrupt entry"; the cold compile rewrites it |
+| a module it names is missing or broken | miss "missing module" |
+| a recorded guard is false at the current sizes (or names a symbol the shape env lacks) | that variant is skipped; none left: miss "guard replay failed", nothing added to the shape env |
+| otherwise | hit: the recorded guards are added to the shape env, as the cold compile added them |
+
+One key holds up to `MAX_VARIANTS` entries, one per set of guards: a dynamic
+size on both sides of a guard (a row that fits one block, one that does not)
+keeps both compiled graphs instead of rewriting one with the other.
+
+A graph whose wrapper needs a constant that cannot be stored (an object
+without a stable name) is compiled every time ("uncacheable").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import logging
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+from .report import CompileReport, KernelInfo
+from .runtime.modules import MODULE_FORMAT, cache_dir, interpreting, load_stored
+
+log = logging.getLogger("stoker.cache")
+
+# Bump when an entry's layout or meaning changes: older entries become misses.
+ENTRY_FORMAT = "1"
+_ENV_OFF = "STOKER_TRITON_GRAPH_CACHE"  # "0": neither read nor write entries
+
+# process-wide counters: hits, misses by reason, writes
+stats: dict[str, int] = {}
+
+
+def count(what: str) -> None:
+    stats[what] = stats.get(what, 0) + 1
+
+
+def enabled() -> bool:
+    return os.environ.get(_ENV_OFF, "1") != "0"
+
+
+def store() -> Any:
+    from stoker_shapes import DiskCache
+
+    return DiskCache(cache_dir, "graphs", f"{ENTRY_FORMAT}.{MODULE_FORMAT}")
+
+
+# --------------------------------------------------------------------------
+# the key
+
+
+@functools.cache
+def _code_version() -> str:
+    """torch, triton and stoker-triton versions and a hash of stoker-triton's sources
+    (a changed generator, released or not, never reads an older entry)."""
+    import triton
+
+    from .. import __version__
+
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent.parent
+    for p in sorted(root.rglob("*.py")):
+        h.update(str(p.relative_to(root)).encode())
+        h.update(p.read_bytes())
+    return f"torch {torch.__version__} triton {triton.__version__} stoker-triton {__version__} {h.hexdigest()[:16]}"
+
+
+def _target_text(t: Any) -> str:
+    if isinstance(t, str):
+        return t
+    if isinstance(t, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return f"op:{t}"
+    mod = getattr(t, "__module__", None) or type(t).__module__
+    name = getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or repr(t)
+    return f"{mod}.{name}"
+
+
+def _val_text(v: Any, data: bool = False) -> str:
+    """A value's metadata as text: tensors by metadata, and with ``data`` (a real
+    tensor written into the graph's arguments) by a hash of their values too."""
+    if isinstance(v, torch.Tensor) and data and not _is_fake(v):
+        values = hashlib.sha256(
+            v.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        )
+        return _val_text(v) + "=" + values.hexdigest()[:16]
+    if isinstance(v, torch.Tensor):
+        try:
+            stride = tuple(str(s) for s in v.stride())
+            offset = str(v.storage_offset())
+        except (RuntimeError, NotImplementedError):  # sparse, nested: no strides
+            stride, offset = (), "-"
+        shape = tuple(str(s) for s in v.shape)
+        return (
+            f"T[{v.dtype},{v.device},{shape},{stride},{offset},{int(v.requires_grad)},{v.layout}]"
+        )
+    if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return f"S[{type(v).__name__},{v.node.expr}]"
+    if isinstance(v, list | tuple):
+        return type(v).__name__ + "(" + ",".join(_val_text(x, data) for x in v) + ")"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k!r}:{_val_text(x, data)}" for k, x in v.items()) + "}"
+    if isinstance(v, torch.fx.Node):
+        return f"%{v.name}"
+    if callable(v) and not isinstance(v, type):
+        return _target_text(v)
+    return repr(v)
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor) or t.device.type == "meta"
+
+
+def _graph_text(gm: torch.fx.GraphModule) -> list[str]:
+    lines = []
+    for n in gm.graph.nodes:
+        val = n.meta.get("val", n.meta.get("example_value"))
+        args = f"{_val_text(n.args, data=True)} {_val_text(n.kwargs, data=True)}"
+        line = f"{n.op} {n.name} {_target_text(n.target)} {args} :: {_val_text(val)}"
+        if n.op in ("get_attr", "call_module"):
+            sub = getattr(gm, str(n.target), None)
+            if isinstance(sub, torch.fx.GraphModule):  # a subgraph (higher-order op): its code
+                lines += [f"subgraph {n.target}:", *_graph_text(sub)]
+            elif isinstance(sub, torch.nn.Module):
+                line += " = " + repr(sub)
+            else:
+                line += " = " + _val_text(sub)
+        lines.append(line)
+    return lines
+
+
+def _shape_env_text(shape_env: Any, inputs: list[Any]) -> list[str]:
+    """What of the shape env a compile reads: each input symbol's replacement and
+    range, and the guards already held (a compile guards only what they do not imply)."""
+    if shape_env is None:
+        return ["static"]
+    syms: set[Any] = set()
+    for t in inputs:
+        vals = [t] if not isinstance(t, torch.Tensor) else [*t.shape, *_strides(t)]
+        for s in vals:
+            if isinstance(s, torch.SymInt | torch.SymFloat | torch.SymBool):
+                syms |= s.node.expr.free_symbols
+    lines = [
+        f"sym {s} -> {shape_env.replace(s)} in {shape_env.var_to_range.get(s)}"
+        for s in sorted(syms, key=str)
+    ]
+    lines += [f"guard {g.expr}" for g in shape_env.guards]
+    return lines
+
+
+def _strides(t: torch.Tensor) -> tuple[Any, ...]:
+    try:
+        return (*t.stride(), t.storage_offset())
+    except (RuntimeError, NotImplementedError):
+        return ()
+
+
+def _target() -> str:
+    from .xcompile import targets
+
+    gpu = "none"
+    if not interpreting() and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        gpu = f"sm_{major}{minor}"
+    return f"interpret={int(interpreting())} gpu={gpu} check={targets()}"
+
+
+def graph_key(
+    gm: torch.fx.GraphModule,
+    inputs: list[Any],
+    shape_env: Any,
+    options: dict[str, Any],
+    debug: bool,
+) -> str:
+    parts = [
+        f"entry {ENTRY_FORMAT} modules {MODULE_FORMAT}",
+        _code_version(),
+        _target(),
+        f"options {sorted(options.items())!r} debug {int(debug)}",
+        *(f"input {i} {_val_text(t)}" for i, t in enumerate(inputs)),
+        *_shape_env_text(shape_env, inputs),
+        *_graph_text(gm),
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+# --------------------------------------------------------------------------
+# the entry
+
+
+@dataclasses.dataclass
+class KernelEntry:
+    sha: str  # the kernel module's content key in triton/kernels
+    is_reduction: bool
+    persistent: bool
+    has_atomics: bool
+    n_ptrs: int
+
+
+@dataclasses.dataclass
+class Entry:
+    wrapper: str  # the wrapper module's content key in triton/wrappers
+    kernels: dict[str, KernelEntry]
+    consts: dict[str, tuple[str, Any]]  # see `pack_const`
+    out_spec: Any  # pytree spec, or None
+    guards: list[Any]  # the ShapeGuards the compile added to the shape env (expr, where made)
+    kernel_infos: list[KernelInfo]  # the report's, paths as written
+    extern_calls: list[str]
+    fallback_ops: dict[str, int]
+    fallback_reasons: dict[str, str]
+
+
+class Uncacheable(Exception):
+    """A wrapper constant with no stable name: the graph is compiled every time."""
+
+
+def pack_const(c: Any, gm: torch.fx.GraphModule) -> tuple[str, Any]:
+    """A wrapper constant as something an entry can hold: ops by name, tensors by
+    the caller's attribute that holds them (read from the graph module at load),
+    dtypes, devices and module-level functions by pickle (checked by a round trip)."""
+    if isinstance(c, torch._ops.OpOverload):
+        return "op", (c._schema.name, c._overloadname)
+    if isinstance(c, torch.Tensor):
+        for n in gm.graph.nodes:
+            if n.op == "get_attr" and getattr(gm, str(n.target), None) is c:
+                return "attr", str(n.target)
+        raise Uncacheable("a tensor constant that is no attribute of the graph module")
+    try:
+        data = pickle.dumps(c)
+        same = pickle.loads(data)
+        ok = same is c or (type(same) is type(c) and same == c)
+    except Exception:
+        ok = False
+    if not ok:
+        raise Uncacheable(f"a constant of type {type(c).__name__} that cannot be stored")
+    return "pickle", data
+
+
+def unpack_const(kind: str, data: Any, gm: torch.fx.GraphModule) -> Any:
+    if kind == "op":
+        name, overload = data
+        ns, op = name.split("::", 1)
+        packet = getattr(getattr(torch.ops, ns), op)
+        return getattr(packet, overload or "default")
+    if kind == "attr":
+        return getattr(gm, data)
+    return pickle.loads(data)
+
+
+MAX_VARIANTS = 8  # entries per key: one per distinct set of guards the compile added
+
+
+def save(key: str, entry: Entry) -> None:
+    """Add ``entry`` to the variants under ``key`` (sizes that made the compile add
+    other guards are other variants of one key), newest first. Raises `Uncacheable`
+    when the entry cannot be pickled (an output structure of an unregistered type)."""
+    exprs = [g.expr for g in entry.guards]
+    variants = [e for e in _read(key)[0] if [g.expr for g in e.guards] != exprs]
+    try:
+        body = pickle.dumps([entry, *variants][:MAX_VARIANTS])
+    except Exception as e:
+        raise Uncacheable(f"the entry cannot be stored ({type(e).__name__}: {e})") from e
+    store().put(key, body)
+    count("writes")
+
+
+def _read(key: str) -> tuple[list[Entry], str]:
+    """The variants stored under ``key``, or ([], why none)."""
+    st = store()
+    existed = st.path(key).exists()
+    body = st.get(key)
+    if body is None:
+        return [], ("corrupt entry" if existed else "new key")
+    try:
+        variants = pickle.loads(body)
+        if not isinstance(variants, list) or not all(isinstance(e, Entry) for e in variants):
+            raise TypeError(f"not a list of entries but {type(variants).__name__}")
+    except Exception as e:  # written by another stoker-triton
+        log.warning("stoker cache: ignoring %s (%s); compiling again", st.path(key), e)
+        return [], "corrupt entry"
+    return variants, ""
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A hit: the wrapper module, kernel modules and their files, the consts."""
+
+    wrapper: Any
+    wrapper_path: str
+    kernels: dict[str, tuple[Any, str]]  # name -> (module, path)
+    consts: dict[str, Any]
+    entry: Entry
+
+
+def load(key: str, gm: torch.fx.GraphModule, shape_env: Any) -> Loaded | str:
+    """The first variant under ``key`` whose guards hold, loaded, its guards replayed
+    into ``shape_env``; or why it is a miss (nothing added to the shape env then)."""
+    variants, why = _read(key)
+    for entry in variants:
+        if not guards_hold(entry.guards, shape_env):
+            why = "guard replay failed"
+            continue
+        try:
+            consts = {k: unpack_const(kind, data, gm) for k, (kind, data) in entry.consts.items()}
+        except Exception as e:  # an op that is gone, an attribute the module lacks
+            log.warning("stoker cache: ignoring an entry of %s (%s)", store().path(key), e)
+            return "corrupt entry"
+        wrapper = load_stored("wrappers", entry.wrapper)
+        kernels = {name: load_stored("kernels", k.sha) for name, k in entry.kernels.items()}
+        if wrapper is None or any(v is None for v in kernels.values()):
+            return "missing module"
+        replay(entry.guards, shape_env)
+        return Loaded(
+            wrapper[0],
+            str(wrapper[1]),
+            {n: (m[0], str(m[1])) for n, m in kernels.items() if m is not None},
+            consts,
+            entry,
+        )
+    return why
+
+
+def guards_hold(guards: list[Any], shape_env: Any) -> bool:
+    """Whether every guard a cold compile added holds at ``shape_env``'s current sizes
+    (then a compile now would decide as it did, and add the same guards)."""
+    if not guards:
+        return True
+    if shape_env is None:
+        return False
+    import sympy
+
+    # the sizes at hand (`backed_var_to_val` from torch 2.13, `var_to_val` before)
+    hints = dict(getattr(shape_env, "backed_var_to_val", None) or shape_env.var_to_val)
+    try:
+        return all(g.expr.xreplace(hints) == sympy.true for g in guards)
+    except Exception:  # a symbol this shape env does not know
+        return False
+
+
+def replay(guards: list[Any], shape_env: Any) -> None:
+    """Add ``guards`` (each true at the hints: `guards_hold`) to ``shape_env`` as the
+    cold compile did; each keeps the source line that made it, for the report."""
+    for g in guards:
+        n = len(shape_env.guards)
+        shape_env.evaluate_expr(g.expr)
+        if len(shape_env.guards) == n + 1:
+            shape_env.guards[n] = g
+
+
+def report_of(loaded: Loaded, report: CompileReport, guards_added: list[str]) -> None:
+    e = loaded.entry
+    paths = {n: p for n, (_, p) in loaded.kernels.items()}
+    report.kernels = [
+        dataclasses.replace(k, path=paths.get(k.name, k.path)) for k in e.kernel_infos
+    ]
+    report.extern_calls = list(e.extern_calls)
+    report.fallback_ops = dict(e.fallback_ops)
+    report.fallback_reasons = dict(e.fallback_reasons)
+    report.guards_added = guards_added
+    report.wrapper_path = loaded.wrapper_path
+    note = (
+        "(loaded from the compiled-graph cache; compile with STOKER_TRITON_GRAPH_CACHE=0 to see it)"
+    )
+    report.text_of["ir"] = note
+    report.text_of["schedule"] = note
