@@ -4,28 +4,17 @@ import torch
 import torch.nn.functional as F
 from torch._decomp import core_aten_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
-from triton_helpers import assert_same
+from triton_helpers import assert_same, compile_dynamic
 
 from stoker_shapes import Dim, ShapeContext, Source
 from stoker_triton import compile_graph
-
-
-def _compile_dynamic(f, args, dynamic):
-    ctx = ShapeContext(policy="dynamic")
-    fakes = [
-        ctx.fakeify(a, Source.arg(i), dynamic=d) for i, (a, d) in enumerate(zip(args, dynamic))
-    ]
-    with ctx.tracing():
-        gm = make_fx(f, decomposition_table=core_aten_decompositions())(*fakes)
-    fn = compile_graph(gm, fakes)
-    return ctx, fn
 
 
 def test_pointwise_and_views_with_a_dynamic_batch():
     def f(x, b):
         return ((x * 2 + b).sin().view(-1), x.t() + 1, x[1:].sum(0))
 
-    ctx, fn = _compile_dynamic(
+    ctx, fn = compile_dynamic(
         f, [torch.randn(5, 8), torch.randn(8)], [{0: Dim("batch", max=64)}, None]
     )
     assert any("s" in str(a) for k in fn.report.kernels for a in [k.xnumel])  # sizes are symbolic
@@ -42,7 +31,7 @@ def test_dynamic_reduction_row_adds_a_guard():
     def f(x):
         return torch.softmax(x, -1)
 
-    ctx, fn = _compile_dynamic(f, [torch.randn(4, 24)], [{1: Dim("row", max=100000)}])
+    ctx, fn = compile_dynamic(f, [torch.randn(4, 24)], [{1: Dim("row", max=100000)}])
     assert any("4096" in g for g in fn.report.guards_added), str(fn.report)
     guards = ctx.produce_guards()
     assert "4096" in str(guards)
@@ -62,7 +51,7 @@ def test_dynamic_layernorm_backward_and_int_input():
         y = F.layer_norm(x, (16,), w)
         return torch.autograd.grad((y * y).sum(), [x, w])
 
-    _ctx, fn = _compile_dynamic(f, [x, w], [{0: Dim("batch", max=64)}, None])
+    _ctx, fn = compile_dynamic(f, [x, w], [{0: Dim("batch", max=64)}, None])
     for n in (2, 9):
         xs = torch.randn(n, 16, requires_grad=True)
         assert_same(fn(xs, w), f(xs, w), rtol=1e-4, atol=1e-4)

@@ -10,11 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch._decomp import core_aten_decompositions
-from torch.fx.experimental.proxy_tensor import make_fx
-from triton_helpers import assert_same, fresh, trace
+from triton_helpers import assert_same, compile_dynamic, fresh, trace
 
-from stoker_shapes import Dim, ShapeContext, Source
+from stoker_shapes import Dim
 from stoker_shapes._internal import diskcache
 from stoker_triton import compile_graph
 from stoker_triton._internal import graphcache
@@ -55,13 +53,7 @@ def _static(f, *args, options=None):
 
 
 def _dynamic(f, args, dynamic):
-    ctx = ShapeContext(policy="dynamic")
-    fakes = [
-        ctx.fakeify(a, Source.arg(i), dynamic=d) for i, (a, d) in enumerate(zip(args, dynamic))
-    ]
-    with ctx.tracing():
-        gm = make_fx(f, decomposition_table=core_aten_decompositions())(*fakes)
-    fn = compile_graph(gm, fakes)
+    ctx, fn = compile_dynamic(f, args, dynamic)
     return fn, ctx.produce_guards()
 
 

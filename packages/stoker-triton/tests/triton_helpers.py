@@ -114,3 +114,17 @@ def run_on_fake_gpu(tmp_path: Any, script: str, *argv: str, name: str = "script"
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
+
+
+def compile_dynamic(f: Callable[..., Any], args: Sequence[Any], dynamic: Sequence[Any]) -> Any:
+    """Trace `f` with symbolic sizes (`dynamic[i]`: `fakeify`'s dims for argument i)
+    and compile it: returns (the `ShapeContext` holding its guards, the compiled fn)."""
+    from stoker_shapes import ShapeContext, Source
+
+    ctx = ShapeContext(policy="dynamic")
+    fakes = [
+        ctx.fakeify(a, Source.arg(i), dynamic=d) for i, (a, d) in enumerate(zip(args, dynamic))
+    ]
+    with ctx.tracing():
+        gm = make_fx(f, decomposition_table=core_aten_decompositions())(*fakes)
+    return ctx, compile_graph(gm, fakes)
