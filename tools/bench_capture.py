@@ -374,6 +374,9 @@ def bench_pipeline(name: str, repeat: int, smoke: bool = False) -> dict[str, Any
     if not torch.cuda.is_available():
         env.setdefault("TRITON_INTERPRET", "1")
     env.setdefault("STOKER_TRITON_CHECK_TARGETS", "")  # no sm_90 cross-compile in `load`
+    # every stage measured: a compiled-graph cache hit (the warm-up compiled the same
+    # graphs in --smoke) would skip lower, schedule and codegen
+    env["STOKER_TRITON_GRAPH_CACHE"] = "0"
     runs = []
     for _ in range(repeat):
         out = subprocess.run(
