@@ -24,7 +24,8 @@ tests)
         2>&1 | tee "$OUT/gpu_tests.log" | grep -E "PASSED|FAILED|ERROR|^E |passed|failed"
     ;;
 kernels)
-    timeout 540 $PY tools/bench_triton.py --inductor --launch-overhead 2>&1 | tee "$OUT/bench_triton.log"
+    timeout 420 $PY tools/bench_triton.py --inductor 2>&1 | tee "$OUT/bench_triton.log"
+    timeout 120 $PY tools/bench_triton.py --launch-overhead 2>&1 | tee "$OUT/bench_launch.log"
     ;;
 suite)
     timeout 570 $PY tools/bench.py --suite gpu --models "${2:-gpt-m}" \
