@@ -201,7 +201,8 @@ def test_nccl_one_gpu_runs_the_same_ddp_and_fsdp2_code(tmp_dir: str) -> None:
     reducer for DDP, eager FSDP2's collectives per step."""
     res = _run("nccl", tmp_dir)
     for name, r in res.items():
-        _assert_parity(name, r, GPU)
+        # bf16 parameters: fused Triton kernels round once where eager rounds per op
+        _assert_parity(name, r, BF16 if "bf16" in name else GPU)
         _assert_steady(name, r)
         if name.startswith("ddp_"):
             assert r["mode"] == "stoker_reducer", name

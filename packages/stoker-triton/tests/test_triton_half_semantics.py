@@ -316,21 +316,24 @@ def test_gpu_float_to_int_matches_eager_cuda(src):
     torch.testing.assert_close(_outputs(rt, x)[0], x.to(torch.int8).float(), atol=0, rtol=0)
 
 
-# (dtype, the divisor 1.01 as eager's CUDA kernel holds it: cast to the dtype)
+# (dtype, the divisor 1.01 as eager's CUDA kernel holds it: in opmath, never
+# rounded to a half dtype; the H100 showed the half-cast value is wrong)
 SCALAR_AS = [
-    (torch.float16, 1.009765625),
-    (torch.bfloat16, 1.0078125),
+    (torch.float16, float(torch.tensor(1.01, dtype=torch.float32))),
+    (torch.bfloat16, float(torch.tensor(1.01, dtype=torch.float32))),
     (torch.float32, float(torch.tensor(1.01, dtype=torch.float32))),
     (torch.float64, 1.01),
 ]
 
 
 @pytest.mark.parametrize(("dtype", "held"), SCALAR_AS, ids=lambda v: str(v))
-def test_division_by_a_python_scalar_on_cuda_multiplies_by_its_reciprocal(dtype, held):
+def test_scalar_operands_on_cuda_stay_in_opmath(dtype, held):
     # Eager CUDA (div_true_kernel_cuda) computes x / s for a Python scalar s as
-    # x * (1 / s) in opmath, s first cast to x's dtype; the CPU divides. On an H100,
-    # true division gave 0.2-0.5% of half elements 1 ulp off eager. Lowered here for
-    # fake CUDA inputs (no GPU needed): the kernel multiplies by that reciprocal.
+    # x * (1 / s) in opmath; the CPU divides. add/sub read the original scalar in
+    # opmath (`original_scalar_value`), where the CPU adds the scalar rounded to
+    # the tensor's dtype. Both measured on an H100 (torch 2.11) against eager CUDA:
+    # each other choice left 0.3-40% of half elements 1 ulp off. Lowered here for
+    # fake CUDA inputs (no GPU needed).
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     op = torch.float64 if dtype == torch.float64 else torch.float32
@@ -346,6 +349,12 @@ def test_division_by_a_python_scalar_on_cuda_multiplies_by_its_reciprocal(dtype,
     # CPU kernels keep true division, as CPU eager does (checked against eager above)
     src = compile_graph(trace(lambda x: x / 1.01, x.cpu()), [torch.ones(4, 8, dtype=dtype)])
     assert "/ 1.01)" in src.report.kernels[0].source
+    # x + 0.01: the literal itself on CUDA; on the CPU the value rounded to dtype
+    src = compile_graph(trace(lambda x: x + 0.01, x), [x]).report.kernels[0].source
+    assert "+ 0.01)" in src, src
+    cpu = compile_graph(trace(lambda x: x + 0.01, x.cpu()), [torch.ones(4, 8, dtype=dtype)])
+    rounded = float(torch.tensor(0.01, dtype=dtype)) if dtype in HALF else 0.01
+    assert f"+ {rounded!r})" in cpu.report.kernels[0].source
 
 
 @pytest.mark.gpu

@@ -278,7 +278,10 @@ for _aten_op, (_op, _kind) in BINARY.items():
 def add_sub(ctx: LoweringContext, node: Any, a: Any, b: Any, alpha: Any = 1) -> TensorValue:
     op = "add" if node.target in (aten.add.Tensor, aten.add.Scalar) else "sub"
     out_dtype = meta_val(node).dtype
-    a, b = (scalar_operand(v, out_dtype) if isinstance(v, int | float) else v for v in (a, b))
+    a, b = (
+        scalar_operand(v, out_dtype, ctx.device.type) if isinstance(v, int | float) else v
+        for v in (a, b)
+    )
     if alpha == 1 or alpha is None:
         return make_pointwise(ctx, node, [a, b], op)
     val = meta_val(node)
