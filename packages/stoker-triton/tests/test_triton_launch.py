@@ -51,8 +51,13 @@ assert lau.fast is not None
 out = {}
 
 
+def addr(x):  # the lean path passes a tensor as its address, which the launcher reads it as
+    return x.data_ptr() if isinstance(x, torch.Tensor) else x
+
+
 def same(a, b):  # index 6, the launch metadata: only launch hooks read it, and none is set
     a, b = a[:6] + a[7:], b[:6] + b[7:]
+    a, b = [addr(x) for x in a], [addr(x) for x in b]
     return len(a) == len(b) and all(x is y or (type(x) is type(y) and x == y) for x, y in zip(a, b))
 
 
@@ -70,7 +75,9 @@ def step(name, *args):
         "same_as_binder": same(fake.launches[-1], got),
         "grid": got[:3],
         "metadata": got[6] is None,
-        "tail": [str(x.dtype) if isinstance(x, torch.Tensor) else x for x in got[9:]],
+        "tail": [str(x.dtype) if isinstance(x, torch.Tensor) else x for x in got[11:]],
+        "pointers": ["tensor" if isinstance(x, torch.Tensor) else type(x).__name__ for x in got[9:11]],
+        "addresses": [addr(x) for x in got[9:11]] == [args[0].data_ptr(), args[1].data_ptr()],
     }
 
 
@@ -123,7 +130,12 @@ def test_later_launches_skip_the_binder_new_specializations_do_not(tmp_path: Pat
     # metadata, no hooks, the arguments then XBLOCK and RBLOCK
     assert all(st["same_as_binder"] for st in s.values()), s
     assert s["again"]["grid"] == [1, 1, 1]
-    assert s["again"]["tail"] == ["torch.float32", "torch.float32", 64, 1, 32, 64, 1]
+    assert s["again"]["tail"] == [64, 1, 32, 64, 1]
+    # pointers: tensors through the binder, their addresses (ints) on the lean path,
+    # so Triton's launcher makes no data_ptr call and no cuPointerGetAttribute per pointer
+    assert s["first"]["pointers"] == ["tensor", "tensor"], s["first"]
+    assert all(s[n]["pointers"] == ["int", "int"] for n in ("again", "other tensors")), s
+    assert all(st["addresses"] for st in s.values()), s
     assert s["size 1"]["tail"][4] == 1
     assert s["again"]["metadata"]  # the lean path passes None where no hook reads it
     assert not s["first"]["metadata"] or triton_hooks_are_none()
@@ -162,7 +174,8 @@ def test_the_straight_line_key_never_merges_what_spec_key_separates() -> None:
     for v in sorted(ints):
         for ptr in (t, t[1:], t.half()):
             args = (ptr, 64, 1, v)
-            k, spec = keyfn(*args), fastlaunch.spec_key(args)
+            (k, launch), spec = keyfn(*args), fastlaunch.spec_key(args)
+            assert launch == (ptr.data_ptr(), *args[1:]), launch
             assert seen.setdefault(k, spec) == spec, (v, k, seen[k], spec)
     assert len(set(seen.values())) == len({fastlaunch.spec_key((t, 64, 1, v)) for v in ints}) * 3
     with pytest.raises((AttributeError, TypeError)):

@@ -152,19 +152,30 @@ def key_function(n_args: int, n_ptrs: int) -> Callable[..., tuple[Any, ...]]:
     `a >> 31` (never across an i32/i64/u64 bound, all multiples of 2**31; but a
     new key per 2**31 beyond the i32 range, and negative apart from positive:
     at most extra binder calls).
+
+    It returns the key and the launch's arguments with each tensor replaced by
+    its address (`data_ptr()`, read once for both). Triton's launcher takes an
+    integer pointer as it is; a tensor costs it a `data_ptr` call and a
+    `cuPointerGetAttribute` driver call per pointer per launch.
     An argument of another kind raises (AttributeError, TypeError), and the
     caller falls back to `spec_key`."""
     names = [f"a{i}" for i in range(n_args)]
-    parts = []
+    parts, lines = [], []
     for i, a in enumerate(names):
         if i < n_ptrs:
-            parts.append(f"{a}.dtype, {a}.data_ptr() & 15 == 0")
+            lines.append(f"    p{i} = {a}.data_ptr()\n")
+            parts.append(f"{a}.dtype, p{i} & 15 == 0")
             continue
         if i in (n_ptrs, n_ptrs + 1):  # xnumel, rnumel: by value
             parts.append(f"type({a}), {a}")
         else:  # equal to 1; multiple of 16; a >> 31: every i32/i64/u64 bound is a multiple of 2**31
             parts.append(f"type({a}), {a} == 1, not {a} & 15, {a} >> 31")
-    src = f"def key({', '.join(names)}):\n    return ({', '.join(parts)},)\n"
+    launch = [f"p{i}" if i < n_ptrs else a for i, a in enumerate(names)]
+    src = (
+        f"def key({', '.join(names)}):\n"
+        + "".join(lines)
+        + f"    return ({', '.join(parts)},), ({', '.join(launch)},)\n"
+    )
     scope: dict[str, Any] = {}
     exec(compile(src, f"<stoker launch key {n_args}/{n_ptrs}>", "exec"), scope)
     fn: Callable[..., tuple[Any, ...]] = scope["key"]
@@ -182,9 +193,12 @@ class FastPath:
         self.entries: dict[tuple[Any, ...], Entry] = {}
         self.keyfns: dict[tuple[int, int], Callable[..., tuple[Any, ...]]] = {}
 
-    def key(self, args: tuple[Any, ...], n_ptrs: int) -> tuple[Any, ...] | None:
-        """The launch key of `args` (pointers first, then xnumel, rnumel, ...), or
-        None when the lean path cannot serve these arguments now."""
+    def key(
+        self, args: tuple[Any, ...], n_ptrs: int
+    ) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+        """The launch key of `args` (pointers first, then xnumel, rnumel, ...) and
+        the arguments to launch with (tensors as addresses where the straight-line
+        key read them), or None when the lean path cannot serve these arguments now."""
         if not self.abi.hooks_off() or self.fn.pre_run_hooks:
             return None
         shape = (len(args), n_ptrs)
@@ -192,13 +206,13 @@ class FastPath:
         if keyfn is None:
             keyfn = self.keyfns[shape] = key_function(*shape)
         try:
-            spec = keyfn(*args)
+            spec, launch_args = keyfn(*args)
         except (AttributeError, TypeError, ValueError, RuntimeError):
             general = spec_key(args)
             if general is None:
                 return None
-            spec = ("any", args[n_ptrs], args[n_ptrs + 1], general)
-        return (self.abi.device(), spec)
+            spec, launch_args = ("any", args[n_ptrs], args[n_ptrs + 1], general), args
+        return (self.abi.device(), spec), launch_args
 
     def launch(self, entry: Entry, device: int, args: tuple[Any, ...]) -> None:
         """Launch `args` through a kept binary, as `JITFunction.run` would."""

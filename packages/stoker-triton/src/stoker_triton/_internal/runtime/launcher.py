@@ -91,11 +91,12 @@ class Launcher:
         # args: pointers..., xnumel, rnumel, sizes..., [seed]; xnumel/rnumel are found by position
         fast, key = self.fast, None
         if fast is not None:
-            key = fast.key(args, self.n_ptrs)
-            if key is not None:
+            got = fast.key(args, self.n_ptrs)
+            if got is not None:
+                key, launch_args = got
                 entry = fast.entries.get(key)
                 if entry is not None:
-                    fast.launch(entry, key[0], args)
+                    fast.launch(entry, key[0], launch_args)
                     return
         xnumel, rnumel = self._numels(args)
         if xnumel == 0 or (rnumel == 0 and not self.is_reduction):
