@@ -71,6 +71,16 @@ def launch_overhead() -> int:
     n = 20000
     lean = _per_call_us(lambda: lau(a, o, 4096, 1, 3), n)
     xb, rb, w = lau.configs[(4096, 1)]
+    # the floor under the lean path: Triton's launcher alone, every argument precomputed
+    entry = next(iter(lau.fast.entries.values()))
+    run, function, meta, grid = entry[:4]
+    stream = torch.cuda.current_stream().cuda_stream if gpu else 0
+    ap, op = a.data_ptr(), o.data_ptr()
+    bare = _per_call_us(
+        lambda: run(grid, 1, 1, stream, function, meta, None, None, None, ap, op, 4096, 1, 3, xb, rb),
+        n,
+    )
+    eager_op = _per_call_us(lambda: torch.mul(a, 3, out=o), n)
     plain = _per_call_us(
         lambda: kernel[(4096 // xb,)](a, o, 4096, 1, 3, XBLOCK=xb, RBLOCK=rb, num_warps=w), n
     )
@@ -104,7 +114,9 @@ def launch_overhead() -> int:
         f"launch overhead, CPU µs of the thread, best of 7 rounds ({where}; triton {triton.__version__})"
     )
     print(f"  per launch, lean path (Launcher)          {lean:8.2f}   target <= 5")
+    print(f"    Triton's launcher alone (args ready)    {bare:8.2f}")
     print(f"  per launch, JITFunction.run               {plain:8.2f}")
+    print(f"  eager torch.mul(a, 3, out=o), for scale   {eager_op:8.2f}")
     print(f"  per compile_graph call, 1 kernel          {graph:8.2f}")
     print(f"    of which fixed (call minus launch)      {graph - lean:8.2f}")
     print(f"  per stoker.compile call, 1 kernel         {full:8.2f}")
