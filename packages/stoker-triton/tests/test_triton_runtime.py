@@ -27,6 +27,24 @@ def test_unlowered_op_falls_back_to_aten_logged_once_and_counted(caplog):
     assert len(msgs) == 1, msgs
 
 
+def test_a_caller_autocast_region_does_not_reach_the_extern_calls():
+    # The graph's dtypes are decided when it is traced; an autocast region around
+    # the call used to turn the extern fp32 matmul into a bf16 one written into an
+    # fp32 buffer (NaN and garbage). Calls outside a region keep the fast path.
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+
+    def f(a, b):
+        return (a @ b).relu() + 1
+
+    fn = compile_graph(trace(f, a, b), [a, b])
+    ref = f(a, b)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fn(a, b)
+        assert torch.is_autocast_enabled("cpu")  # the caller's region is left as it was
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(fn(a, b), ref)
+
+
 def test_report_contents_and_debug_print(capsys):
     x = torch.randn(4, 8)
     fn = compile_graph(trace(lambda x: torch.softmax(x, -1) + x.sum(), x), [x], debug=True)

@@ -229,9 +229,16 @@ class WrapperCodegen:
         else:
             self.emit(f"return ({''.join(r + ', ' for r in rets)})")
         if any(isinstance(st, ExternNode) for st in s.steps):
-            # aten calls run without autograd recording, like the kernels
+            # aten calls run without autograd recording, like the kernels, and without
+            # the caller's autocast: the graph's dtypes are decided (an autocast region
+            # around the call would turn an fp32 matmul into a bf16 one in an fp32 buffer)
             self.emit("no_grad = torch.no_grad", 1)
+            self.emit("any_autocast = torch._C._is_any_autocast_enabled", 1)
+            self.emit("no_autocast = torch._C._DisableAutocast", 1)
             self.emit("def call_no_grad(args):", 1)
+            self.emit("if any_autocast():", 2)
+            self.emit("with no_grad(), no_autocast():", 3)
+            self.emit("return call(args)", 4)
             self.emit("with no_grad():", 2)
             self.emit("return call(args)", 3)
             self.emit("return call_no_grad", 1)
