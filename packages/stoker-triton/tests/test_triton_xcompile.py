@@ -87,6 +87,10 @@ def test_compile_workers_never_import_torch(tmp_path, monkeypatch):
     )
     a = torch.randn(64, dtype=torch.bfloat16)
     assert xcompile.check(str(path), [a, a[1:], 63, 1], [(64, 1, 4), (64, 1, 8)]) == 2
+    # the GPU precompile also builds Triton's launcher: never through Triton's active
+    # driver, whose creation imports torch (6 s per worker on the H100, found there)
+    ok, errors = xcompile.precompile([(str(path), [a, a, 64, 1], [(64, 1, 2)])], ("cuda", 90, 32))
+    assert (ok, errors) == (1, [])
     pool = xcompile._executor()
     asked = [pool.submit("_torch_imported") for _ in range(4 * len(pool.threads))]
     assert not any(f.result(timeout=120) for f in asked)

@@ -171,14 +171,37 @@ def _compile_job(
         kernel = triton.compile(src, target=tgt, options=options.__dict__)
     except Exception as e:  # reported to the launching process
         return describe(e)
-    if launcher:
+    if launcher and target[0] == "cuda":
         try:
-            from triton.runtime import driver
-
-            driver.active.launcher_cls(kernel.src, kernel.metadata)
-        except Exception:  # no driver here: the launch builds it, as without us
+            build = _launcher_builder()
+            if build is not None:
+                build(kernel.src, kernel.metadata)
+        except Exception:  # no C compiler or libcuda here: the launch builds it, as without us
             pass
     return None
+
+
+_BUILDER: list[Any] = []
+
+
+def _launcher_builder() -> Any:
+    """Triton's CUDA launcher class when constructing it compiles the per-signature
+    C module and needs nothing else (Triton 3.6), else None (later Tritons need no
+    C compile; their constructor reads `driver.active`).
+
+    Never through `driver.active`: creating Triton's active driver imports torch
+    (`CudaDriver.is_active`, `GPUDriver.__init__`), 6 s per worker on the H100,
+    which undid the torch-free workers there."""
+    if not _BUILDER:
+        import inspect
+
+        from triton.backends.nvidia import driver as nvidia
+
+        cls = getattr(nvidia, "CudaLauncher", None)
+        src = inspect.getsource(cls.__init__) if cls is not None else ""
+        ok = "compile_module_from_src" in src and "driver.active" not in src
+        _BUILDER.append(cls if ok else None)
+    return _BUILDER[0]
 
 
 def _torch_imported() -> bool:
