@@ -2,12 +2,16 @@
 
 import os
 import textwrap
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._decomp import core_aten_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
 from triton_helpers import check
 
+from stoker_triton import compile_graph
 from stoker_triton._internal import xcompile
 
 pytestmark = pytest.mark.skipif(
@@ -229,6 +233,35 @@ def test_gpu_precompile_builds_what_the_launch_will_look_up(tmp_path, monkeypatc
     assert len(list((tmp_path / "cache").rglob("*.cubin"))) == 2
     xcompile._executor().shutdown(wait=True)
     xcompile._pool = None  # later tests start workers with the usual cache dir
+
+
+def test_precompile_jobs_describe_their_arguments_inside_a_fake_mode(monkeypatch):
+    # Found on the H100: a forward graph compiles inside a FakeTensorMode, where the
+    # jobs' example tensors came out fake, reading their address raised, and the
+    # whole precompile was skipped: all 25 gpt-m forward kernels compiled at their
+    # launches, one after another, in the main process.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from stoker_triton._internal import pipeline
+
+    seen: list[list[Any]] = []
+
+    def record(make_jobs, device):
+        jobs = make_jobs()
+        # no tensor at all: under a fake mode it is fake (torch 2.11 raises on its
+        # address; 2.13 warns and reads 0)
+        assert not any(isinstance(a, torch.Tensor) for _l, args, _x, _r in jobs for a in args)
+        seen.extend([xcompile._arg_spec(a) for a in args] for _lau, args, _x, _r in jobs)
+        return 0
+
+    monkeypatch.setattr(pipeline, "precompile", record)
+    x = torch.randn(8, 16)
+    gm = make_fx(
+        lambda x: torch.softmax(x * 2, -1), decomposition_table=core_aten_decompositions()
+    )(x)
+    with FakeTensorMode():  # as stoker-capture compiles a forward: fake inputs, fake mode on
+        compile_graph(gm, [torch.empty(8, 16)])
+    assert seen == [[("tensor", "float32", True), ("tensor", "float32", True), 8, 16]], seen
 
 
 _SCRIPT_WITHOUT_MAIN_GUARD = """

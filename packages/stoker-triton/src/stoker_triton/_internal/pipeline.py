@@ -622,7 +622,11 @@ def _precompile_jobs(
     ones at the shape env's hints (the sizes of the inputs at hand, which the
     first launch is likely to see: a launch with sizes Triton specializes
     differently compiles its own binary, as without a precompile)."""
-    hints: dict[Any, Any] = dict(getattr(shape_env, "var_to_val", None) or {})
+    from .xcompile import StandIn
+
+    # the sizes at hand (`backed_var_to_val` from torch 2.13, `var_to_val` before)
+    known = getattr(shape_env, "backed_var_to_val", None)
+    hints: dict[Any, Any] = dict(known or getattr(shape_env, "var_to_val", None) or {})
     jobs: list[tuple[Launcher, list[Any], int, int]] = []
     for name, ks in kernels.items():
         try:
@@ -631,8 +635,10 @@ def _precompile_jobs(
             sizes = [int(hints[s]) if s.is_integer else float(hints[s]) for s in ks.size_args]
         except (KeyError, TypeError):  # a size without a hint (unbacked): at the launch
             continue
+        # stand-ins, not tensors: a graph may compile inside a FakeTensorMode (a
+        # forward does), where a new tensor is fake and has no address to read
         args: list[Any] = [
-            torch.empty(1, dtype=program.buffers[b].dtype, device=program.device)
+            StandIn(str(program.buffers[b].dtype).removeprefix("torch."), True)
             for b in ks.pointer_args
         ]
         args += [x, r, *sizes]

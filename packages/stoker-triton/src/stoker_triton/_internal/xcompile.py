@@ -81,6 +81,8 @@ def _arg_spec(a: Any) -> Any:
     """What a worker needs of a launch argument (tensors are not sent)."""
     import torch
 
+    if isinstance(a, StandIn):
+        return ("tensor", str(a.dtype).removeprefix("torch."), a.data_ptr() % 16 == 0)
     if isinstance(a, torch.Tensor):
         return ("tensor", str(a.dtype).removeprefix("torch."), a.data_ptr() % 16 == 0)
     return a

@@ -95,7 +95,7 @@ def precompile(
 
         ok, errors = in_workers(work, target)
     except Exception as e:  # no worker processes here: the launches compile
-        log.debug("precompile skipped: %s", e)
+        log.info("precompile skipped (the launches compile): %s", e)
         return 0
     for err in errors:
         log.debug("precompile failed: %s", err)
