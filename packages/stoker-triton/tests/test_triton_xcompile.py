@@ -100,6 +100,29 @@ def test_compile_workers_never_import_torch(tmp_path, monkeypatch):
     assert not any(f.result(timeout=120) for f in asked)
 
 
+def test_a_started_pool_starts_its_workers_before_any_job():
+    # On a GPU the workers start when a graph's lowering begins, so their start
+    # (importing Triton's compiler: seconds on the H100's Python) overlaps it.
+    import time
+
+    from stoker_triton._internal.workers import Pool
+
+    pool = Pool(2, start=True)
+    try:
+        deadline = time.monotonic() + 60
+        while pool.started < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.started == 2  # no job submitted yet
+        assert pool.submit("_torch_imported").result(timeout=120) is False
+        assert pool.started == 2  # the job ran on a started worker
+    finally:
+        pool.shutdown(wait=True)
+    lazy = Pool(2)
+    time.sleep(0.2)
+    assert lazy.started == 0
+    lazy.shutdown(wait=True)
+
+
 def test_an_error_inside_a_jit_helper_names_its_reason(tmp_path, monkeypatch):
     # Triton reports it as a CompilationError at the call site; the reason
     # ("Cannot bitcast ...") is only in the exception's cause chain

@@ -30,7 +30,14 @@ from .codegen_ops import PRELUDE, PRELUDE_BF16
 from .codegen_wrapper import generate_wrapper
 from .lowering import lower_graph
 from .report import CompileReport, KernelInfo
-from .runtime import PRECOMPILE_SEED, Launcher, interpreting, load_module, precompile
+from .runtime import (
+    PRECOMPILE_SEED,
+    Launcher,
+    interpreting,
+    load_module,
+    native_target,
+    precompile,
+)
 from .scheduler import PERSISTENT_RNUMEL_MAX, Kernel, schedule
 from .verify import verify_program, verify_schedule
 
@@ -92,8 +99,12 @@ def compile_graph_impl(
             return hit
     caller_gm = gm  # get_attr constants are read from the caller's module on a hit
     with report.stage("prepare"):
-        gm = decompose(gm, fake_inputs, fake_mode)
         device = _device(fake_inputs)
+        if native_target(device) is not None:  # a GPU: workers start while we lower
+            from .xcompile import start_workers
+
+            start_workers()
+        gm = decompose(gm, fake_inputs, fake_mode)
     if _has_data_dependent_sizes(gm):
         # Sizes that only exist at run time (nonzero, unique, masked_select, .item())
         # have no input to bind them from: the whole graph runs through aten.

@@ -49,7 +49,9 @@ def _recv(f: IO[bytes]) -> Any:
 class Pool:
     """`n` worker processes; `submit(name, *args)` runs `xcompile.<name>(*args)`."""
 
-    def __init__(self, n: int, env: dict[str, str] | None = None) -> None:
+    def __init__(self, n: int, env: dict[str, str] | None = None, start: bool = False) -> None:
+        """`start`: start every worker process now (each imports Triton while the
+        caller still lowers its graph), not at its first job."""
         self.jobs: queue.Queue[tuple[str, tuple[Any, ...], Future[Any]] | None] = queue.Queue()
         self.env = {**os.environ, **(env or {})}
         pkg_root = str(Path(__file__).resolve().parents[2])  # the dir holding stoker_triton
@@ -61,6 +63,8 @@ class Pool:
             for i in range(n)
         ]
         self.closed = False
+        self.start_now = start
+        self.started = 0  # worker processes started (tests read it)
         for t in self.threads:
             t.start()
 
@@ -83,6 +87,7 @@ class Pool:
 
     def _start(self) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
         # stderr to a file: a pipe nobody drains would fill and stall the worker
+        self.started += 1  # one thread per worker: no two threads race on a count's step
         err = tempfile.TemporaryFile()
         proc = subprocess.Popen(
             [sys.executable, "-m", "stoker_triton._internal.workers"],
@@ -96,6 +101,8 @@ class Pool:
     def _serve(self) -> None:
         proc: subprocess.Popen[bytes] | None = None
         errf: IO[bytes] | None = None
+        if self.start_now:
+            proc, errf = self._start()
         try:
             while True:
                 item = self.jobs.get()
@@ -140,6 +147,8 @@ def _main() -> None:
     inp = sys.stdin.buffer
     os.environ["TRITON_INTERPRET"] = "0"
     from stoker_triton._internal import xcompile
+
+    xcompile.import_compiler()  # before the first job: a started pool is ready sooner
 
     while True:
         try:

@@ -272,8 +272,9 @@ def gpu_source(source: str) -> str:
     return source.replace(PRELUDE_BF16["interpret"], PRELUDE_BF16["native"])
 
 
-def _executor() -> Any:
-    """The compile workers (plain subprocesses: see `workers.py`)."""
+def _executor(start: bool = False) -> Any:
+    """The compile workers (plain subprocesses: see `workers.py`); `start`: a new
+    pool starts its processes now rather than at their first jobs."""
     global _pool
     with _lock:
         if _pool is None:
@@ -281,9 +282,26 @@ def _executor() -> Any:
 
             from .workers import Pool
 
-            _pool = Pool(cpu_count())
+            _pool = Pool(cpu_count(), start=start)
             atexit.register(_pool.shutdown)
         return _pool
+
+
+def start_workers() -> None:
+    """Start the compile workers now, so that their start (each imports Triton's
+    compiler: seconds on a host without bytecode caches) overlaps the lowering
+    and code generation of the graph whose kernels they will compile."""
+    _executor(start=True)
+
+
+def import_compiler() -> None:
+    """In a worker: import what every compile job needs, before the first one."""
+    try:
+        import triton
+        import triton.compiler  # noqa: F401
+        from triton.backends.nvidia import compiler, driver  # noqa: F401
+    except Exception:  # a Triton without them: the job reports what is missing
+        pass
 
 
 def signature(
