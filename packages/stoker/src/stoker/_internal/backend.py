@@ -259,7 +259,36 @@ def compile_with_executor(
     opts: CompileOptions | None = None,
     report: Report | None = None,
 ) -> CompiledCallable:
-    """The aten executor (the graph module itself) or stoker-triton's compiled callable."""
+    """The aten executor (the graph module itself) or stoker-triton's compiled callable;
+    under ``mode="reduce-overhead"``, wrapped to replay CUDA graphs (`cudagraphs`)."""
+    fn = _compile_with_executor(executor, gm, example_inputs, rec, opts, report)
+    if opts is None or opts.mode != "reduce-overhead":
+        return fn
+    from .cudagraphs import CudaGraphStats, graphed
+
+    if rec is not None:
+        label = f"{_label(rec)} {_stage_of(gm)}"
+    else:
+        n = (
+            sum(1 for s in report.cudagraphs if s.label.startswith("compiled autograd"))
+            if report
+            else 0
+        )
+        label = f"compiled autograd segment {n}"
+    stats = CudaGraphStats(label)
+    if report is not None:
+        report.cudagraphs.append(stats)
+    return graphed(fn, gm, example_inputs, stats, opts.cudagraph_limit)
+
+
+def _compile_with_executor(
+    executor: str,
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    rec: CompileRecord | None,
+    opts: CompileOptions | None,
+    report: Report | None,
+) -> CompiledCallable:
     if executor == "aten":
         return gm
     try:
@@ -300,8 +329,6 @@ def autograd_compiler(opts: CompileOptions, first_report: Report) -> Callable[..
         )
         report.autograd = _autograd_stats()
         report.flush()
-        if executor == "aten":
-            return gm
         return compile_with_executor(executor, gm, example_inputs, None, opts, report)
 
     return compile_backward
