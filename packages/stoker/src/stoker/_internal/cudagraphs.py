@@ -51,7 +51,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import logs
-from .cudagraph_plan import GraphPlan, plan_graph
+from .cudagraph_plan import REASONS, GraphPlan, plan_graph
 
 log = logs.logger("cudagraphs")
 _use_count: Callable[[int], int] = torch._C._storage_Use_Count
@@ -202,7 +202,7 @@ _POOLS: dict[Any, _Pool] = {}
 
 # ---------------------------------------------------------------------- one size key
 
-ALIAS, COPY, KEEP, INPUT = 0, 1, 2, 3  # how a recorded output is returned
+ALIAS, COPY, KEEP, INPUT, SAME = 0, 1, 2, 3, 4  # how a recorded output is returned
 HELD = "outputs of an earlier replay are still held"
 
 
@@ -234,12 +234,13 @@ class _Entry:
         self.graph, out = rec.record(owner.fn, statics, owner.pool_id)
         self.flat, self.rebuild = _flatten(out)
         del out
+        self.modes: list[int] = []
+        # output -> (input, offset from the input's own): rebuilt on the caller's tensor
+        self.view_of: dict[int, tuple[int, int]] = {}
+        by_storage = self._classify_outputs(statics, still_held)
         # A graph reads its inputs at their recorded addresses; holding the caller's
         # tensors would only keep storages alive (and look like outputs still in use).
         del statics
-        self.modes: list[int] = []
-        self.view_of: dict[int, tuple[int, int]] = {}  # output -> (input, offset in its buffer)
-        by_storage = self._classify_outputs(args, still_held)
         # the storages a replay overwrites, with our own references to each (measured
         # here, where no local variable holds an output)
         self.owned = [(cd, _use_count(cd), outs) for cd, outs in by_storage.items()]
@@ -249,10 +250,17 @@ class _Entry:
             args[i].copy_(buf)
         pool.entries.append(weakref.ref(self))
 
-    def _classify_outputs(self, args: Sequence[Any], still_held: set[int]) -> dict[int, list[int]]:
-        """How each output is returned; the outputs in pool memory, by storage."""
-        inputs = {_cdata(b): (i, int(b.storage_offset())) for i, b in self.copies}
-        static_in = {_cdata(args[i]) for i, _ in self.static_ptrs}
+    def _classify_outputs(self, statics: list[Any], still_held: set[int]) -> dict[int, list[int]]:
+        """How each output is returned; the outputs in pool memory, by storage.
+
+        An output that is an input, or views one (a parameter's transpose saved for
+        backward), is returned as the caller's tensor or the same view of it, as a plain
+        call returns it (compiled autograd's cache key sees the difference)."""
+        inputs = {
+            _cdata(statics[i]): (i, int(statics[i].storage_offset()))
+            for i in range(len(statics))
+            if isinstance(statics[i], torch.Tensor)
+        }
         by_storage: dict[int, list[int]] = {}
         for j, t in enumerate(self.flat):
             if not isinstance(t, torch.Tensor):
@@ -261,10 +269,8 @@ class _Entry:
             cd = _cdata(t)
             if cd in inputs:
                 i, base = inputs[cd]
-                self.modes.append(INPUT)
+                self.modes.append(SAME if t is statics[i] else INPUT)
                 self.view_of[j] = (i, int(t.storage_offset()) - base)
-            elif cd in static_in:
-                self.modes.append(KEEP)  # a view of a parameter: returned as a fresh alias
             else:
                 self.modes.append(COPY if j in still_held else ALIAS)
                 by_storage.setdefault(cd, []).append(j)
@@ -313,10 +319,12 @@ class _Entry:
     def outputs(self, args: Sequence[Any]) -> Any:
         res: list[Any] = []
         for j, (mode, t) in enumerate(zip(self.modes, self.flat)):
-            if mode == ALIAS or (mode == KEEP and isinstance(t, torch.Tensor)):
+            if mode == ALIAS:
                 res.append(t.detach())
             elif mode == COPY:
                 res.append(t.clone())
+            elif mode == SAME:
+                res.append(args[self.view_of[j][0]])
             elif mode == INPUT:
                 i, off = self.view_of[j]
                 a = args[i]
@@ -450,6 +458,8 @@ def graphed(
     recorder = current_recorder()
     plan = plan_graph(gm, example_inputs)
     stats.reason = recorder.unsupported(example_inputs) or plan.reason
+    if stats.reason is None and "new_seed()" in str(getattr(fn, "wrapper_source", "")):
+        stats.reason = REASONS["random"].format(op="(a kernel of the generated wrapper)")
     if stats.reason is not None:
         log.info("%s: plain launches: %s", stats.label, stats.reason)
         return fn
