@@ -16,16 +16,20 @@ inputs compiled with symbolic sizes; one key for a static graph):
 
 Static addresses: parameters, and outputs of a graph recorded in the same pool
 (the forward's saved tensors that the backward reads) are read where they are,
-not copied; a call that passes them elsewhere runs plain. Outputs live in the
-pool and the next replay of this graph, or of a graph recorded before it in the
-same pool (whose freed temporaries this graph's outputs may occupy), overwrites
-them. So before a replay every such output storage is checked: if the caller
-still holds one (a loss kept across steps, two forwards before one backward),
-the call runs plain and that output is returned as a copy from then on; an
-output still held at the record call is a copy from the start. Never returns a
-value a later replay can change. The backward's gradients are static too, so
-stoker-autograd copies them into ``.grad`` rather than stealing them
-(`GraphedCallable.static_outputs`).
+not copied; a call that passes them elsewhere runs plain. An output that is an
+input, or a view of one, comes back as the caller's tensor or the same view of it.
+
+Outputs live in the pool, and the next replay of this graph, or of a graph
+recorded before it in the same pool (whose freed temporaries this graph's
+outputs may occupy), overwrites them. So before a replay every such output
+storage is checked for holders other than this module: an output still held
+at the second call (a loss kept in a list) is returned as a copy from the
+start; a held one found at a replay makes the graph record again (new static
+outputs, recorded after every graph whose outputs are held; the held ones stay
+with their holders) and this graph's held outputs are copies from then on. A
+caller never sees a value that a later replay wrote. The backward's gradients
+are static too, so stoker-autograd copies them into ``.grad`` rather than
+stealing them (`GraphedCallable.static_outputs`).
 
 Plain launches instead of a graph, with the reason in the log (``STOKER_LOGS=
 cudagraphs``) and the report: no CUDA device; CPU syncs, data-dependent sizes,
@@ -277,28 +281,24 @@ class _Entry:
         return by_storage
 
     def blocked(self, args: Sequence[Any]) -> str | None:
-        """Why this call may not replay (None: it may). Outputs the caller still holds
-        are returned as copies from now on; ``held`` lists this graph's own."""
+        """Why this call may not replay (None: it may). ``held``: this graph's outputs the
+        caller still holds (they are returned as copies once the graph records again)."""
         for i, ptr in self.static_ptrs:
             if args[i].data_ptr() != ptr:
                 return f"input {i} is not at the address it was recorded with"
         self.held: set[int] = set()
-        held = False
-        for e in (self, *self.owner.pool.after(self)):
-            for cd, base, outs in e.owned:
+        for cd, base, outs in self.owned:
+            if _use_count(cd) > base:
+                self.held.update(outs)
+        if self.held:
+            return HELD
+        # a graph recorded later may sit in our freed temporaries (the forward's saved
+        # tensors, when the backward recorded first): recording again puts us after it
+        for e in self.owner.pool.after(self):
+            for cd, base, _ in e.owned:
                 if _use_count(cd) > base:
-                    held = True
-                    if e is self:
-                        self.held.update(outs)
-                    else:  # a graph recorded later may sit in our freed temporaries
-                        e.hand_out_copies(outs)
-        return HELD if held else None
-
-    def hand_out_copies(self, outs: list[int]) -> None:
-        for j in outs:
-            if self.modes[j] == ALIAS:
-                self.modes[j] = COPY
-                self.owner.stats.copied_out += 1
+                    return HELD
+        return None
 
     def run(self, args: Sequence[Any]) -> Any:
         for i, buf in self.copies:
