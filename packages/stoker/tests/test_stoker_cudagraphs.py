@@ -479,3 +479,23 @@ def test_gpu_tiny_gpt_reduce_overhead_matches_eager() -> None:
 def test_gpu_gradient_accumulation_under_graphs_matches_eager() -> None:
     stats = _gpu_parity(MLP, _mlp_batch, _ce, [16] * 10, accumulate=2)
     assert sum(s.replays for s in stats) >= 4
+
+
+def test_torch_compile_passes_mode_to_the_stoker_backend() -> None:
+    """``torch.compile(model, backend="stoker", mode="reduce-overhead")``: Dynamo hands the
+    mode to the backend, which compiles with it (here on the CPU: no CUDA device)."""
+    from stoker._internal.backend import StokerBackend
+
+    torch.manual_seed(0)
+    model = MLP(8, 16, 4, depth=1)
+    be = StokerBackend(stoker.CompileOptions(backend="aten"))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=be, mode="reduce-overhead")
+    x = torch.randn(6, 8)
+    torch.testing.assert_close(compiled(x), model(x))
+    stats = be.report.cudagraphs
+    assert stats and stats[0].reason is not None and "no CUDA device" in stats[0].reason
+    with pytest.raises(Exception, match="no_such_option"):
+        torch._dynamo.reset()
+        torch.compile(model, backend=be, options={"no_such_option": 1})(x)
+    torch._dynamo.reset()

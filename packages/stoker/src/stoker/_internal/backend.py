@@ -85,8 +85,34 @@ class StokerBackend:
     def __repr__(self) -> str:
         return f"StokerBackend({self.options!r})"
 
+    def _derived(self, mode: str | None, options: dict[str, Any]) -> StokerBackend:
+        """The backend for torch.compile's ``mode=`` / ``options=`` (one per combination)."""
+        changes = dict(options) | ({"mode": mode} if mode is not None else {})
+        key = repr(sorted(changes.items()))
+        derived: dict[str, StokerBackend] = self.__dict__.setdefault("_derived_backends", {})
+        if key not in derived:
+            try:
+                opts = replace(self.options, **changes)
+            except TypeError as e:
+                known = ", ".join(sorted(set(self.options.__dataclass_fields__) - {"extra"}))
+                raise StokerConfigError(
+                    f"torch.compile(backend='stoker', options={options!r}): {e}; known: {known}"
+                ) from e
+            derived[key] = StokerBackend(opts, self.report)
+        return derived[key]
+
     # ------------------------------------------------------------------ Dynamo calls this
-    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledCallable:
+    def __call__(
+        self,
+        gm: fx.GraphModule,
+        example_inputs: Sequence[Any],
+        *,
+        mode: str | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> CompiledCallable:
+        if mode is not None or options:
+            # torch.compile(model, backend="stoker", mode=..., options={...}) passes them here
+            return self._derived(mode, options or {})(gm, example_inputs)
         opts = self.options
         if torch.distributed.is_available():  # a DDP forward: take it over or split the graph
             from .distributed import on_graph
