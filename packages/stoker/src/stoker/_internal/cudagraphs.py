@@ -16,7 +16,8 @@ inputs compiled with symbolic sizes; one key for a static graph):
 
 Static addresses: parameters, and outputs of a graph recorded in the same pool
 (the forward's saved tensors that the backward reads) are read where they are,
-not copied; a call that passes them elsewhere runs plain. An output that is an
+not copied; a call that passes one at another address (``param.data = ...``, a
+forward that ran plain) makes the graph record again. An output that is an
 input, or a view of one, comes back as the caller's tensor or the same view of it.
 
 Outputs live in the pool, and the next replay of this graph, or of a graph
@@ -34,8 +35,8 @@ stealing them (`GraphedCallable.static_outputs`).
 Plain launches instead of a graph, with the reason in the log (``STOKER_LOGS=
 cudagraphs``) and the report: no CUDA device; CPU syncs, data-dependent sizes,
 random ops, CPU tensors (`cudagraph_plan`); more size keys than the limit
-(``cudagraph_limit``: recorded keys keep replaying, new keys run plain); a
-capture that failed.
+(``cudagraph_limit``: recorded keys keep replaying, new keys run plain); more
+records again than ``cudagraph_limit``; a capture that failed.
 
 The recorder is what makes and replays graphs: `CudaRecorder` (torch.cuda.graph),
 or a stand-in (`HostRecorder`, which runs the function again and writes its
@@ -208,6 +209,7 @@ _POOLS: dict[Any, _Pool] = {}
 
 ALIAS, COPY, KEEP, INPUT, SAME = 0, 1, 2, 3, 4  # how a recorded output is returned
 HELD = "outputs of an earlier replay are still held"
+MOVED = "an input read in place (a parameter, a saved tensor) is at another address"
 
 
 class _Entry:
@@ -283,10 +285,10 @@ class _Entry:
     def blocked(self, args: Sequence[Any]) -> str | None:
         """Why this call may not replay (None: it may). ``held``: this graph's outputs the
         caller still holds (they are returned as copies once the graph records again)."""
+        self.held: set[int] = set()
         for i, ptr in self.static_ptrs:
             if args[i].data_ptr() != ptr:
-                return f"input {i} is not at the address it was recorded with"
-        self.held: set[int] = set()
+                return MOVED
         for cd, base, outs in self.owned:
             if _use_count(cd) > base:
                 self.held.update(outs)
@@ -386,14 +388,15 @@ class GraphedCallable:
         if why is None:
             self.stats.replays += 1
             return entry.run(args)
-        if why is HELD and self.rerecords < self.limit:
-            # New static outputs (the held ones stay with their holder), recorded after
-            # every graph whose outputs are held, so this one's temporaries avoid them.
+        if self.rerecords < self.limit:
+            # HELD: new static outputs (the held ones stay with their holder), recorded
+            # after every graph whose outputs are held, so its temporaries avoid them.
+            # MOVED: the graph reads the inputs where they are now.
             self.rerecords += 1
-            held = entry.held
+            held = entry.held if why is HELD else set()
             del self.entries[key], entry
-            return self._record(key, args, held, "outputs of the last replay still held")
-        self.stats.ran_plain(why)
+            return self._record(key, args, held, why)
+        self.stats.ran_plain(f"{why}; recorded again {self.limit} times (cudagraph_limit)")
         return self.fn(*args)
 
     def _first_calls(self, key: tuple[Any, ...], args: Sequence[Any]) -> Any:
