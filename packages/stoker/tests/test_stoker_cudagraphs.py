@@ -373,6 +373,26 @@ def test_reduce_overhead_wraps_triton_graphs_on_the_host_stand_in() -> None:
     run_interpreted(_TRITON_SCRIPT)
 
 
+def _inference_outputs_are_never_overwritten(device: str, backend: str) -> None:
+    torch.manual_seed(0)
+    model = MLP(8, 16, 4, depth=1).to(device).eval()
+    stoker.reset()
+    compiled = stoker.compile(model, backend=backend, dynamic=False, mode="reduce-overhead")
+    xs = [torch.randn(6, 8, device=device) for _ in range(5)]
+    with torch.no_grad():
+        outs = [compiled(x) for x in xs]  # all kept
+        for x, out in zip(xs, outs, strict=True):
+            torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    stats = compiled.stoker_report.cudagraphs
+    stoker.reset()
+    assert stats[0].replays >= 3 and stats[0].copied_out >= 1, stats
+
+
+def test_inference_outputs_kept_across_calls_are_never_overwritten() -> None:
+    with cg.use_recorder(cg.HostRecorder()):
+        _inference_outputs_are_never_overwritten("cpu", "aten")
+
+
 def test_gradients_of_a_graph_are_copied_not_stolen() -> None:
     """Two backwards into the same ``.grad``: a stolen static gradient would be
     overwritten by the second replay and count twice."""
@@ -503,3 +523,9 @@ def test_torch_compile_passes_mode_to_the_stoker_backend() -> None:
         torch._dynamo.reset()
         torch.compile(model, backend=be, options={"no_such_option": 1})(x)
     torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_inference_outputs_kept_across_calls_are_never_overwritten() -> None:
+    _inference_outputs_are_never_overwritten("cuda", "auto")
