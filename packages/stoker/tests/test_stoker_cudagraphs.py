@@ -239,6 +239,18 @@ def test_plan_falls_back_with_a_reason(body: Callable[..., Any], words: str) -> 
     assert rec.events == [] and stats.reason == reason
 
 
+def test_collectives_fall_back() -> None:
+    import torch.distributed._functional_collectives  # registers the ops
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    red = g.call_function(torch.ops._c10d_functional.all_reduce.default, (x, "sum", "0"))
+    g.output((g.call_function(torch.ops._c10d_functional.wait_tensor.default, (red,)),))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    reason = plan_graph(gm, [torch.randn(3)]).reason
+    assert reason is not None and reason.startswith("collective"), reason
+
+
 def test_cpu_tensor_beside_device_inputs_falls_back() -> None:
     ex = [torch.empty(3, device="meta"), torch.randn(3)]
     reason = plan_graph(None, ex).reason

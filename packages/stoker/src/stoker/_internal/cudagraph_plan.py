@@ -13,6 +13,7 @@ row each, in `REASONS`:
 | random      | seeded random ops: the seed is drawn on the host per call, a replay would |
 |             | repeat the recorded one                                                   |
 | cpu-tensor  | a CPU tensor among the inputs or constants (a host copy per call)         |
+| collective  | a collective (``_c10d_functional``): NCCL is not set up for capture here  |
 
 Whether a device can record at all ("no CUDA device") is the recorder's
 question (`cudagraphs.CudaRecorder.unsupported`), not the graph's.
@@ -60,7 +61,10 @@ REASONS: dict[str, str] = {
     "random": "random op {op}: its seed is drawn on the host per call, so a replay would "
     "repeat the recorded random numbers",
     "cpu-tensor": "{op} is a CPU tensor; a graph records device work only",
+    "collective": "collective {op}: communication is not recorded into CUDA graphs",
 }
+
+COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d", "c10d_functional", "_dtensor"})
 
 
 @dataclass
@@ -108,6 +112,8 @@ def _graph_reason(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | No
         packet = getattr(target, "overloadpacket", target)
         if target in SYNC_OPS or packet in SYNC_OPS:
             return _why("cpu-sync", _name(target))
+        if getattr(target, "namespace", None) in COLLECTIVE_NAMESPACES:
+            return _why("collective", _name(target))
         if isinstance(target, torch._ops.OpOverload) and (
             torch.Tag.nondeterministic_seeded in target.tags
         ):
