@@ -406,6 +406,37 @@ def test_inference_outputs_kept_across_calls_are_never_overwritten() -> None:
         _inference_outputs_are_never_overwritten("cpu", "aten")
 
 
+def _bn_parity(device: str, backend: str) -> list[Any]:
+    """BatchNorm: buffers (running stats, a step counter) read in place, written by the
+    runtime after each replay; they must track eager's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.GELU(), nn.Linear(16, 4))
+    model = model.to(device)
+    ref = copy.deepcopy(model)
+    batches = [
+        (torch.randn(6, 8, device=device), torch.randint(0, 4, (6,), device=device))
+        for _ in range(5)
+    ]
+    stoker.reset()
+    compiled = stoker.compile(model, backend=backend, dynamic=False, mode="reduce-overhead")
+    got_losses, got = _train(compiled, batches, _ce, True)
+    want_losses, want = _train(ref, batches, _ce, False)
+    stoker.reset()
+    for a, b in zip([*got_losses, *got], [*want_losses, *want], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    for a, b in zip(model.buffers(), ref.buffers(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    stats: list[Any] = compiled.stoker_report.cudagraphs
+    return stats
+
+
+def test_module_buffers_are_read_in_place() -> None:
+    with cg.use_recorder(cg.HostRecorder()):
+        stats = _bn_parity("cpu", "aten")
+    fwd = [s for s in stats if s.label.endswith("forward")]
+    assert fwd[0].replays >= 2 and fwd[0].copied_in == 1, stats  # only x is copied
+
+
 def test_gradients_of_a_graph_are_copied_not_stolen() -> None:
     """Two backwards into the same ``.grad``: a stolen static gradient would be
     overwritten by the second replay and count twice."""
@@ -542,3 +573,10 @@ def test_torch_compile_passes_mode_to_the_stoker_backend() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_inference_outputs_kept_across_calls_are_never_overwritten() -> None:
     _inference_outputs_are_never_overwritten("cuda", "auto")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_batchnorm_buffers_under_graphs_match_eager() -> None:
+    stats = _bn_parity("cuda", "auto")
+    assert sum(s.replays for s in stats) >= 3

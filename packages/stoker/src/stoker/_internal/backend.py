@@ -126,6 +126,8 @@ class StokerBackend:
         if not self.exports_guards:  # stoker.compile gets reasons from guard_fail_fn instead
             self._note_recompiles_from_dynamo()
         self._input_desc = _describe_inputs(gm)
+        if opts.mode == "reduce-overhead":
+            _mark_buffers_static(gm, example_inputs)
         self._log_graph(rec, "dynamo", gm)
         if opts.compiled_autograd:
             SWITCH.turn_on(
@@ -497,6 +499,18 @@ def _partition_from_backward(gm: fx.GraphModule, opts: CompileOptions) -> Partit
     return PartitionRecord(
         saved=saved, partitioner=opts.partitioner, memory_budget=opts.memory_budget
     )
+
+
+def _mark_buffers_static(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    """Module buffers among the frame's inputs: CUDA graphs read them in place."""
+    from .cudagraphs import mark_static
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for n, x in zip(placeholders, example_inputs):
+        src = getattr(n.meta.get("grapharg"), "source", None)
+        name = src.name() if callable(getattr(src, "name", None)) else getattr(src, "name", "")
+        if isinstance(x, torch.Tensor) and "._buffers[" in str(name):
+            mark_static(x)
 
 
 def _describe_inputs(gm: fx.GraphModule) -> dict[str, str]:

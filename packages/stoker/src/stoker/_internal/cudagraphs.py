@@ -14,7 +14,8 @@ inputs compiled with symbolic sizes; one key for a static graph):
    graph's input buffers, replay, copy back inputs the graph writes, and return
    the outputs.
 
-Static addresses: parameters, and outputs of a graph recorded in the same pool
+Static addresses: parameters, module buffers (`mark_static`: the backend marks
+the inputs Dynamo found in ``_buffers``), and outputs of a graph recorded in the same pool
 (the forward's saved tensors that the backward reads) are read where they are,
 not copied; a call that passes one at another address (``param.data = ...``, a
 forward that ran plain) makes the graph record again. An output that is an
@@ -161,6 +162,17 @@ class HostRecorder:
 
 
 _RECORDER: list[Recorder] = []
+# Module buffers the frontend saw (`mark_static`): read in place, as parameters are.
+_STATIC: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+
+
+def mark_static(t: torch.Tensor) -> None:
+    """Graphs read ``t`` where it is (a module buffer) instead of copying it per replay."""
+    _STATIC[id(t)] = t
+
+
+def _is_static(t: torch.Tensor) -> bool:
+    return isinstance(t, torch.nn.Parameter) or _STATIC.get(id(t)) is t
 
 
 def current_recorder() -> Recorder:
@@ -229,7 +241,7 @@ class _Entry:
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
                 continue
-            if isinstance(a, torch.nn.Parameter) or pool.owns(a):
+            if _is_static(a) or pool.owns(a):
                 self.static_ptrs.append((i, a.data_ptr()))
             else:
                 buf = torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device=a.device)
