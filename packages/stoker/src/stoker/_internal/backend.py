@@ -507,8 +507,9 @@ def _mark_buffers_static(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> N
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for n, x in zip(placeholders, example_inputs):
-        src = getattr(n.meta.get("grapharg"), "source", None)
-        name = src.name() if callable(getattr(src, "name", None)) else getattr(src, "name", "")
+        src: Any = getattr(n.meta.get("grapharg"), "source", None)
+        name = getattr(src, "name", "")
+        name = name() if callable(name) else name
         if isinstance(x, torch.Tensor) and "._buffers[" in str(name):
             mark_static(x)
 
