@@ -10,7 +10,7 @@ The GPU tests at the end train on CUDA with real graphs.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -24,6 +24,13 @@ from stoker._internal import cudagraphs as cg
 from stoker._internal.autograd_switch import autograd_stats
 from stoker._internal.cudagraph_plan import plan_graph
 from stoker._internal.models import GPT, MLP, GPTConfig, lm_loss
+
+
+@pytest.fixture(autouse=True)
+def _reset_stoker() -> Iterator[None]:
+    """Compiled autograd is a process-wide switch: off after every test, failed ones too."""
+    yield
+    stoker.reset()
 
 
 def _graphed(fn: Callable[..., Any], examples: list[Any], gm: Any = None, limit: int = 4) -> Any:
@@ -566,7 +573,7 @@ def test_torch_compile_passes_mode_to_the_stoker_backend() -> None:
     with pytest.raises(Exception, match="no_such_option"):
         torch._dynamo.reset()
         torch.compile(model, backend=be, options={"no_such_option": 1})(x)
-    torch._dynamo.reset()
+    stoker.reset()  # the backend switched compiled autograd on for the process
 
 
 @pytest.mark.gpu
