@@ -283,6 +283,50 @@ def test_linear_gradients_are_stolen_from_the_segment_as_eager_steals_them() -> 
         torch.testing.assert_close(p.grad, q.grad)
 
 
+def test_static_outputs_are_copied_into_grad_never_stolen() -> None:
+    """A compiled segment that says ``static_outputs`` (a CUDA graph's buffers, overwritten by
+    its next replay) hands out gradients that accumulate-grad must copy."""
+
+    kept: list[torch.Tensor] = []  # alive, so no later tensor can reuse their memory
+
+    class _Static(_Recorder):
+        def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+            run = super().__call__(gm, example_inputs)
+
+            class Fn:
+                static_outputs = True
+
+                def __call__(self, *args: Any) -> Any:
+                    outs = run(*args)
+                    kept.extend(outs)
+                    return outs
+
+            return Fn()
+
+    m, e = _mlp(), _mlp()
+    rec = _Static()
+    ran = 0  # the first backward of a new graph runs eagerly
+    with stoker_autograd.enable(compiler=rec):
+        for _ in range(3):
+            x = torch.randn(4, 6)
+            m.zero_grad()
+            rec.outputs.clear()
+            m(x).pow(2).sum().backward()
+            ran += bool(rec.outputs)
+            assert not any(
+                p.grad.untyped_storage().data_ptr() in rec.outputs  # type: ignore[union-attr]
+                for p in m.parameters()
+            )
+            e.zero_grad()
+            with stoker_autograd.disabled():
+                e(x).pow(2).sum().backward()
+            for p, q in zip(m.parameters(), e.parameters()):
+                assert p.grad is not None and q.grad is not None
+                assert p.grad.stride() == q.grad.stride()
+                torch.testing.assert_close(p.grad, q.grad)
+    assert ran >= 2
+
+
 class _Twins(nn.Module):
     """Two parameters whose gradients are equal: a compiler may return one tensor for both."""
 

@@ -224,12 +224,15 @@ def _apply_accumulates(step: _Segment, env: dict[fx.Node, Any]) -> None:
     shares that storage (counted once, at the first candidate: values freed since
     only make it stricter, and a value stolen later was counted alone).  Such a
     tensor may be a view of a buffer internal to the compiled segment (a transposed
-    matmul result); eager steals views too, so it is handed over detached.
+    matmul result); eager steals views too, so it is handed over detached.  A compiled
+    function whose outputs are static buffers (``fn.static_outputs``: a CUDA graph's,
+    overwritten by its next replay) never gives up a gradient: it is copied.
     """
     shared: dict[int, int] | None = None
+    static = getattr(step.fn, "static_outputs", False)  # e.g. CUDA graphs' static buffers
     for (acc, may_steal), drops in zip(step.accumulates, step.drops):
         a: Any = fx.map_arg(acc.args, lambda x: env[x])
-        if may_steal and a[0].grad is None:
+        if may_steal and not static and a[0].grad is None:
             if shared is None:
                 values = [env[n] for n in step.inputs] + [env.get(n) for n in step.outputs]
                 shared = _storage_counts(values)

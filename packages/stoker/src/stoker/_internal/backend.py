@@ -85,8 +85,34 @@ class StokerBackend:
     def __repr__(self) -> str:
         return f"StokerBackend({self.options!r})"
 
+    def _derived(self, mode: str | None, options: dict[str, Any]) -> StokerBackend:
+        """The backend for torch.compile's ``mode=`` / ``options=`` (one per combination)."""
+        changes = dict(options) | ({"mode": mode} if mode is not None else {})
+        key = repr(sorted(changes.items()))
+        derived: dict[str, StokerBackend] = self.__dict__.setdefault("_derived_backends", {})
+        if key not in derived:
+            try:
+                opts = replace(self.options, **changes)
+            except TypeError as e:
+                known = ", ".join(sorted(set(self.options.__dataclass_fields__) - {"extra"}))
+                raise StokerConfigError(
+                    f"torch.compile(backend='stoker', options={options!r}): {e}; known: {known}"
+                ) from e
+            derived[key] = StokerBackend(opts, self.report)
+        return derived[key]
+
     # ------------------------------------------------------------------ Dynamo calls this
-    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledCallable:
+    def __call__(
+        self,
+        gm: fx.GraphModule,
+        example_inputs: Sequence[Any],
+        *,
+        mode: str | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> CompiledCallable:
+        if mode is not None or options:
+            # torch.compile(model, backend="stoker", mode=..., options={...}) passes them here
+            return self._derived(mode, options or {})(gm, example_inputs)
         opts = self.options
         if torch.distributed.is_available():  # a DDP forward: take it over or split the graph
             from .distributed import on_graph
@@ -100,6 +126,8 @@ class StokerBackend:
         if not self.exports_guards:  # stoker.compile gets reasons from guard_fail_fn instead
             self._note_recompiles_from_dynamo()
         self._input_desc = _describe_inputs(gm)
+        if opts.mode == "reduce-overhead":
+            _mark_buffers_static(gm, example_inputs)
         self._log_graph(rec, "dynamo", gm)
         if opts.compiled_autograd:
             SWITCH.turn_on(
@@ -259,7 +287,36 @@ def compile_with_executor(
     opts: CompileOptions | None = None,
     report: Report | None = None,
 ) -> CompiledCallable:
-    """The aten executor (the graph module itself) or stoker-triton's compiled callable."""
+    """The aten executor (the graph module itself) or stoker-triton's compiled callable;
+    under ``mode="reduce-overhead"``, wrapped to replay CUDA graphs (`cudagraphs`)."""
+    fn = _compile_with_executor(executor, gm, example_inputs, rec, opts, report)
+    if opts is None or opts.mode != "reduce-overhead":
+        return fn
+    from .cudagraphs import CudaGraphStats, graphed
+
+    if rec is not None:
+        label = f"{_label(rec)} {_stage_of(gm)}"
+    else:
+        n = (
+            sum(1 for s in report.cudagraphs if s.label.startswith("compiled autograd"))
+            if report
+            else 0
+        )
+        label = f"compiled autograd segment {n}"
+    stats = CudaGraphStats(label)
+    if report is not None:
+        report.cudagraphs.append(stats)
+    return graphed(fn, gm, example_inputs, stats, opts.cudagraph_limit)
+
+
+def _compile_with_executor(
+    executor: str,
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    rec: CompileRecord | None,
+    opts: CompileOptions | None,
+    report: Report | None,
+) -> CompiledCallable:
     if executor == "aten":
         return gm
     try:
@@ -300,8 +357,6 @@ def autograd_compiler(opts: CompileOptions, first_report: Report) -> Callable[..
         )
         report.autograd = _autograd_stats()
         report.flush()
-        if executor == "aten":
-            return gm
         return compile_with_executor(executor, gm, example_inputs, None, opts, report)
 
     return compile_backward
@@ -444,6 +499,19 @@ def _partition_from_backward(gm: fx.GraphModule, opts: CompileOptions) -> Partit
     return PartitionRecord(
         saved=saved, partitioner=opts.partitioner, memory_budget=opts.memory_budget
     )
+
+
+def _mark_buffers_static(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    """Module buffers among the frame's inputs: CUDA graphs read them in place."""
+    from .cudagraphs import mark_static
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for n, x in zip(placeholders, example_inputs):
+        src: Any = getattr(n.meta.get("grapharg"), "source", None)
+        name = getattr(src, "name", "")
+        name = name() if callable(name) else name
+        if isinstance(x, torch.Tensor) and "._buffers[" in str(name):
+            mark_static(x)
 
 
 def _describe_inputs(gm: fx.GraphModule) -> dict[str, str]:

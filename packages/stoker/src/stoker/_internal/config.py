@@ -20,7 +20,7 @@ from typing import Any, Literal
 BackendName = Literal["auto", "aten", "triton", "interpret"]
 BACKENDS: tuple[str, ...] = ("auto", "aten", "triton", "interpret")
 PARTITIONERS: tuple[str, ...] = ("min_cut", "default")
-MODES: tuple[str, ...] = ("default", "max-autotune")
+MODES: tuple[str, ...] = ("default", "max-autotune", "reduce-overhead")
 
 
 class StokerConfigError(ValueError):
@@ -52,8 +52,11 @@ class CompileOptions:
     recompile_limit: int = 8
     # default: one block/warp configuration per Triton kernel, chosen by heuristics (each
     # kernel compiled once); max-autotune: time several on the GPU, keep the fastest
-    # (remembered on disk, in STOKER_CACHE_DIR).
+    # (remembered on disk, in STOKER_CACHE_DIR); reduce-overhead: record each compiled
+    # graph (forward, backward) into a CUDA graph per size key and replay it (`cudagraphs`).
     mode: str = "default"
+    # reduce-overhead: size keys recorded per compiled graph; later keys run plain launches.
+    cudagraph_limit: int = 8
     # Options passed through to stoker_capture's config unchanged.
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -77,6 +80,8 @@ class CompileOptions:
             )
         if self.mode not in MODES:
             raise StokerConfigError(f"mode={self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.cudagraph_limit < 1:
+            raise StokerConfigError(f"cudagraph_limit={self.cudagraph_limit} must be at least 1")
         if self.recompile_limit < 1:
             raise StokerConfigError(f"recompile_limit={self.recompile_limit} must be at least 1")
 

@@ -24,6 +24,7 @@ TOPICS: dict[str, str] = {
     "timings": "how long each compile stage took",
     "cache": "on-disk caches: compiled graphs loaded or compiled (and why), misses and "
     "writes (other hits at +cache), broken entries ignored",
+    "cudagraphs": "mode='reduce-overhead': graphs recorded per size key, plain launches and why",
     "distributed": "DDP/FSDP2: the reducer mode chosen per DDP module, its buckets",
 }
 

@@ -27,6 +27,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("partition", "Partition"),
     ("kernels", "Kernels and fallbacks"),
     ("autograd", "Compiled autograd"),
+    ("cudagraphs", "CUDA graphs"),
     ("distributed", "Distributed"),
     ("timings", "Timings per stage"),
 )
@@ -113,6 +114,9 @@ class Report:
     autograd_graphs: list[GraphRecord] = field(default_factory=list)  # captured backwards
     distributed: dict[str, Any] = field(default_factory=dict)  # distributed.summary()
     options: dict[str, Any] = field(default_factory=dict)
+    # mode="reduce-overhead": one `cudagraphs.CudaGraphStats` per compiled graph (live
+    # counters: records, replays, plain launches and why)
+    cudagraphs: list[Any] = field(default_factory=list)
     # stoker-triton's compiled-graph cache: outcome ("hit", "miss (new key)", ...) -> graphs
     graph_cache: dict[str, int] = field(default_factory=dict)
     created: str = field(
@@ -349,6 +353,7 @@ def _render(r: Report) -> str:
             f"</summary><pre>{_e(gr.code)}</pre></details>"
         )
     parts.append(ag)
+    parts.append(_render_cudagraphs(r.cudagraphs, r.options.get("mode")))
     parts.append(_render_distributed(r.distributed))
     # timings
     stages = sorted({st for c in r.compiles for st in c.timings_ms})
@@ -391,6 +396,30 @@ def _cache_outcomes(counts: dict[str, int]) -> str:
         return ""
     items = ", ".join(f"{k}: {n}" for k, n in sorted(counts.items()))
     return f"<p>compiled-graph cache (graphs by outcome): <code>{_e(items)}</code></p>"
+
+
+def _render_cudagraphs(stats: list[Any], mode: Any) -> str:
+    """Per compiled graph: recorded size keys, replays, plain launches and why."""
+    if not stats:
+        return f'<p class="muted">no graph recorded (mode={_e(repr(mode))}; CUDA graphs are mode="reduce-overhead")</p>'
+    rows = []
+    for s in stats:
+        plain = "; ".join(f"{why} ×{n}" for why, n in s.plain.items())
+        status = f"plain launches: {s.reason}" if s.reason else "graphed"
+        rows.append(
+            [
+                s.label,
+                status,
+                s.warmups,
+                s.records,
+                s.replays,
+                s.copied_in,
+                s.copied_out,
+                plain or "—",
+            ]
+        )
+    heads = ["graph", "status", "warm-ups", "records", "replays", "inputs copied", "outputs copied"]
+    return _table([*heads, "plain runs (why)"], rows, frozenset({2, 3, 4, 5, 6}))
 
 
 def _render_distributed(d: dict[str, Any]) -> str:

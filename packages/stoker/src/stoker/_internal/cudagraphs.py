@@ -1,0 +1,508 @@
+"""``mode="reduce-overhead"``: each compiled graph recorded once per size key, then replayed.
+
+`graphed(fn, gm, example_inputs, ...)` wraps a compiled callable (a forward or
+backward graph, a compiled-autograd segment; Triton or aten executor) in a
+`GraphedCallable`. Per size key (the values of number inputs and the sizes of
+inputs compiled with symbolic sizes; one key for a static graph):
+
+1. the first call runs plain (Triton compiles its kernels, the allocator warms
+   up); outputs of that call still held at the second call are noted;
+2. the second call records the graph (on a side stream, into one private
+   memory pool per device shared by every graph: forward and backward), then
+   replays it;
+3. later calls copy the inputs that are not at a static address into the
+   graph's input buffers, replay, copy back inputs the graph writes, and return
+   the outputs.
+
+Static addresses: parameters, module buffers (`mark_static`: the backend marks
+the inputs Dynamo found in ``_buffers``), and outputs of a graph recorded in the same pool
+(the forward's saved tensors that the backward reads) are read where they are,
+not copied; a call that passes one at another address (``param.data = ...``, a
+forward that ran plain) makes the graph record again. An output that is an
+input, or a view of one, comes back as the caller's tensor or the same view of it.
+
+Outputs live in the pool, and the next replay of this graph, or of a graph
+recorded before it in the same pool (whose freed temporaries this graph's
+outputs may occupy), overwrites them. So before a replay every such output
+storage is checked for holders other than this module: an output still held
+at the second call (a loss kept in a list) is returned as a copy from the
+start; a held one found at a replay makes the graph record again (new static
+outputs, recorded after every graph whose outputs are held; the held ones stay
+with their holders) and this graph's held outputs are copies from then on. A
+caller never sees a value that a later replay wrote. The backward's gradients
+are static too, so stoker-autograd copies them into ``.grad`` rather than
+stealing them (`GraphedCallable.static_outputs`).
+
+Plain launches instead of a graph, with the reason in the log (``STOKER_LOGS=
+cudagraphs``) and the report: no CUDA device; CPU syncs, data-dependent sizes,
+random ops, CPU tensors (`cudagraph_plan`); more size keys than the limit
+(``cudagraph_limit``: recorded keys keep replaying, new keys run plain); more
+records again than ``cudagraph_limit``; a capture that failed.
+
+The recorder is what makes and replays graphs: `CudaRecorder` (torch.cuda.graph),
+or a stand-in (`HostRecorder`, which runs the function again and writes its
+results into the recorded outputs) so that all of the above runs in CPU tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from . import logs
+from .cudagraph_plan import REASONS, GraphPlan, plan_graph
+
+log = logs.logger("cudagraphs")
+_use_count: Callable[[int], int] = torch._C._storage_Use_Count
+
+
+@dataclass
+class CudaGraphStats:
+    """One compiled graph in reduce-overhead mode; the report's "CUDA graphs" rows."""
+
+    label: str
+    reason: str | None = None  # why it always runs as plain launches; None: graphed
+    warmups: int = 0  # first calls of a size key (plain)
+    records: int = 0  # graphs recorded (one per size key)
+    replays: int = 0
+    plain: dict[str, int] = field(default_factory=dict)  # plain runs of a graphed callable
+    copied_out: int = 0  # outputs returned as copies (held by the caller across a replay)
+    copied_in: int = 0  # inputs copied into the graph's buffers per replay (last record)
+
+    def ran_plain(self, why: str) -> None:
+        first = why not in self.plain
+        self.plain[why] = self.plain.get(why, 0) + 1
+        (log.info if first else log.debug)("%s: plain launches: %s", self.label, why)
+
+
+# ---------------------------------------------------------------------- recorders
+
+
+class Recorder(Protocol):
+    """Makes and replays graphs for one kind of device."""
+
+    record_executes: bool  # record() also computed the outputs (else: replay once after)
+
+    def unsupported(self, example_inputs: Sequence[Any]) -> str | None: ...
+    def pool_id(self, example_inputs: Sequence[Any]) -> Any: ...
+    def record(self, fn: Callable[..., Any], args: list[Any], pool_id: Any) -> tuple[Any, Any]: ...
+    def replay(self, graph: Any, args: list[Any] | None) -> None: ...
+
+
+class CudaRecorder:
+    """torch's CUDA graphs: one private memory pool per device, capture on a side stream."""
+
+    record_executes = False
+    _pools: ClassVar[dict[int, Any]] = {}
+
+    def unsupported(self, example_inputs: Sequence[Any]) -> str | None:
+        if not torch.cuda.is_available():
+            return "no CUDA device"
+        if not any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs):
+            return "no CUDA device (the graph's inputs are on the CPU)"
+        return None
+
+    def pool_id(self, example_inputs: Sequence[Any]) -> Any:
+        dev = next(x.device for x in example_inputs if isinstance(x, torch.Tensor))
+        return ("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
+
+    def record(self, fn: Callable[..., Any], args: list[Any], pool_id: Any) -> tuple[Any, Any]:
+        index = pool_id[1]
+        pool = self._pools.get(index)
+        if pool is None:
+            with torch.cuda.device(index):
+                pool = self._pools[index] = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(index):
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                out = fn(*args)
+        return graph, out
+
+    def replay(self, graph: Any, args: list[Any] | None) -> None:
+        graph.replay()
+
+
+class HostRecorder:
+    """A stand-in for CPU tests: "recording" runs the function, "replaying" runs it again
+    and writes its results into the recorded outputs, as a graph writes its static buffers.
+    ``events`` lists what happened ("record", "replay")."""
+
+    record_executes = True
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def unsupported(self, example_inputs: Sequence[Any]) -> str | None:
+        return None
+
+    def pool_id(self, example_inputs: Sequence[Any]) -> Any:
+        return ("host", id(self))
+
+    def record(self, fn: Callable[..., Any], args: list[Any], pool_id: Any) -> tuple[Any, Any]:
+        self.events.append("record")
+        out = fn(*args)
+        return (fn, _flatten(out)[0]), out
+
+    def replay(self, graph: Any, args: list[Any] | None) -> None:
+        self.events.append("replay")
+        fn, static = graph
+        for s, new in zip(static, _flatten(fn(*(args or [])))[0], strict=True):
+            if isinstance(s, torch.Tensor) and s.untyped_storage().data_ptr() != (
+                new.untyped_storage().data_ptr()
+            ):
+                s.copy_(new)
+
+
+_RECORDER: list[Recorder] = []
+# Module buffers the frontend saw (`mark_static`): read in place, as parameters are.
+_STATIC: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+
+
+def mark_static(t: torch.Tensor) -> None:
+    """Graphs read ``t`` where it is (a module buffer) instead of copying it per replay."""
+    _STATIC[id(t)] = t
+
+
+def _is_static(t: torch.Tensor) -> bool:
+    return isinstance(t, torch.nn.Parameter) or _STATIC.get(id(t)) is t
+
+
+def current_recorder() -> Recorder:
+    return _RECORDER[-1] if _RECORDER else CudaRecorder()
+
+
+@contextlib.contextmanager
+def use_recorder(recorder: Recorder) -> Iterator[Recorder]:
+    """Graphs wrapped inside this block use ``recorder`` (tests: a `HostRecorder`)."""
+    _RECORDER.append(recorder)
+    try:
+        yield recorder
+    finally:
+        _RECORDER.remove(recorder)
+
+
+# ---------------------------------------------------------------------- the pool
+
+
+class _Pool:
+    """The graphs recorded into one memory pool, in record order."""
+
+    def __init__(self) -> None:
+        self.entries: list[weakref.ref[_Entry]] = []
+
+    def live(self) -> list[_Entry]:
+        alive = [e for r in self.entries if (e := r()) is not None]
+        if len(alive) != len(self.entries):
+            self.entries = [weakref.ref(e) for e in alive]
+        return alive
+
+    def owns(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` is an output of a graph recorded here (a static address)."""
+        cd = _cdata(t)
+        return any(cd == c for e in self.live() for c, _, _ in e.owned)
+
+    def after(self, entry: _Entry) -> list[_Entry]:
+        live = self.live()
+        return live[live.index(entry) + 1 :] if entry in live else []
+
+
+_POOLS: dict[Any, _Pool] = {}
+
+
+# ---------------------------------------------------------------------- one size key
+
+ALIAS, COPY, KEEP, INPUT, SAME = 0, 1, 2, 3, 4  # how a recorded output is returned
+HELD = "outputs of an earlier replay are still held"
+MOVED = "an input read in place (a parameter, a saved tensor) is at another address"
+
+
+class _Entry:
+    """One recorded graph: its static inputs and outputs and how to return them."""
+
+    def __init__(
+        self,
+        owner: GraphedCallable,
+        args: Sequence[Any],
+        still_held: set[int],
+    ) -> None:
+        rec, pool = owner.recorder, owner.pool
+        self.owner = owner
+        self.static_ptrs: list[tuple[int, int]] = []  # (input, data_ptr) read in place
+        self.copies: list[tuple[int, torch.Tensor]] = []  # (input, buffer) copied in
+        statics: list[Any] = list(args)
+        for i, a in enumerate(args):
+            if not isinstance(a, torch.Tensor):
+                continue
+            if _is_static(a) or pool.owns(a):
+                self.static_ptrs.append((i, a.data_ptr()))
+            else:
+                buf = torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device=a.device)
+                buf.copy_(a)
+                statics[i] = buf
+                self.copies.append((i, buf))
+        self.copy_back = [(i, b) for i, b in self.copies if i in owner.plan.mutated]
+        self.graph, out = rec.record(owner.fn, statics, owner.pool_id)
+        self.flat, self.rebuild = _flatten(out)
+        del out
+        self.modes: list[int] = []
+        # output -> (input, offset from the input's own): rebuilt on the caller's tensor
+        self.view_of: dict[int, tuple[int, int]] = {}
+        by_storage = self._classify_outputs(statics, still_held)
+        # A graph reads its inputs at their recorded addresses; holding the caller's
+        # tensors would only keep storages alive (and look like outputs still in use).
+        del statics
+        # the storages a replay overwrites, with our own references to each (measured
+        # here, where no local variable holds an output)
+        self.owned = [(cd, _use_count(cd), outs) for cd, outs in by_storage.items()]
+        if not rec.record_executes:
+            rec.replay(self.graph, None)
+        for i, buf in self.copy_back:
+            args[i].copy_(buf)
+        pool.entries.append(weakref.ref(self))
+
+    def _classify_outputs(self, statics: list[Any], still_held: set[int]) -> dict[int, list[int]]:
+        """How each output is returned; the outputs in pool memory, by storage.
+
+        An output that is an input, or views one (a parameter's transpose saved for
+        backward), is returned as the caller's tensor or the same view of it, as a plain
+        call returns it (compiled autograd's cache key sees the difference)."""
+        inputs = {
+            _cdata(statics[i]): (i, int(statics[i].storage_offset()))
+            for i in range(len(statics))
+            if isinstance(statics[i], torch.Tensor)
+        }
+        by_storage: dict[int, list[int]] = {}
+        for j, t in enumerate(self.flat):
+            if not isinstance(t, torch.Tensor):
+                self.modes.append(KEEP)
+                continue
+            cd = _cdata(t)
+            if cd in inputs:
+                i, base = inputs[cd]
+                self.modes.append(SAME if t is statics[i] else INPUT)
+                self.view_of[j] = (i, int(t.storage_offset()) - base)
+            else:
+                self.modes.append(COPY if j in still_held else ALIAS)
+                by_storage.setdefault(cd, []).append(j)
+        return by_storage
+
+    def blocked(self, args: Sequence[Any]) -> str | None:
+        """Why this call may not replay (None: it may). ``held``: this graph's outputs the
+        caller still holds (they are returned as copies once the graph records again)."""
+        self.held: set[int] = set()
+        for i, ptr in self.static_ptrs:
+            if args[i].data_ptr() != ptr:
+                return MOVED
+        for cd, base, outs in self.owned:
+            if _use_count(cd) > base:
+                self.held.update(outs)
+        if self.held:
+            return HELD
+        # a graph recorded later may sit in our freed temporaries (the forward's saved
+        # tensors, when the backward recorded first): recording again puts us after it
+        for e in self.owner.pool.after(self):
+            for cd, base, _ in e.owned:
+                if _use_count(cd) > base:
+                    return HELD
+        return None
+
+    def run(self, args: Sequence[Any]) -> Any:
+        for i, buf in self.copies:
+            buf.copy_(args[i])
+        rec = self.owner.recorder
+        rec.replay(self.graph, self._host_args(args) if rec.record_executes else None)
+        for i, buf in self.copy_back:
+            args[i].copy_(buf)
+        return self.outputs(args)
+
+    def _host_args(self, args: Sequence[Any]) -> list[Any]:
+        """A host stand-in runs the function again: on the buffers and static inputs."""
+        out = list(args)
+        for i, buf in self.copies:
+            out[i] = buf
+        return out
+
+    def outputs(self, args: Sequence[Any]) -> Any:
+        res: list[Any] = []
+        for j, (mode, t) in enumerate(zip(self.modes, self.flat)):
+            if mode == ALIAS:
+                res.append(t.detach())
+            elif mode == COPY:
+                res.append(t.clone())
+            elif mode == SAME:
+                res.append(args[self.view_of[j][0]])
+            elif mode == INPUT:
+                i, off = self.view_of[j]
+                a = args[i]
+                res.append(a.as_strided(t.size(), t.stride(), a.storage_offset() + off))
+            else:
+                res.append(t)
+        return self.rebuild(res)
+
+
+# ---------------------------------------------------------------------- the callable
+
+
+class GraphedCallable:
+    """A compiled callable that replays a recorded graph per size key; see the module."""
+
+    # Outputs are static buffers the next replay overwrites: never make one `.grad`.
+    static_outputs = True
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        plan: GraphPlan,
+        recorder: Recorder,
+        stats: CudaGraphStats,
+        limit: int,
+        pool_id: Any,
+    ) -> None:
+        self.fn, self.plan, self.recorder, self.stats = fn, plan, recorder, stats
+        self.limit = limit
+        self.pool_id = pool_id
+        self.pool = _POOLS.setdefault(pool_id, _Pool())
+        self.entries: dict[tuple[Any, ...], _Entry] = {}
+        self.warm: dict[tuple[Any, ...], list[tuple[int, StorageWeakRef]]] = {}
+        self.rerecords = 0  # records made because a replay would overwrite held outputs
+        self._scalars = plan.scalars
+        self._symbolic = plan.symbolic
+
+    def __getattr__(self, name: str) -> Any:  # report, wrapper_source of the inner callable
+        fn = self.__dict__.get("fn")
+        if fn is None:
+            raise AttributeError(name)
+        return getattr(fn, name)
+
+    def key(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        if not self._scalars and not self._symbolic:
+            return ()
+        return tuple(args[i] for i in self._scalars) + tuple(
+            (tuple(args[i].shape), args[i].stride()) for i in self._symbolic
+        )
+
+    def __call__(self, *args: Any) -> Any:
+        if self.stats.reason is not None:
+            return self.fn(*args)
+        key = self.key(args)
+        entry = self.entries.get(key)
+        if entry is None:
+            return self._first_calls(key, args)
+        why = entry.blocked(args)
+        if why is None:
+            self.stats.replays += 1
+            return entry.run(args)
+        if self.rerecords < self.limit:
+            # HELD: new static outputs (the held ones stay with their holder), recorded
+            # after every graph whose outputs are held, so its temporaries avoid them.
+            # MOVED: the graph reads the inputs where they are now.
+            self.rerecords += 1
+            held = entry.held if why is HELD else set()
+            del self.entries[key], entry
+            return self._record(key, args, held, why)
+        self.stats.ran_plain(f"{why}; recorded again {self.limit} times (cudagraph_limit)")
+        return self.fn(*args)
+
+    def _first_calls(self, key: tuple[Any, ...], args: Sequence[Any]) -> Any:
+        if key not in self.warm:
+            if len(self.entries) >= self.limit:
+                self.stats.ran_plain(
+                    f"a new size key after {self.limit} recorded (cudagraph_limit): dynamic "
+                    "sizes would re-record without bound"
+                )
+                return self.fn(*args)
+            if len(self.warm) >= self.limit:
+                self.stats.reason = (
+                    f"more than {self.limit} size keys seen once each: dynamic sizes would "
+                    "re-record without bound"
+                )
+                log.info("%s: plain launches from now on: %s", self.stats.label, self.stats.reason)
+                self.warm.clear()
+                return self.fn(*args)
+            self.stats.warmups += 1
+            out = self.fn(*args)
+            self.warm[key] = _fresh_outputs(out, args)
+            return out
+        held = {j for j, ref in self.warm.pop(key) if not ref.expired()}  # type: ignore[no-untyped-call]
+        return self._record(key, args, held, "second call")
+
+    def _record(self, key: tuple[Any, ...], args: Sequence[Any], held: set[int], why: str) -> Any:
+        t0 = time.perf_counter()
+        try:
+            entry = _Entry(self, args, held)
+        except Exception as e:  # a capture that failed: the graph runs as plain launches
+            self.stats.reason = f"recording failed: {type(e).__name__}: {e}"
+            log.warning("%s: plain launches from now on: %s", self.stats.label, self.stats.reason)
+            return self.fn(*args)
+        self.entries[key] = entry
+        self.stats.records += 1
+        self.stats.copied_in = len(entry.copies)
+        self.stats.copied_out += len(held)
+        log.info(
+            "%s: recorded size key %s (%s; %d keys, %d records, %.1f ms; %d inputs copied "
+            "per replay, %d read in place; %d outputs returned as copies)",
+            self.stats.label,
+            key or "(static)",
+            why,
+            len(self.entries),
+            self.stats.records,
+            (time.perf_counter() - t0) * 1e3,
+            len(entry.copies),
+            len(entry.static_ptrs),
+            sum(1 for m in entry.modes if m == COPY),
+        )
+        return entry.outputs(args)
+
+
+def graphed(
+    fn: Callable[..., Any],
+    gm: torch.fx.GraphModule | None,
+    example_inputs: Sequence[Any],
+    stats: CudaGraphStats,
+    limit: int,
+) -> Callable[..., Any]:
+    """``fn`` as a `GraphedCallable`, or ``fn`` itself with ``stats.reason`` saying why not."""
+    recorder = current_recorder()
+    plan = plan_graph(gm, example_inputs)
+    stats.reason = recorder.unsupported(example_inputs) or plan.reason
+    if stats.reason is None and "new_seed()" in str(getattr(fn, "wrapper_source", "")):
+        stats.reason = REASONS["random"].format(op="(a kernel of the generated wrapper)")
+    if stats.reason is not None:
+        log.info("%s: plain launches: %s", stats.label, stats.reason)
+        return fn
+    return GraphedCallable(fn, plan, recorder, stats, limit, recorder.pool_id(example_inputs))
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _cdata(t: torch.Tensor) -> int:
+    return int(t.untyped_storage()._cdata)
+
+
+def _flatten(out: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
+    """The leaves of a graph's result and how to rebuild it (fast for a tuple or list)."""
+    if isinstance(out, tuple) and type(out) is tuple:
+        return list(out), tuple
+    if type(out) is list:
+        return list(out), list
+    leaves, spec = torch.utils._pytree.tree_flatten(out)
+    return leaves, lambda xs: torch.utils._pytree.tree_unflatten(xs, spec)
+
+
+def _fresh_outputs(out: Any, args: Sequence[Any]) -> list[tuple[int, StorageWeakRef]]:
+    """Weak references to the outputs of a plain call that are not views of an input."""
+    inputs = {_cdata(a) for a in args if isinstance(a, torch.Tensor)}
+    refs: list[tuple[int, StorageWeakRef]] = []
+    for j, t in enumerate(_flatten(out)[0]):
+        if isinstance(t, torch.Tensor) and _cdata(t) not in inputs:
+            refs.append((j, StorageWeakRef(t.untyped_storage())))  # type: ignore[no-untyped-call]
+    return refs
