@@ -637,7 +637,9 @@ def _precompile_jobs(
 
     # the sizes at hand (`backed_var_to_val` from torch 2.13, `var_to_val` before)
     known = getattr(shape_env, "backed_var_to_val", None)
-    hints: dict[Any, Any] = dict(known or getattr(shape_env, "var_to_val", None) or {})
+    if known is None:
+        known = getattr(shape_env, "var_to_val", None)
+    hints: dict[Any, Any] = dict(known or {})
     jobs: list[tuple[Launcher, list[Any], int, int]] = []
     for name, ks in kernels.items():
         try:
