@@ -1,0 +1,547 @@
+"""The captured-graph cache: a warm process loads a Dynamo graph's partitioned forward
+and backward instead of running the function, capturing and partitioning it again.
+
+An entry (``$STOKER_CACHE_DIR/capture/graphs/<key>``, a checked `DiskCache` file)
+holds the forward metadata (mutations, aliases, outputs: `ForwardMeta`), the
+forward and backward graphs (inference: the one graph) with every node's
+``meta["val"]`` as sizes and strides over the shape env's symbols, the
+partition's decisions, and the guards capture and partition added to the shape
+env, each with its origin.  The compile step then runs on the loaded graphs as
+on fresh ones (stoker-triton's compiled-graph cache hits there in turn).
+
+| what decides the key | how |
+|---|---|
+| the Dynamo graph | every node (`stoker_shapes` cache-key text): op, name, target, args, kwargs, example value; the graph module's parameters and buffers |
+| the inputs | each one's dtype, device, sizes, strides, offset, requires_grad (symbolic sizes as expressions), view or not, which inputs share a storage |
+| the shape env | each input symbol's replacement and range, and the guards already held |
+| the config | mode, shape policy, guard_params, partitioner (by name), memory budget; grad mode, autocast state, oneDNN on or off |
+| the code | torch, stoker-capture and stoker-shapes versions, a hash of both packages' sources, the entry format |
+
+| on a lookup | result |
+|---|---|
+| something no key can describe | miss "uncacheable: why" (below); nothing stored |
+| no entry | miss "new key" |
+| broken entry (bytes, version, unpickling) | `DiskCache` warns once naming the file; miss "corrupt entry"; the cold run rewrites it |
+| a recorded guard is false at the current sizes | that variant is skipped; none left: miss "guard replay failed", nothing added to the shape env |
+| otherwise | hit: the guards are added to the shape env (with their origins), the graphs loaded |
+
+Uncacheable (captured every time): a call of a Python function that is not
+torch's (its code is not in the key), a higher-order op or subgraph (custom
+``autograd.Function``, checkpointing, hooks traced by Dynamo), a module called
+as a module, a tensor constant, an argument of a type the key cannot spell,
+a tensor subclass input, a partitioner or decomposition table of the user's,
+and results the entry cannot hold: sizes that depend on data (unbacked
+symbols), graphs with constants or non-aten calls, outputs that are Python
+objects a pickle does not reproduce.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import pickle
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from stoker_shapes import DiskCache, ShapeContext
+from stoker_shapes._internal.cachekey import (
+    graph_text,
+    guards_hold,
+    hints,
+    replay,
+    shape_env_text,
+    source_hash,
+    target_text,
+    val_text,
+)
+from stoker_shapes._internal.diskcache import cache_root
+
+from .autocast import autocast_state
+from .capture import CapturedGraph
+from .config import AOTConfig
+from .errors import UnsupportedError
+from .forward_meta import ForwardMeta, OutputKind
+from .serialize import graph_from_json, graph_to_json
+
+log = logging.getLogger("stoker.cache")
+
+# Bump when an entry's layout or meaning changes: older entries become misses.
+ENTRY_FORMAT = "1"
+_ENV_OFF = "STOKER_CAPTURE_CACHE"  # "0": neither read nor write entries
+MAX_VARIANTS = 8  # entries per key: one per distinct set of guards capture added
+
+# process-wide counters: "hits", "misses: <why>", "captures" (cold runs), "writes"
+stats: dict[str, int] = {}
+
+
+def count(what: str) -> None:
+    stats[what] = stats.get(what, 0) + 1
+
+
+def enabled() -> bool:
+    return os.environ.get(_ENV_OFF, "1") != "0"
+
+
+def store() -> DiskCache:
+    return DiskCache(lambda: cache_root() / "capture", "graphs", ENTRY_FORMAT)
+
+
+class Uncacheable(Exception):
+    """What the key or the entry cannot describe: captured every time."""
+
+
+# --------------------------------------------------------------------------
+# the key
+
+_TORCH_MODULES = ("torch", "operator", "_operator", "math", "builtins")
+_PLAIN: tuple[type, ...] = (type(None), bool, int, float, str, complex, torch.dtype)
+_PLAIN += (torch.device, torch.layout, torch.memory_format, slice, type(Ellipsis), fx.Node)
+
+
+def _code_version() -> str:
+    import stoker_shapes
+
+    from .. import __version__
+
+    here = Path(__file__).resolve().parent.parent
+    shapes = Path(stoker_shapes.__file__).resolve().parent
+    return (
+        f"torch {torch.__version__} stoker-capture {__version__} {source_hash(here)} "
+        f"stoker-shapes {stoker_shapes.__version__} {source_hash(shapes)}"
+    )
+
+
+def _config_text(cfg: AOTConfig) -> str:
+    part = cfg.partition
+    if part is not None and not getattr(part, "__module__", "").startswith("stoker_capture"):
+        raise Uncacheable(f"a partitioner of the user's ({target_text(part)})")
+    if cfg.decompositions is not None:
+        raise Uncacheable("a decomposition table of the user's")
+    return (
+        f"mode {cfg.mode} dynamic {cfg.dynamic} guard_params {cfg.guard_params} "
+        f"partition {target_text(part) if part else 'default'} budget {cfg.memory_budget!r} "
+        f"grad {torch.is_grad_enabled()} autocast {autocast_state()!r} "
+        f"mkldnn {torch._C._get_mkldnn_enabled()}"
+    )
+
+
+def _check_arg(a: Any, where: str) -> None:
+    if isinstance(a, list | tuple):
+        for x in a:
+            _check_arg(x, where)
+    elif isinstance(a, dict):
+        for x in a.values():
+            _check_arg(x, where)
+    elif isinstance(a, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return
+    elif isinstance(a, torch.SymInt | torch.SymFloat | torch.SymBool | torch.Tensor):
+        return  # by metadata (Dynamo's example values), a real tensor by its values too
+    elif callable(a) and not isinstance(a, type):
+        _check_target(a, where)
+    elif not isinstance(a, _PLAIN) and not (isinstance(a, type) and a.__module__ == "builtins"):
+        raise Uncacheable(f"{where}: an argument of type {type(a).__qualname__}")
+
+
+def _check_target(t: Any, where: str) -> None:
+    if isinstance(t, torch._ops.HigherOrderOperator):
+        raise Uncacheable(f"{where}: the higher-order op {t.name()}")  # type: ignore[no-untyped-call]
+    if isinstance(t, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return
+    mod = getattr(t, "__module__", None) or type(t).__module__
+    if mod.split(".")[0] not in _TORCH_MODULES:
+        raise Uncacheable(f"{where}: a call of {target_text(t)}, whose code the key cannot see")
+
+
+def check_graph(gm: fx.GraphModule) -> None:
+    """Raise `Uncacheable` for what a key of the graph's text cannot stand for."""
+    lifted = {*dict(gm.named_parameters()), *dict(gm.named_buffers())}
+    for n in gm.graph.nodes:
+        where = f"node {n.name}"
+        if n.op == "call_function":
+            _check_target(n.target, where)
+        elif n.op == "call_module":
+            raise Uncacheable(f"{where}: the module {n.target} is called, not traced")
+        elif n.op == "get_attr":
+            sub = getattr(gm, str(n.target), None)
+            if isinstance(sub, fx.GraphModule):
+                raise Uncacheable(f"{where}: a subgraph ({n.target})")
+            if isinstance(sub, torch.Tensor) and str(n.target) not in lifted:
+                raise Uncacheable(f"{where}: the tensor constant {n.target}")
+        _check_arg((n.args, n.kwargs), where)
+
+
+def _inputs_text(example_inputs: Sequence[Any], fakes: Sequence[Any]) -> list[str]:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    lines: list[str] = []
+    storages: dict[Any, int] = {}
+    for i, (x, f) in enumerate(zip(example_inputs, fakes)):
+        if isinstance(x, torch.Tensor):
+            if type(x) not in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer):
+                raise Uncacheable(f"input {i}: a tensor subclass ({type(x).__qualname__})")
+            storage = StorageWeakRef(x.untyped_storage())  # type: ignore[no-untyped-call]
+            first = storages.setdefault(storage, i)
+            lines.append(f"input {i} {val_text(f)} view {int(x._is_view())} storage {first}")
+        else:
+            lines.append(f"input {i} {val_text(f)}")
+    return lines
+
+
+def capture_key(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    fakes: Sequence[Any],
+    ctx: ShapeContext,
+    cfg: AOTConfig,
+) -> str:
+    """The key of capturing ``gm`` (raises `Uncacheable`)."""
+    check_graph(gm)
+    params = [*gm.named_parameters(), *gm.named_buffers()]
+    parts = [
+        f"entry {ENTRY_FORMAT}",
+        _code_version(),
+        _config_text(cfg),
+        *_inputs_text(example_inputs, fakes),
+        *(f"param {name} {val_text(p)}" for name, p in params),
+        *shape_env_text(ctx.shape_env, list(fakes)),
+        *graph_text(gm),
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+# --------------------------------------------------------------------------
+# graphs with their node values
+
+
+def _encode_val(v: Any) -> Any:
+    """A node's ``meta["val"]`` as plain data: sizes as ints or sympy expressions."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    if v is None or type(v) in (bool, int, float):
+        return ("C", v)
+    if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
+        if free_unbacked_symbols(v):
+            raise Uncacheable("a size that depends on data (an unbacked symbol)")
+        return ("S", type(v).__name__, v.node.expr)
+    if isinstance(v, torch.Tensor):
+        if v.layout != torch.strided:
+            raise Uncacheable(f"a tensor of layout {v.layout}")
+        if free_unbacked_symbols(v):
+            raise Uncacheable("a size that depends on data (an unbacked symbol)")
+        sizes = tuple(_expr(s) for s in v.shape)
+        strides = tuple(_expr(s) for s in v.stride())
+        return (
+            "T",
+            v.dtype,
+            str(v.device),
+            sizes,
+            strides,
+            _expr(v.storage_offset()),
+            v.requires_grad,
+        )
+    if isinstance(v, list | tuple):
+        return ("L" if isinstance(v, list) else "U", [_encode_val(x) for x in v])
+    raise Uncacheable(f"a node value of type {type(v).__qualname__}")
+
+
+def _expr(s: Any) -> Any:
+    return s.node.expr if isinstance(s, torch.SymInt) else int(s)
+
+
+class _Decoder:
+    """Fake values over ``ctx``'s symbols from `_encode_val`'s data (no guards added)."""
+
+    def __init__(self, ctx: ShapeContext) -> None:
+        self.ctx = ctx
+        self.hints = hints(ctx.shape_env)
+        self.syms: dict[Any, Any] = {}
+
+    def size(self, e: Any, kind: str = "SymInt") -> Any:
+        if isinstance(e, int):
+            return e
+        got = self.syms.get((kind, e))
+        if got is None:
+            env = self.ctx.shape_env
+            hint = e.xreplace(self.hints)
+            if kind == "SymBool":
+                got = env.create_symboolnode(e)
+            elif kind == "SymFloat":
+                got = env.create_symfloatnode(e, hint=float(hint))
+            else:
+                got = env.create_symintnode(e, hint=int(hint))
+            self.syms[(kind, e)] = got
+        return got
+
+    def val(self, d: Any) -> Any:
+        tag = d[0]
+        if tag == "C":
+            return d[1]
+        if tag == "S":
+            return self.size(d[2], d[1])
+        if tag == "T":
+            _, dtype, device, sizes, strides, offset, rg = d
+            size = [self.size(s) for s in sizes]
+            stride = [self.size(s) for s in strides]
+            t = torch.empty_strided(size, stride, dtype=dtype, device=torch.device(device))
+            off = self.size(offset)
+            if not (isinstance(off, int) and off == 0):
+                t = t.as_strided(size, stride, off)
+            return t.requires_grad_(rg) if rg else t
+        vals = [self.val(x) for x in d[1]]
+        return vals if tag == "L" else tuple(vals)
+
+
+@dataclasses.dataclass
+class GraphData:
+    class_name: str
+    nodes: list[dict[str, Any]]  # serialize.graph_to_json
+    vals: list[Any]  # per node: `_encode_val` of its meta["val"]
+
+
+def _pack_graph(gm: fx.GraphModule) -> GraphData:
+    try:
+        nodes = graph_to_json(gm)
+    except UnsupportedError as e:
+        raise Uncacheable(str(e)) from e
+    vals = [_encode_val(n.meta.get("val")) for n in gm.graph.nodes]
+    return GraphData(type(gm).__name__, nodes, vals)
+
+
+def _unpack_graph(data: GraphData, dec: _Decoder) -> fx.GraphModule:
+    gm = graph_from_json(data.nodes, class_name=data.class_name)
+    for n, v in zip(gm.graph.nodes, data.vals, strict=True):
+        if v != ("C", None):
+            n.meta["val"] = dec.val(v)
+    return gm
+
+
+# --------------------------------------------------------------------------
+# the entry
+
+
+@dataclasses.dataclass
+class Entry:
+    meta: ForwardMeta  # without fw_specs (sizes capture alone uses) and out_spec
+    out_spec: str  # pytree.treespec_dumps of meta.out_spec
+    joint: bool
+    num_fw_outputs: int
+    num_tangents: int
+    tangent_mask: list[bool]
+    graphs: list[GraphData]  # [forward, backward] when joint, else [the inference graph]
+    partition: dict[str, Any]  # the `Partition`'s fields but its graphs
+    guards: list[Any]  # the ShapeGuards capture and partition added
+    guard_origins: list[Any]  # per guard: its stoker-shapes Origin (or None)
+    replacement_origins: dict[Any, Any]  # origins of what they changed in the shape env
+    range_origins: dict[Any, Any]
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A hit: what `compile_pipeline` resumes from."""
+
+    meta: ForwardMeta
+    graph: CapturedGraph
+    partition: Any  # a `Partition` (None for inference)
+
+
+class CaptureCache:
+    """The cache for one Dynamo graph: `load` it, or watch the cold run and `save` it.
+
+    >>> cache = CaptureCache(gm, example_inputs, fakes, ctx, cfg)
+    >>> hit = cache.load()            # None: capture (cache.outcome says why)
+    """
+
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        example_inputs: Sequence[Any],
+        fakes: Sequence[Any],
+        ctx: ShapeContext,
+        cfg: AOTConfig,
+    ) -> None:
+        self.ctx = ctx
+        self.outcome = ""  # "hit", "miss (new key)", "uncacheable: ...", for reports
+        self.key: str | None = None
+        env = ctx.shape_env
+        self._start = (len(env.guards), dict(ctx.replacement_origins), dict(ctx.range_origins))
+        self._end: tuple[int, dict[Any, Any], dict[Any, Any]] | None = None
+        try:
+            self.key = capture_key(gm, example_inputs, fakes, ctx, cfg)
+        except Uncacheable as e:
+            self._miss(f"uncacheable: {e}")
+
+    def _miss(self, why: str) -> None:
+        self.outcome = why if why.startswith("uncacheable") else f"miss ({why})"
+        count(f"misses: {why}")
+        log.info("captured-graph cache %s", self.outcome)
+
+    # ------------------------------------------------------------------ a warm run
+    def load(self) -> Loaded | None:
+        if self.key is None:
+            return None
+        variants, why = self._read()
+        for entry in variants:
+            if not guards_hold(entry.guards, self.ctx.shape_env):
+                why = "guard replay failed"
+                continue
+            try:
+                loaded = self._rebuild(entry)
+            except Exception as e:  # an op that is gone, a symbol the shape env lacks
+                log.warning("stoker cache: ignoring an entry of %s (%s)", store().path(self.key), e)
+                why = "corrupt entry"
+                break
+            count("hits")
+            self.outcome = "hit"
+            log.info("captured-graph cache hit: %s", self.key)
+            return loaded
+        self._miss(why)
+        return None
+
+    def _read(self) -> tuple[list[Entry], str]:
+        assert self.key is not None
+        st = store()
+        existed = st.path(self.key).exists()
+        body = st.get(self.key)
+        if body is None:
+            return [], ("corrupt entry" if existed else "new key")
+        try:
+            variants = pickle.loads(body)
+            if not isinstance(variants, list) or not all(isinstance(e, Entry) for e in variants):
+                raise TypeError(f"not a list of entries but {type(variants).__name__}")
+        except Exception as e:  # written by another stoker-capture
+            log.warning("stoker cache: ignoring %s (%s); capturing again", st.path(self.key), e)
+            return [], "corrupt entry"
+        return variants, ""
+
+    def _rebuild(self, entry: Entry) -> Loaded:
+        """The entry's graphs over this shape env; then its guards replayed (last, so a
+        graph that fails to load adds nothing)."""
+        from .partition import Partition
+
+        ctx, env = self.ctx, self.ctx.shape_env
+        dec = _Decoder(ctx)
+        with env.suppress_guards(), ctx.fake_mode:
+            gms = [_unpack_graph(g, dec) for g in entry.graphs]
+        n = len(env.guards)
+        replay(entry.guards, env)
+        for k, origin in enumerate(entry.guard_origins[: len(env.guards) - n]):
+            if origin is not None:
+                ctx.guard_origins[n + k] = origin
+        ctx.replacement_origins.update(entry.replacement_origins)
+        ctx.range_origins.update(entry.range_origins)
+        graph = CapturedGraph(
+            _joint_note() if entry.joint else gms[0],
+            entry.joint,
+            entry.num_fw_outputs,
+            entry.num_tangents,
+            list(entry.tangent_mask),
+        )
+        part = Partition(gms[0], gms[1], **entry.partition) if entry.joint else None
+        meta = dataclasses.replace(entry.meta, out_spec=pytree.treespec_loads(entry.out_spec))
+        return Loaded(meta, graph, part)
+
+    # ------------------------------------------------------------------ a cold run
+    def watch(self, partition: Callable[..., Any]) -> Callable[..., Any]:
+        """``partition`` noting the shape env right after it ran (what the compiler adds
+        after that is the compiler's own cache's business)."""
+
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            part = partition(*args, **kwargs)
+            self.snapshot()
+            return part
+
+        return watched
+
+    def snapshot(self) -> None:
+        """Note the shape env now: the guards capture (and partition) added end here."""
+        ctx = self.ctx
+        self._end = (
+            len(ctx.shape_env.guards),
+            dict(ctx.replacement_origins),
+            dict(ctx.range_origins),
+        )
+
+    def save(self, meta: ForwardMeta, graph: CapturedGraph, partition: Any) -> None:
+        """Store the cold run's result; a result the entry cannot hold is logged, not stored."""
+        count("captures")
+        if self.key is None or self._end is None:
+            return
+        try:
+            entry = self._entry(meta, graph, partition)
+            self._put(entry)
+        except Uncacheable as e:
+            self.outcome = f"uncacheable: {e}"
+            log.info("captured graph not cached: %s", e)
+
+    def _entry(self, meta: ForwardMeta, graph: CapturedGraph, partition: Any) -> Entry:
+        for o in meta.outputs:
+            if o.kind == OutputKind.CONSTANT and not _round_trips(o.value):
+                raise Uncacheable(f"an output constant of type {type(o.value).__name__}")
+        try:  # the output structure as text: a pickled TreeSpec depends on pytree internals
+            out_spec = pytree.treespec_dumps(meta.out_spec)
+        except Exception as e:
+            raise Uncacheable(f"an output structure that cannot be stored ({e})") from e
+        no_spec = pytree.tree_flatten(None)[1]
+        stored_meta = dataclasses.replace(meta, fw_specs=[], out_spec=no_spec)
+        if graph.joint:
+            graphs = [_pack_graph(partition.fw), _pack_graph(partition.bw)]
+            fields = {
+                f.name: getattr(partition, f.name)
+                for f in dataclasses.fields(partition)
+                if f.name not in ("fw", "bw")
+            }
+        else:
+            graphs, fields = [_pack_graph(graph.gm)], {}
+        n0, rep0, rng0 = self._start
+        assert self._end is not None
+        n1, rep1, rng1 = self._end
+        env = self.ctx.shape_env
+        return Entry(
+            stored_meta,
+            out_spec,
+            graph.joint,
+            graph.num_fw_outputs,
+            graph.num_tangents,
+            list(graph.tangent_mask),
+            graphs,
+            fields,
+            list(env.guards[n0:n1]),
+            [self.ctx.guard_origins.get(i) for i in range(n0, n1)],
+            {k: v for k, v in rep1.items() if rep0.get(k) is not v},
+            {k: v for k, v in rng1.items() if rng0.get(k) is not v},
+        )
+
+    def _put(self, entry: Entry) -> None:
+        assert self.key is not None
+        exprs = [g.expr for g in entry.guards]
+        variants = [e for e in self._read()[0] if [g.expr for g in e.guards] != exprs]
+        try:
+            body = pickle.dumps([entry, *variants][:MAX_VARIANTS])
+        except Exception as e:
+            raise Uncacheable(f"the entry cannot be stored ({type(e).__name__}: {e})") from e
+        store().put(self.key, body)
+        count("writes")
+
+
+def _round_trips(v: Any) -> bool:
+    try:
+        same = pickle.loads(pickle.dumps(v))
+        return bool(same is v or (type(same) is type(v) and same == v))
+    except Exception:
+        return False
+
+
+def _joint_note() -> fx.GraphModule:
+    """A loaded joint capture keeps no joint graph (its forward and backward are the
+    partition's): a graph that only says so, for as_text."""
+    g = fx.Graph()
+    g.output(())
+    gm = fx.GraphModule(torch.nn.Module(), g, class_name="LoadedFromCaptureCache")
+    return gm
