@@ -44,7 +44,7 @@ import os
 import pickle
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx as fx
@@ -61,7 +61,7 @@ from stoker_shapes._internal.cachekey import (
     target_text,
     val_text,
 )
-from stoker_shapes._internal.diskcache import cache_root
+from stoker_shapes._internal.diskcache import cache_root, warn_once
 
 from .autocast import autocast_state
 from .capture import CapturedGraph
@@ -416,7 +416,8 @@ class CaptureCache:
             if not isinstance(variants, list) or not all(isinstance(e, Entry) for e in variants):
                 raise TypeError(f"not a list of entries but {type(variants).__name__}")
         except Exception as e:  # written by another stoker-capture
-            log.warning("stoker cache: ignoring %s (%s); capturing again", st.path(self.key), e)
+            path = st.path(self.key)
+            warn_once(str(path), "stoker cache: ignoring %s (%s); capturing again", path, e)
             return [], "corrupt entry"
         return variants, ""
 
@@ -488,8 +489,7 @@ class CaptureCache:
             out_spec = pytree.treespec_dumps(meta.out_spec)
         except Exception as e:
             raise Uncacheable(f"an output structure that cannot be stored ({e})") from e
-        no_spec = pytree.tree_flatten(None)[1]
-        stored_meta = dataclasses.replace(meta, fw_specs=[], out_spec=no_spec)
+        stored_meta = dataclasses.replace(meta, fw_specs=[], out_spec=cast(Any, None))
         if graph.joint:
             graphs = [_pack_graph(partition.fw), _pack_graph(partition.bw)]
             fields = {
