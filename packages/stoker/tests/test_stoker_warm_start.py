@@ -1,5 +1,6 @@
-"""A second process training the same model loads every compiled graph (forward, backward,
-compiled autograd's) from stoker-triton's cache; the report and `stoker cache info` show it."""
+"""A second process training the same model loads every Dynamo graph's capture from
+stoker-capture's cache and every compiled graph (forward, backward, compiled autograd's)
+from stoker-triton's; the report and `stoker cache info` show it."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ def test_a_second_training_process_loads_every_graph(
         "TRITON_INTERPRET": "1",
         "STOKER_TRITON_CHECK_TARGETS": "",
         "STOKER_TRITON_GRAPH_CACHE": "1",
+        "STOKER_CAPTURE_CACHE": "1",
         "STOKER_LOGS": "cache",
     }
     runs, logs = [], []
@@ -66,6 +68,10 @@ def test_a_second_training_process_loads_every_graph(
     assert cold["outcomes"] == {"miss (new key)": n}, cold
     assert warm["cache_hits"] == n and warm["cache_misses"] == 0, warm
     assert warm["kernels"] == cold["kernels"] and warm["fallbacks"] == cold["fallbacks"]
+    assert cold["capture_cache_misses"] == cold["graphs"] and cold["capture_cache_hits"] == 0
+    assert warm["capture_cache_hits"] == warm["graphs"] and warm["capture_cache_misses"] == 0
+    assert warm["guards"] == cold["guards"]
+    assert logs[1].count("captured-graph cache hit") == warm["graphs"], logs[1][-2000:]
     assert logs[0].count("compiled-graph cache miss (new key)") == n, logs[0][-2000:]
     assert logs[1].count("compiled-graph cache hit") == n, logs[1][-2000:]
 
@@ -73,6 +79,7 @@ def test_a_second_training_process_loads_every_graph(
     assert cli.main(["cache", "info"]) == 0
     out = capsys.readouterr().out
     assert "triton/graphs" in out and "compiled graphs" in out, out
+    assert "capture/graphs" in out and "captured graphs" in out, out
 
 
 def test_the_report_counts_hits_and_misses() -> None:
@@ -83,3 +90,8 @@ def test_the_report_counts_hits_and_misses() -> None:
     assert (s["cache_hits"], s["cache_misses"]) == (2, 2)
     html = r.to_html()
     assert "cache hits" in html and "miss (guard replay failed): 1" in html
+    for outcome in ("hit", "miss (new key)", "uncacheable: a subgraph", ""):
+        r.count_capture_cache(outcome)
+    s = r.summary()
+    assert (s["capture_cache_hits"], s["capture_cache_misses"]) == (1, 2)
+    assert "captured-graph cache" in r.to_html() and "uncacheable: a subgraph: 1" in r.to_html()

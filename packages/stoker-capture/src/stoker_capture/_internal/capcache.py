@@ -256,12 +256,17 @@ def _expr(s: Any) -> Any:
 
 
 class _Decoder:
-    """Fake values over ``ctx``'s symbols from `_encode_val`'s data (no guards added)."""
+    """Fake values over ``ctx``'s symbols from `_encode_val`'s data (no guards added).
+
+    Values with the same metadata are one object (``shared``), as nodes inlined
+    from one trace share theirs: building a fake tensor of symbolic sizes costs
+    about a millisecond, and a model's layers repeat a few shapes many times."""
 
     def __init__(self, ctx: ShapeContext) -> None:
         self.ctx = ctx
         self.hints = hints(ctx.shape_env)
         self.syms: dict[Any, Any] = {}
+        self.tensors: dict[Any, torch.Tensor] = {}
 
     def size(self, e: Any, kind: str = "SymInt") -> Any:
         if isinstance(e, int):
@@ -279,23 +284,34 @@ class _Decoder:
             self.syms[(kind, e)] = got
         return got
 
-    def val(self, d: Any) -> Any:
+    def val(self, d: Any, shared: bool = True) -> Any:
         tag = d[0]
         if tag == "C":
             return d[1]
         if tag == "S":
             return self.size(d[2], d[1])
         if tag == "T":
-            _, dtype, device, sizes, strides, offset, rg = d
-            size = [self.size(s) for s in sizes]
-            stride = [self.size(s) for s in strides]
-            t = torch.empty_strided(size, stride, dtype=dtype, device=torch.device(device))
-            off = self.size(offset)
-            if not (isinstance(off, int) and off == 0):
-                t = t.as_strided(size, stride, off)
-            return t.requires_grad_(rg) if rg else t
-        vals = [self.val(x) for x in d[1]]
+            t = self.tensors.get(d) if shared else None
+            if t is None:
+                t = self._tensor(d)
+                if shared:
+                    self.tensors[d] = t
+            return t
+        vals = [self.val(x, shared) for x in d[1]]
         return vals if tag == "L" else tuple(vals)
+
+    def _tensor(self, d: Any) -> torch.Tensor:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        _, dtype, device, sizes, strides, offset, rg = d
+        size = [self.size(s) for s in sizes]
+        stride = [self.size(s) for s in strides]
+        off = self.size(offset)
+        meta = torch.empty_strided(size, stride, dtype=dtype, device="meta")
+        if not (isinstance(off, int) and off == 0):
+            meta = meta.as_strided(size, stride, off)
+        t = FakeTensor(self.ctx.fake_mode, meta, torch.device(device))
+        return t.requires_grad_(rg) if rg else t
 
 
 @dataclasses.dataclass
@@ -318,7 +334,7 @@ def _unpack_graph(data: GraphData, dec: _Decoder) -> fx.GraphModule:
     gm = graph_from_json(data.nodes, class_name=data.class_name)
     for n, v in zip(gm.graph.nodes, data.vals, strict=True):
         if v != ("C", None):
-            n.meta["val"] = dec.val(v)
+            n.meta["val"] = dec.val(v, shared=n.op != "placeholder")  # inputs: one each
     return gm
 
 
@@ -428,7 +444,7 @@ class CaptureCache:
 
         ctx, env = self.ctx, self.ctx.shape_env
         dec = _Decoder(ctx)
-        with env.suppress_guards(), ctx.fake_mode:
+        with env.suppress_guards():
             gms = [_unpack_graph(g, dec) for g in entry.graphs]
         n = len(env.guards)
         replay(entry.guards, env)
