@@ -69,12 +69,13 @@ def compile_pipeline(
         # 2. partition, compile forward and backward, wrap in stoker's autograd.Function
         with _timed(took, "compile"):
             partition = None
-            if cache is not None:
-                cache.snapshot()  # what capture added (the partition's too, when joint)
-                partition = cache.watch(config.partition or default_partition)
+            if cache is not None and graph.joint:  # noted right after partitioning
+                partition = cache.watch(config.partition or default_partition, graph)
+            elif cache is not None:
+                cache.snapshot(graph)  # noted before the compiler runs
             compiled = aot_stage2_compile(state, graph, compiler, partition=partition)
         if cache is not None:
-            cache.save(state.meta, graph, compiled.partition)
+            cache.save(state.meta, graph)
     compiled.timings = took
     return compiled
 

@@ -26,10 +26,11 @@ on fresh ones (stoker-triton's compiled-graph cache hits there in turn).
 | otherwise | hit: the guards are added to the shape env (with their origins), the graphs loaded |
 
 Uncacheable (captured every time): a call of a Python function that is not
-torch's (its code is not in the key), a higher-order op or subgraph (custom
-``autograd.Function``, checkpointing, hooks traced by Dynamo), a module called
-as a module, a tensor constant, an argument of a type the key cannot spell,
-a tensor subclass input, a partitioner or decomposition table of the user's,
+torch's (its code is not in the key) or of torch's helpers that call back into
+the user's (Dynamo's, hooks', Functions', checkpointing's), a higher-order op or
+subgraph (custom ``autograd.Function``, checkpointing), a module called as a
+module, a tensor constant, an argument of a type the key cannot spell, a
+tensor subclass input or an input that is neither a tensor nor a number, a partitioner or decomposition table of the user's,
 and results the entry cannot hold: sizes that depend on data (unbacked
 symbols), graphs with constants or non-aten calls, outputs that are Python
 objects a pickle does not reproduce.
@@ -101,6 +102,16 @@ class Uncacheable(Exception):
 # the key
 
 _TORCH_MODULES = ("torch", "operator", "_operator", "math", "builtins")
+# torch's modules whose functions call back into the user's code (hooks, Functions,
+# checkpointed regions, Dynamo's helpers around them): their code is not all torch's
+_OPAQUE_MODULES = (
+    "torch._dynamo",
+    "torch._higher_order_ops",
+    "torch._functorch",
+    "torch.autograd.function",
+    "torch.utils.checkpoint",
+    "torch.utils.hooks",
+)
 _PLAIN: tuple[type, ...] = (type(None), bool, int, float, str, complex, torch.dtype)
 _PLAIN += (torch.device, torch.layout, torch.memory_format, slice, type(Ellipsis), fx.Node)
 
@@ -155,7 +166,7 @@ def _check_target(t: Any, where: str) -> None:
     if isinstance(t, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
         return
     mod = getattr(t, "__module__", None) or type(t).__module__
-    if mod.split(".")[0] not in _TORCH_MODULES:
+    if mod.split(".")[0] not in _TORCH_MODULES or mod.startswith(_OPAQUE_MODULES):
         raise Uncacheable(f"{where}: a call of {target_text(t)}, whose code the key cannot see")
 
 
@@ -189,8 +200,10 @@ def _inputs_text(example_inputs: Sequence[Any], fakes: Sequence[Any]) -> list[st
             storage = StorageWeakRef(x.untyped_storage())  # type: ignore[no-untyped-call]
             first = storages.setdefault(storage, i)
             lines.append(f"input {i} {val_text(f)} view {int(x._is_view())} storage {first}")
-        else:
+        elif isinstance(x, torch.SymInt | torch.SymFloat | int | float | bool):
             lines.append(f"input {i} {val_text(f)}")
+        else:  # e.g. the state Dynamo hands to hooks that run in the backward
+            raise Uncacheable(f"input {i}: a {type(x).__qualname__}")
     return lines
 
 
@@ -388,6 +401,9 @@ class CaptureCache:
         env = ctx.shape_env
         self._start = (len(env.guards), dict(ctx.replacement_origins), dict(ctx.range_origins))
         self._end: tuple[int, dict[Any, Any], dict[Any, Any]] | None = None
+        self._graphs: list[GraphData] | None = None  # the cold run's, packed at `snapshot`
+        self._fields: dict[str, Any] = {}
+        self._why = ""  # why `snapshot` could not pack them
         try:
             self.key = capture_key(gm, example_inputs, fakes, ctx, cfg)
         except Uncacheable as e:
@@ -465,39 +481,53 @@ class CaptureCache:
         return Loaded(meta, graph, part)
 
     # ------------------------------------------------------------------ a cold run
-    def watch(self, partition: Callable[..., Any]) -> Callable[..., Any]:
-        """``partition`` noting the shape env right after it ran (what the compiler adds
-        after that is the compiler's own cache's business)."""
+    def watch(self, partition: Callable[..., Any], graph: CapturedGraph) -> Callable[..., Any]:
+        """``partition`` taking a `snapshot` right after it ran."""
 
         def watched(*args: Any, **kwargs: Any) -> Any:
             part = partition(*args, **kwargs)
-            self.snapshot()
+            self.snapshot(graph, part)
             return part
 
         return watched
 
-    def snapshot(self) -> None:
-        """Note the shape env now: the guards capture (and partition) added end here."""
+    def snapshot(self, graph: CapturedGraph, partition: Any = None) -> None:
+        """Note the result and the shape env now, before any compiler runs: the guards
+        capture and partition added end here, and node values are read before a
+        compiler's specializations (``int(s0)`` replaces s0 by its value) reach them."""
         ctx = self.ctx
         self._end = (
             len(ctx.shape_env.guards),
             dict(ctx.replacement_origins),
             dict(ctx.range_origins),
         )
+        try:
+            if graph.joint:
+                self._graphs = [_pack_graph(partition.fw), _pack_graph(partition.bw)]
+                self._fields = {
+                    f.name: getattr(partition, f.name)
+                    for f in dataclasses.fields(partition)
+                    if f.name not in ("fw", "bw")
+                }
+            else:
+                self._graphs, self._fields = [_pack_graph(graph.gm)], {}
+        except Uncacheable as e:
+            self._graphs, self._why = None, str(e)
 
-    def save(self, meta: ForwardMeta, graph: CapturedGraph, partition: Any) -> None:
+    def save(self, meta: ForwardMeta, graph: CapturedGraph) -> None:
         """Store the cold run's result; a result the entry cannot hold is logged, not stored."""
         count("captures")
         if self.key is None or self._end is None:
             return
         try:
-            entry = self._entry(meta, graph, partition)
-            self._put(entry)
+            if self._graphs is None:
+                raise Uncacheable(self._why)
+            self._put(self._entry(meta, graph, self._graphs))
         except Uncacheable as e:
             self.outcome = f"uncacheable: {e}"
             log.info("captured graph not cached: %s", e)
 
-    def _entry(self, meta: ForwardMeta, graph: CapturedGraph, partition: Any) -> Entry:
+    def _entry(self, meta: ForwardMeta, graph: CapturedGraph, graphs: list[GraphData]) -> Entry:
         for o in meta.outputs:
             if o.kind == OutputKind.CONSTANT and not _round_trips(o.value):
                 raise Uncacheable(f"an output constant of type {type(o.value).__name__}")
@@ -506,15 +536,6 @@ class CaptureCache:
         except Exception as e:
             raise Uncacheable(f"an output structure that cannot be stored ({e})") from e
         stored_meta = dataclasses.replace(meta, fw_specs=[], out_spec=cast(Any, None))
-        if graph.joint:
-            graphs = [_pack_graph(partition.fw), _pack_graph(partition.bw)]
-            fields = {
-                f.name: getattr(partition, f.name)
-                for f in dataclasses.fields(partition)
-                if f.name not in ("fw", "bw")
-            }
-        else:
-            graphs, fields = [_pack_graph(graph.gm)], {}
         n0, rep0, rng0 = self._start
         assert self._end is not None
         n1, rep1, rng1 = self._end
@@ -527,7 +548,7 @@ class CaptureCache:
             graph.num_tangents,
             list(graph.tangent_mask),
             graphs,
-            fields,
+            self._fields,
             list(env.guards[n0:n1]),
             [self.ctx.guard_origins.get(i) for i in range(n0, n1)],
             {k: v for k, v in rep1.items() if rep0.get(k) is not v},
