@@ -426,7 +426,8 @@ class CaptureCache:
             try:
                 loaded = self._rebuild(entry)
             except Exception as e:  # an op that is gone, a symbol the shape env lacks
-                log.warning("stoker cache: ignoring an entry of %s (%s)", store().path(self.key), e)
+                path = store().path(self.key)
+                warn_once(str(path), "stoker cache: ignoring an entry of %s (%s)", path, e)
                 why = "corrupt entry"
                 break
             count("hits")
@@ -462,11 +463,9 @@ class CaptureCache:
         dec = _Decoder(ctx)
         with env.suppress_guards():
             gms = [_unpack_graph(g, dec) for g in entry.graphs]
-        n = len(env.guards)
-        replay(entry.guards, env)
-        for k, origin in enumerate(entry.guard_origins[: len(env.guards) - n]):
-            if origin is not None:
-                ctx.guard_origins[n + k] = origin
+        for i, origin in zip(replay(entry.guards, env), entry.guard_origins, strict=True):
+            if i is not None and origin is not None:
+                ctx.guard_origins[i] = origin
         ctx.replacement_origins.update(entry.replacement_origins)
         ctx.range_origins.update(entry.range_origins)
         graph = CapturedGraph(

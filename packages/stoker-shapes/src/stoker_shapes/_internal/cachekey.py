@@ -149,11 +149,15 @@ def guards_hold(guards: list[Any], shape_env: Any) -> bool:
         return False
 
 
-def replay(guards: list[Any], shape_env: Any) -> None:
+def replay(guards: list[Any], shape_env: Any) -> list[int | None]:
     """Add ``guards`` (each true at the hints: `guards_hold`) to ``shape_env`` as the
-    cold compile did; each keeps the source line that made it, for the report."""
+    cold compile did; each keeps the source line that made it, for the report.
+    Returns where each landed in ``shape_env.guards`` (None: implied, not added)."""
+    where: list[int | None] = []
     for g in guards:
         n = len(shape_env.guards)
         shape_env.evaluate_expr(g.expr)
         if len(shape_env.guards) == n + 1:
             shape_env.guards[n] = g
+        where.append(n if len(shape_env.guards) == n + 1 else None)
+    return where
