@@ -14,7 +14,7 @@ on fresh ones (stoker-triton's compiled-graph cache hits there in turn).
 | the Dynamo graph | every node (`stoker_shapes` cache-key text): op, name, target, args, kwargs, example value; the graph module's parameters and buffers |
 | the inputs | each one's dtype, device, sizes, strides, offset, requires_grad (symbolic sizes as expressions), view or not, which inputs share a storage |
 | the shape env | each input symbol's replacement and range, and the guards already held |
-| the config | mode, shape policy, guard_params, partitioner (by name), memory budget; grad mode, autocast state, oneDNN on or off |
+| the config | mode, shape policy, guard_params, partitioner (by name), memory budget; grad mode, autocast state, oneDNN on or off, default dtype and device, deterministic algorithms |
 | the code | torch, stoker-capture and stoker-shapes versions, a hash of both packages' sources, the entry format |
 
 | on a lookup | result |
@@ -139,7 +139,10 @@ def _config_text(cfg: AOTConfig) -> str:
         f"mode {cfg.mode} dynamic {cfg.dynamic} guard_params {cfg.guard_params} "
         f"partition {target_text(part) if part else 'default'} budget {cfg.memory_budget!r} "
         f"grad {torch.is_grad_enabled()} autocast {autocast_state()!r} "
-        f"mkldnn {torch._C._get_mkldnn_enabled()}"
+        f"mkldnn {torch._C._get_mkldnn_enabled()} "
+        # what ops that name no dtype or device create, and which kernels decompositions pick
+        f"default {torch.get_default_dtype()} {torch.get_default_device()} "
+        f"deterministic {torch.are_deterministic_algorithms_enabled()}"
     )
 
 
