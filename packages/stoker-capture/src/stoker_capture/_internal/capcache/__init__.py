@@ -39,12 +39,10 @@ objects a pickle does not reproduce.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
 import pickle
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -52,29 +50,28 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from stoker_shapes import DiskCache, ShapeContext
-from stoker_shapes._internal.cachekey import (
-    graph_text,
-    guards_hold,
-    hints,
-    replay,
-    shape_env_text,
-    source_hash,
-    target_text,
-    val_text,
-)
+from stoker_shapes._internal.cachekey import guards_hold, replay
 from stoker_shapes._internal.diskcache import cache_root, warn_once
 
-from .autocast import autocast_state
-from .capture import CapturedGraph
-from .config import AOTConfig
-from .errors import UnsupportedError
-from .forward_meta import ForwardMeta, OutputKind
-from .serialize import graph_from_json, graph_to_json
+from ..capture import CapturedGraph
+from ..config import AOTConfig
+from ..forward_meta import ForwardMeta, OutputKind
+from .graphs import GraphData, _Decoder, _pack_graph, _unpack_graph
+from .key import ENTRY_FORMAT, Uncacheable, capture_key
+
+__all__ = [
+    "CaptureCache",
+    "Entry",
+    "Loaded",
+    "Uncacheable",
+    "capture_key",
+    "enabled",
+    "stats",
+    "store",
+]
 
 log = logging.getLogger("stoker.cache")
 
-# Bump when an entry's layout or meaning changes: older entries become misses.
-ENTRY_FORMAT = "1"
 _ENV_OFF = "STOKER_CAPTURE_CACHE"  # "0": neither read nor write entries
 MAX_VARIANTS = 8  # entries per key: one per distinct set of guards capture added
 
@@ -92,266 +89,6 @@ def enabled() -> bool:
 
 def store() -> DiskCache:
     return DiskCache(lambda: cache_root() / "capture", "graphs", ENTRY_FORMAT)
-
-
-class Uncacheable(Exception):
-    """What the key or the entry cannot describe: captured every time."""
-
-
-# --------------------------------------------------------------------------
-# the key
-
-_TORCH_MODULES = ("torch", "operator", "_operator", "math", "builtins")
-# torch's modules whose functions call back into the user's code (hooks, Functions,
-# checkpointed regions, Dynamo's helpers around them): their code is not all torch's
-_OPAQUE_MODULES = (
-    "torch._dynamo",
-    "torch._higher_order_ops",
-    "torch._functorch",
-    "torch.autograd.function",
-    "torch.utils.checkpoint",
-    "torch.utils.hooks",
-)
-_PLAIN: tuple[type, ...] = (type(None), bool, int, float, str, complex, torch.dtype)
-_PLAIN += (torch.device, torch.layout, torch.memory_format, slice, type(Ellipsis), fx.Node)
-
-
-def _code_version() -> str:
-    import stoker_shapes
-
-    from .. import __version__
-
-    here = Path(__file__).resolve().parent.parent
-    shapes = Path(stoker_shapes.__file__).resolve().parent
-    return (
-        f"torch {torch.__version__} stoker-capture {__version__} {source_hash(here)} "
-        f"stoker-shapes {stoker_shapes.__version__} {source_hash(shapes)}"
-    )
-
-
-def _config_text(cfg: AOTConfig) -> str:
-    part = cfg.partition
-    if part is not None and not getattr(part, "__module__", "").startswith("stoker_capture"):
-        raise Uncacheable(f"a partitioner of the user's ({target_text(part)})")
-    if cfg.decompositions is not None:
-        raise Uncacheable("a decomposition table of the user's")
-    return (
-        f"mode {cfg.mode} dynamic {cfg.dynamic} guard_params {cfg.guard_params} "
-        f"partition {target_text(part) if part else 'default'} budget {cfg.memory_budget!r} "
-        f"grad {torch.is_grad_enabled()} autocast {autocast_state()!r} "
-        f"mkldnn {torch._C._get_mkldnn_enabled()} "
-        # what ops that name no dtype or device create, and which kernels decompositions pick
-        f"default {torch.get_default_dtype()} {torch.get_default_device()} "
-        f"deterministic {torch.are_deterministic_algorithms_enabled()}"
-    )
-
-
-def _check_arg(a: Any, where: str) -> None:
-    if isinstance(a, list | tuple):
-        for x in a:
-            _check_arg(x, where)
-    elif isinstance(a, dict):
-        for x in a.values():
-            _check_arg(x, where)
-    elif isinstance(a, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
-        return
-    elif isinstance(a, torch.SymInt | torch.SymFloat | torch.SymBool | torch.Tensor):
-        return  # by metadata (Dynamo's example values), a real tensor by its values too
-    elif callable(a) and not isinstance(a, type):
-        _check_target(a, where)
-    elif not isinstance(a, _PLAIN) and not (isinstance(a, type) and a.__module__ == "builtins"):
-        raise Uncacheable(f"{where}: an argument of type {type(a).__qualname__}")
-
-
-def _check_target(t: Any, where: str) -> None:
-    if isinstance(t, torch._ops.HigherOrderOperator):
-        raise Uncacheable(f"{where}: the higher-order op {t.name()}")  # type: ignore[no-untyped-call]
-    if isinstance(t, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
-        return
-    mod = getattr(t, "__module__", None) or type(t).__module__
-    if mod.split(".")[0] not in _TORCH_MODULES or mod.startswith(_OPAQUE_MODULES):
-        raise Uncacheable(f"{where}: a call of {target_text(t)}, whose code the key cannot see")
-
-
-def check_graph(gm: fx.GraphModule) -> None:
-    """Raise `Uncacheable` for what a key of the graph's text cannot stand for."""
-    lifted = {*dict(gm.named_parameters()), *dict(gm.named_buffers())}
-    for n in gm.graph.nodes:
-        where = f"node {n.name}"
-        if n.op == "call_function":
-            _check_target(n.target, where)
-        elif n.op == "call_module":
-            raise Uncacheable(f"{where}: the module {n.target} is called, not traced")
-        elif n.op == "get_attr":
-            sub = getattr(gm, str(n.target), None)
-            if isinstance(sub, fx.GraphModule):
-                raise Uncacheable(f"{where}: a subgraph ({n.target})")
-            if isinstance(sub, torch.Tensor) and str(n.target) not in lifted:
-                raise Uncacheable(f"{where}: the tensor constant {n.target}")
-        _check_arg((n.args, n.kwargs), where)
-
-
-def _inputs_text(example_inputs: Sequence[Any], fakes: Sequence[Any]) -> list[str]:
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    lines: list[str] = []
-    storages: dict[Any, int] = {}
-    for i, (x, f) in enumerate(zip(example_inputs, fakes)):
-        if isinstance(x, torch.Tensor):
-            if type(x) not in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer):
-                raise Uncacheable(f"input {i}: a tensor subclass ({type(x).__qualname__})")
-            storage = StorageWeakRef(x.untyped_storage())  # type: ignore[no-untyped-call]
-            first = storages.setdefault(storage, i)
-            lines.append(f"input {i} {val_text(f)} view {int(x._is_view())} storage {first}")
-        elif isinstance(x, torch.SymInt | torch.SymFloat | int | float | bool):
-            lines.append(f"input {i} {val_text(f)}")
-        else:  # e.g. the state Dynamo hands to hooks that run in the backward
-            raise Uncacheable(f"input {i}: a {type(x).__qualname__}")
-    return lines
-
-
-def capture_key(
-    gm: fx.GraphModule,
-    example_inputs: Sequence[Any],
-    fakes: Sequence[Any],
-    ctx: ShapeContext,
-    cfg: AOTConfig,
-) -> str:
-    """The key of capturing ``gm`` (raises `Uncacheable`)."""
-    check_graph(gm)
-    params = [*gm.named_parameters(), *gm.named_buffers()]
-    parts = [
-        f"entry {ENTRY_FORMAT}",
-        _code_version(),
-        _config_text(cfg),
-        *_inputs_text(example_inputs, fakes),
-        *(f"param {name} {val_text(p)}" for name, p in params),
-        *shape_env_text(ctx.shape_env, list(fakes)),
-        *graph_text(gm),
-    ]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
-
-
-# --------------------------------------------------------------------------
-# graphs with their node values
-
-
-def _encode_val(v: Any) -> Any:
-    """A node's ``meta["val"]`` as plain data: sizes as ints or sympy expressions."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
-    if v is None or type(v) in (bool, int, float):
-        return ("C", v)
-    if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
-        if free_unbacked_symbols(v):
-            raise Uncacheable("a size that depends on data (an unbacked symbol)")
-        return ("S", type(v).__name__, v.node.expr)
-    if isinstance(v, torch.Tensor):
-        if v.layout != torch.strided:
-            raise Uncacheable(f"a tensor of layout {v.layout}")
-        if free_unbacked_symbols(v):
-            raise Uncacheable("a size that depends on data (an unbacked symbol)")
-        sizes = tuple(_expr(s) for s in v.shape)
-        strides = tuple(_expr(s) for s in v.stride())
-        return (
-            "T",
-            v.dtype,
-            str(v.device),
-            sizes,
-            strides,
-            _expr(v.storage_offset()),
-            v.requires_grad,
-        )
-    if isinstance(v, list | tuple):
-        return ("L" if isinstance(v, list) else "U", [_encode_val(x) for x in v])
-    raise Uncacheable(f"a node value of type {type(v).__qualname__}")
-
-
-def _expr(s: Any) -> Any:
-    return s.node.expr if isinstance(s, torch.SymInt) else int(s)
-
-
-class _Decoder:
-    """Fake values over ``ctx``'s symbols from `_encode_val`'s data (no guards added).
-
-    Values with the same metadata are one object (``shared``), as nodes inlined
-    from one trace share theirs: building a fake tensor of symbolic sizes costs
-    about a millisecond, and a model's layers repeat a few shapes many times."""
-
-    def __init__(self, ctx: ShapeContext) -> None:
-        self.ctx = ctx
-        self.hints = hints(ctx.shape_env)
-        self.syms: dict[Any, Any] = {}
-        self.tensors: dict[Any, torch.Tensor] = {}
-
-    def size(self, e: Any, kind: str = "SymInt") -> Any:
-        if isinstance(e, int):
-            return e
-        got = self.syms.get((kind, e))
-        if got is None:
-            env = self.ctx.shape_env
-            hint = e.xreplace(self.hints)
-            if kind == "SymBool":
-                got = env.create_symboolnode(e)
-            elif kind == "SymFloat":
-                got = env.create_symfloatnode(e, hint=float(hint))
-            else:
-                got = env.create_symintnode(e, hint=int(hint))
-            self.syms[(kind, e)] = got
-        return got
-
-    def val(self, d: Any, shared: bool = True) -> Any:
-        tag = d[0]
-        if tag == "C":
-            return d[1]
-        if tag == "S":
-            return self.size(d[2], d[1])
-        if tag == "T":
-            t = self.tensors.get(d) if shared else None
-            if t is None:
-                t = self._tensor(d)
-                if shared:
-                    self.tensors[d] = t
-            return t
-        vals = [self.val(x, shared) for x in d[1]]
-        return vals if tag == "L" else tuple(vals)
-
-    def _tensor(self, d: Any) -> torch.Tensor:
-        from torch._subclasses.fake_tensor import FakeTensor
-
-        _, dtype, device, sizes, strides, offset, rg = d
-        size = [self.size(s) for s in sizes]
-        stride = [self.size(s) for s in strides]
-        off = self.size(offset)
-        meta = torch.empty_strided(size, stride, dtype=dtype, device="meta")
-        if not (isinstance(off, int) and off == 0):
-            meta = meta.as_strided(size, stride, off)
-        t = FakeTensor(self.ctx.fake_mode, meta, torch.device(device))
-        return t.requires_grad_(rg) if rg else t
-
-
-@dataclasses.dataclass
-class GraphData:
-    class_name: str
-    nodes: list[dict[str, Any]]  # serialize.graph_to_json
-    vals: list[Any]  # per node: `_encode_val` of its meta["val"]
-
-
-def _pack_graph(gm: fx.GraphModule) -> GraphData:
-    try:
-        nodes = graph_to_json(gm)
-    except UnsupportedError as e:
-        raise Uncacheable(str(e)) from e
-    vals = [_encode_val(n.meta.get("val")) for n in gm.graph.nodes]
-    return GraphData(type(gm).__name__, nodes, vals)
-
-
-def _unpack_graph(data: GraphData, dec: _Decoder) -> fx.GraphModule:
-    gm = graph_from_json(data.nodes, class_name=data.class_name)
-    for n, v in zip(gm.graph.nodes, data.vals, strict=True):
-        if v != ("C", None):
-            n.meta["val"] = dec.val(v, shared=n.op != "placeholder")  # inputs: one each
-    return gm
 
 
 # --------------------------------------------------------------------------
@@ -460,7 +197,7 @@ class CaptureCache:
     def _rebuild(self, entry: Entry) -> Loaded:
         """The entry's graphs over this shape env; then its guards replayed (last, so a
         graph that fails to load adds nothing)."""
-        from .partition import Partition
+        from ..partition import Partition
 
         ctx, env = self.ctx, self.ctx.shape_env
         dec = _Decoder(ctx)
