@@ -29,11 +29,14 @@ Uncacheable (captured every time): a call of a Python function that is not
 torch's (its code is not in the key) or of torch's helpers that call back into
 the user's (Dynamo's, hooks', Functions', checkpointing's), a higher-order op or
 subgraph (custom ``autograd.Function``, checkpointing), a module called as a
-module, a tensor constant, an argument of a type the key cannot spell, a
-tensor subclass input or an input that is neither a tensor nor a number, a partitioner or decomposition table of the user's,
-and results the entry cannot hold: sizes that depend on data (unbacked
-symbols), graphs with constants or non-aten calls, outputs that are Python
-objects a pickle does not reproduce.
+module, a tensor constant, an argument of a type the key cannot spell, a tensor
+subclass input or an input that is neither a tensor nor a number, a
+partitioner or decomposition table of the user's, and results the entry cannot
+hold: sizes that depend on data (unbacked symbols), graphs with constants or
+non-aten calls, outputs that are Python objects a pickle does not reproduce.
+
+key.py builds the key (and says what is uncacheable), graphs.py turns graphs
+and their node values into data and back, this file reads and writes entries.
 """
 
 from __future__ import annotations
