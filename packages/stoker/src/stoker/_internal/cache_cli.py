@@ -21,6 +21,7 @@ from typing import TextIO
 # what each folder of stoker's cache holds (`info` prints it beside the folder)
 KINDS: dict[str, str] = {
     "capture/graphs": "captured graphs: a warm process skips capture and partition",
+    "capture/sites": "the last captured graph's key per code site (names what a miss changed)",
     "triton/graphs": "compiled graphs: a warm process loads them instead of compiling",
     "triton/kernels": "generated Triton kernel modules",
     "triton/wrappers": "generated wrapper modules",

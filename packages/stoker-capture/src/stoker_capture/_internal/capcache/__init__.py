@@ -20,7 +20,7 @@ on fresh ones (stoker-triton's compiled-graph cache hits there in turn).
 | on a lookup | result |
 |---|---|
 | something no key can describe | miss "uncacheable: why" (below); nothing stored |
-| no entry | miss "new key" |
+| no entry | miss "new key: <parts> changed": the key parts that differ from the last entry stored for the graph's code site (``capture/sites``) |
 | broken entry (bytes, version, unpickling) | `DiskCache` warns once naming the file; miss "corrupt entry"; the cold run rewrites it |
 | a recorded guard is false at the current sizes | that variant is skipped; none left: miss "guard replay failed", nothing added to the shape env |
 | otherwise | hit: the guards are added to the shape env (with their origins), the graphs loaded |
@@ -42,6 +42,7 @@ and their node values into data and back, this file reads and writes entries.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import pickle
@@ -60,7 +61,7 @@ from ..capture import CapturedGraph
 from ..config import AOTConfig
 from ..forward_meta import ForwardMeta, OutputKind
 from .graphs import GraphData, _Decoder, _pack_graph, _unpack_graph
-from .key import ENTRY_FORMAT, Uncacheable, capture_key
+from .key import ENTRY_FORMAT, Uncacheable, capture_key, code_site
 
 __all__ = [
     "CaptureCache",
@@ -92,6 +93,11 @@ def enabled() -> bool:
 
 def store() -> DiskCache:
     return DiskCache(lambda: cache_root() / "capture", "graphs", ENTRY_FORMAT)
+
+
+def sites() -> DiskCache:
+    """Per code site, the key parts' hashes of the last entry stored (for miss reasons)."""
+    return DiskCache(lambda: cache_root() / "capture", "sites", ENTRY_FORMAT, quiet=True)
 
 
 # --------------------------------------------------------------------------
@@ -147,15 +153,29 @@ class CaptureCache:
         self._graphs: list[GraphData] | None = None  # the cold run's, packed at `snapshot`
         self._fields: dict[str, Any] = {}
         self._why = ""  # why `snapshot` could not pack them
+        self._site = code_site(gm)
+        self._parts: dict[str, str] = {}
         try:
-            self.key = capture_key(gm, example_inputs, fakes, ctx, cfg)
+            self.key, self._parts = capture_key(gm, example_inputs, fakes, ctx, cfg)
         except Uncacheable as e:
             self._miss(f"uncacheable: {e}")
 
     def _miss(self, why: str) -> None:
-        self.outcome = why if why.startswith("uncacheable") else f"miss ({why})"
         count(f"misses: {why}")
+        if why == "new key":
+            why += self._changed()
+        self.outcome = why if why.startswith("uncacheable") else f"miss ({why})"
         log.info("captured-graph cache %s", self.outcome)
+
+    def _changed(self) -> str:
+        """``: config, inputs changed``: the key parts that differ from the last entry
+        stored for this code site ("" when there is none)."""
+        try:
+            last = json.loads(sites().get(self._site) or b"{}")
+        except ValueError:
+            return ""
+        changed = [k for k, h in self._parts.items() if k in last and last[k] != h]
+        return f": {', '.join(changed)} changed" if changed else ""
 
     # ------------------------------------------------------------------ a warm run
     def load(self) -> Loaded | None:
@@ -306,6 +326,7 @@ class CaptureCache:
         except Exception as e:
             raise Uncacheable(f"the entry cannot be stored ({type(e).__name__}: {e})") from e
         store().put(self.key, body)
+        sites().put(self._site, json.dumps(self._parts).encode())
         count("writes")
 
 

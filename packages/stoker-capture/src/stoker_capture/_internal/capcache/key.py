@@ -146,17 +146,34 @@ def capture_key(
     fakes: Sequence[Any],
     ctx: ShapeContext,
     cfg: AOTConfig,
-) -> str:
-    """The key of capturing ``gm`` (raises `Uncacheable`)."""
+) -> tuple[str, dict[str, str]]:
+    """The key of capturing ``gm``, and a hash per part of it (what changed, on a miss,
+    is the parts whose hashes differ from the last entry stored for the same code
+    site). Raises `Uncacheable`."""
     check_graph(gm)
     params = [*gm.named_parameters(), *gm.named_buffers()]
-    parts = [
-        f"entry {ENTRY_FORMAT}",
-        _code_version(),
-        _config_text(cfg),
-        *_inputs_text(example_inputs, fakes),
-        *(f"param {name} {val_text(p)}" for name, p in params),
-        *shape_env_text(ctx.shape_env, list(fakes)),
-        *graph_text(gm),
-    ]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+    parts = {
+        "code": [f"entry {ENTRY_FORMAT}", _code_version()],
+        "config": [_config_text(cfg)],
+        "inputs": [
+            *_inputs_text(example_inputs, fakes),
+            *(f"param {name} {val_text(p)}" for name, p in params),
+        ],
+        "shape env": shape_env_text(ctx.shape_env, list(fakes)),
+        "graph": graph_text(gm),
+    }
+    texts = {k: "\n".join(v) for k, v in parts.items()}
+    key = hashlib.sha256("\n".join(texts.values()).encode()).hexdigest()[:32]
+    return key, {k: hashlib.sha256(t.encode()).hexdigest()[:16] for k, t in texts.items()}
+
+
+def code_site(gm: fx.GraphModule) -> str:
+    """Where the graph comes from: the outermost user frame (file, function) of its first
+    node with a stack trace; misses at one site say which part of the key changed."""
+    import re
+
+    for n in gm.graph.nodes:
+        m = re.search(r'File "([^"]+)", line \d+, in (\S+)', n.meta.get("stack_trace") or "")
+        if m:
+            return hashlib.sha256(f"{m[1]}:{m[2]}".encode()).hexdigest()[:32]
+    return "unknown"
