@@ -59,7 +59,8 @@ def _finish(p: subprocess.Popen[str]) -> str:
 
 
 def _modules(cache: Path) -> list[Path]:
-    return sorted((cache / "triton").glob("*/*.py"))
+    """Generated modules and stoker-capture's captured graphs."""
+    return sorted([*(cache / "triton").glob("*/*.py"), *(cache / "capture").glob("graphs/*")])
 
 
 @pytest.mark.slow
@@ -71,7 +72,8 @@ def test_concurrent_writers_then_broken_entries(tmp_path: Path) -> None:
     for err in [_finish(p) for p in [_start(script, cache, s) for s in (1, 2)]]:
         assert "stoker cache" not in err, err[-2000:]
     files = _modules(cache)
-    assert files and not list((cache / "triton").rglob("*.tmp"))
+    assert files and not list(cache.rglob("*.tmp"))
+    assert any(p.parent.name == "graphs" and p.parent.parent.name == "capture" for p in files)
     # random bytes in half the files, nothing in the others (a crash, a full disk)
     for i, p in enumerate(files):
         p.write_bytes(os.urandom(200) if i % 2 else b"")

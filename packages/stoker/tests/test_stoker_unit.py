@@ -219,6 +219,8 @@ def test_report_html_sections_and_content(tmp_path: object) -> None:
         "recompiles": 1,
         "cache_hits": 0,
         "cache_misses": 0,
+        "capture_cache_hits": 0,
+        "capture_cache_misses": 0,
         "compile_ms": 12.5,
     }
     json.loads(r.to_json())

@@ -1,5 +1,6 @@
-"""A second process training the same model loads every compiled graph (forward, backward,
-compiled autograd's) from stoker-triton's cache; the report and `stoker cache info` show it."""
+"""A second process training the same model loads every Dynamo graph's capture from
+stoker-capture's cache and every compiled graph (forward, backward, compiled autograd's)
+from stoker-triton's; the report and `stoker cache info` show it."""
 
 from __future__ import annotations
 
@@ -8,23 +9,26 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from stoker import cli
 from stoker._internal.report import Report
 
 _TRAIN = """
-import json, torch, torch.nn as nn, stoker
+import json, os, torch, torch.nn as nn, stoker
+dev, backend = os.environ["TRAIN_DEVICE"], os.environ["TRAIN_BACKEND"]
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
-ref = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).to(dev)
+ref = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).to(dev)
 ref.load_state_dict(model.state_dict())
-cm = stoker.compile(model, backend="interpret")
+cm = stoker.compile(model, backend=backend)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
 for step in range(2):
-    x = torch.randn(4, 8)
+    x = torch.randn(4, 8, device=dev)
     for m, o in ((cm, opt), (ref, ropt)):
         o.zero_grad()
         m(x).pow(2).mean().backward()
@@ -36,17 +40,15 @@ print(json.dumps(cm.stoker_report.summary() | {"outcomes": cm.stoker_report.grap
 """
 
 
-def test_a_second_training_process_loads_every_graph(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    pytest.importorskip("triton")
+def _cold_and_warm(cache: Path, **env: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The summaries and logs of two processes training with one cache directory."""
     env = {
         **os.environ,
-        "STOKER_CACHE_DIR": str(tmp_path),
-        "TRITON_INTERPRET": "1",
-        "STOKER_TRITON_CHECK_TARGETS": "",
+        "STOKER_CACHE_DIR": str(cache),
         "STOKER_TRITON_GRAPH_CACHE": "1",
+        "STOKER_CAPTURE_CACHE": "1",
         "STOKER_LOGS": "cache",
+        **env,
     }
     runs, logs = [], []
     for _ in range(2):
@@ -60,19 +62,42 @@ def test_a_second_training_process_loads_every_graph(
         assert p.returncode == 0, p.stderr[-3000:]
         runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
         logs.append(p.stderr)
+    return runs, logs
+
+
+def _check_every_graph_loaded(runs: list[dict[str, Any]], logs: list[str]) -> None:
     cold, warm = runs
     n = cold["cache_misses"]
     assert n >= 3 and cold["cache_hits"] == 0  # forward, backward, compiled autograd's
     assert cold["outcomes"] == {"miss (new key)": n}, cold
     assert warm["cache_hits"] == n and warm["cache_misses"] == 0, warm
     assert warm["kernels"] == cold["kernels"] and warm["fallbacks"] == cold["fallbacks"]
+    assert cold["capture_cache_misses"] == cold["graphs"] and cold["capture_cache_hits"] == 0
+    assert warm["capture_cache_hits"] == warm["graphs"] and warm["capture_cache_misses"] == 0
+    assert warm["guards"] == cold["guards"]
     assert logs[0].count("compiled-graph cache miss (new key)") == n, logs[0][-2000:]
     assert logs[1].count("compiled-graph cache hit") == n, logs[1][-2000:]
+    assert logs[1].count("captured-graph cache hit") == warm["graphs"], logs[1][-2000:]
+
+
+def test_a_second_training_process_loads_every_graph(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("triton")
+    runs, logs = _cold_and_warm(
+        tmp_path,
+        TRAIN_DEVICE="cpu",
+        TRAIN_BACKEND="interpret",
+        TRITON_INTERPRET="1",
+        STOKER_TRITON_CHECK_TARGETS="",
+    )
+    _check_every_graph_loaded(runs, logs)
 
     monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
     assert cli.main(["cache", "info"]) == 0
     out = capsys.readouterr().out
     assert "triton/graphs" in out and "compiled graphs" in out, out
+    assert "capture/graphs" in out and "captured graphs" in out, out
 
 
 def test_the_report_counts_hits_and_misses() -> None:
@@ -83,3 +108,18 @@ def test_the_report_counts_hits_and_misses() -> None:
     assert (s["cache_hits"], s["cache_misses"]) == (2, 2)
     html = r.to_html()
     assert "cache hits" in html and "miss (guard replay failed): 1" in html
+    for outcome in ("hit", "miss (new key)", "uncacheable: a subgraph", ""):
+        r.count_capture_cache(outcome)
+    s = r.summary()
+    assert (s["capture_cache_hits"], s["capture_cache_misses"]) == (1, 2)
+    assert "captured-graph cache" in r.to_html() and "uncacheable: a subgraph: 1" in r.to_html()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (native Triton)")
+def test_a_second_gpu_process_skips_capture_partition_and_codegen(tmp_path: Path) -> None:
+    """The warm start on a GPU: every capture and every compiled graph loaded (issue 12)."""
+    runs, logs = _cold_and_warm(
+        tmp_path, TRAIN_DEVICE="cuda", TRAIN_BACKEND="triton", TRITON_INTERPRET="0"
+    )
+    _check_every_graph_loaded(runs, logs)

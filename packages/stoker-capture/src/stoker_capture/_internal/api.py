@@ -20,10 +20,12 @@ import torch
 from stoker_shapes import GuardedCache, ShapeContext
 
 from .autocast import autocast_state
+from .capcache import CaptureCache
 from .capture import aot_stage1_graph_capture
 from .compile import CompiledFn, aot_stage2_compile
 from .config import AOTConfig, Compiler
 from .export import ExportedGraph, aot_stage2_export
+from .partition import default_partition
 from .state import DynamicShapes, create_aot_state
 
 
@@ -36,10 +38,28 @@ def compile_pipeline(
     *,
     ctx: ShapeContext | None = None,
     fake_args: tuple[Sequence[Any], Mapping[str, Any]] | None = None,
+    cache: CaptureCache | None = None,
 ) -> CompiledFn:
-    """fn -> compiled function, stage by stage (guards land in ``ctx``)."""
+    """fn -> compiled function, stage by stage (guards land in ``ctx``).
+
+    ``cache``: the captured-graph cache of this call (capcache.py); a hit resumes
+    at the compile step with the stored forward metadata, graphs and partition.
+    """
     took: dict[str, float] = {}
     with contextlib.ExitStack() as stack:
+        # a capture stored before (any process): skip the forward run, capture and partition
+        with _timed(took, "cache"):
+            hit = cache.load() if cache is not None else None
+        if hit is not None:
+            state = create_aot_state(
+                fn, args, kwargs, config, stack, ctx=ctx, fake_args=fake_args, meta=hit.meta
+            )
+            with _timed(took, "compile"):
+                compiled = aot_stage2_compile(
+                    state, hit.graph, compiler, partition=lambda *a, **k: hit.partition
+                )
+            compiled.timings = took
+            return compiled
         # 0. fake inputs; forward metadata (mutations, aliases, requires_grad)
         with _timed(took, "state"):
             state = create_aot_state(fn, args, kwargs, config, stack, ctx=ctx, fake_args=fake_args)
@@ -48,7 +68,14 @@ def compile_pipeline(
             graph = aot_stage1_graph_capture(state)
         # 2. partition, compile forward and backward, wrap in stoker's autograd.Function
         with _timed(took, "compile"):
-            compiled = aot_stage2_compile(state, graph, compiler)
+            partition = None
+            if cache is not None and graph.joint:  # noted right after partitioning
+                partition = cache.watch(config.partition or default_partition, graph)
+            elif cache is not None:
+                cache.snapshot(graph)  # noted before the compiler runs
+            compiled = aot_stage2_compile(state, graph, compiler, partition=partition)
+        if cache is not None:
+            cache.save(state.meta, graph)
     compiled.timings = took
     return compiled
 

@@ -41,6 +41,8 @@ class CompiledFn:
     # check the guards on every call; off where a cache (GuardedCache, Dynamo) already did
     check_guards: bool = True
     guard_set: GuardSet | None = None  # read out of the shape context at the first check
+    # what the captured-graph cache did: "hit", "miss (why)", "uncacheable: why"; "" when off
+    cache_outcome: str = ""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.check_guards:

@@ -15,6 +15,7 @@ import torch
 
 from stoker_shapes import ShapeContext
 
+from . import capcache
 from .api import compile_pipeline
 from .config import AOTConfig, Compiler
 
@@ -26,12 +27,16 @@ def dynamo_backend(
     partition: Callable[..., Any] | None = None,
     memory_budget: float | None = None,
     debug_checks: bool | None = None,
+    cache: bool | None = None,
 ) -> Callable[..., Any]:
     """A torch.compile backend: ``torch.compile(model, backend=dynamo_backend())``.
 
     ``compiler(gm, example_inputs)`` compiles the forward and backward graphs
     (None: the aten executor); its example inputs are fake tensors over
     Dynamo's symbols, so a specialization it makes becomes a Dynamo guard.
+    ``cache``: load and store captured graphs in ``$STOKER_CACHE_DIR/capture``
+    (capcache.py; None: on unless ``STOKER_CAPTURE_CACHE=0``).  The compiled
+    function's ``cache_outcome`` says what the cache did ("hit", "miss (why)").
     """
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
@@ -51,10 +56,13 @@ def dynamo_backend(
             return compile_pipeline(gm, list(example_inputs), {}, cfg)
         ctx = ShapeContext.adopt(tc.fake_mode)
         fakes = _dynamo_fakes(gm, example_inputs, tc)
+        use_cache = capcache.enabled() if cache is None else cache
+        store = capcache.CaptureCache(gm, example_inputs, fakes, ctx, cfg) if use_cache else None
         compiled = compile_pipeline(
-            gm, list(example_inputs), {}, cfg, ctx=ctx, fake_args=(fakes, {})
+            gm, list(example_inputs), {}, cfg, ctx=ctx, fake_args=(fakes, {}), cache=store
         )
         compiled.check_guards = False  # Dynamo installs and checks the guards
+        compiled.cache_outcome = store.outcome if store is not None else ""
         return compiled
 
     return backend

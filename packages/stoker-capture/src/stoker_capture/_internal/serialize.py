@@ -44,7 +44,7 @@ _PY_FUNCS: dict[str, Any] = {
     },
 }
 _PY_NAMES = {id(v): k for k, v in _PY_FUNCS.items()}
-_META_KEYS = ("stack_trace", "stoker_phase", "stoker_module_path")
+_META_KEYS = ("stack_trace", "stoker_phase", "stoker_module_path", "stoker_recomputed")
 
 
 def _target_to_json(t: Any) -> str:
@@ -122,12 +122,14 @@ def graph_to_json(gm: fx.GraphModule) -> list[dict[str, Any]]:
             raise UnsupportedError(f"cannot save node {n.name} ({n.op})")
         d["args"] = _arg_to_json(tuple(n.args))
         d["kwargs"] = {k: _arg_to_json(v) for k, v in n.kwargs.items()}
-        d["meta"] = {k: n.meta[k] for k in _META_KEYS if isinstance(n.meta.get(k), str)}
+        d["meta"] = {k: n.meta[k] for k in _META_KEYS if isinstance(n.meta.get(k), str | bool)}
         nodes.append(d)
     return nodes
 
 
-def graph_from_json(nodes: list[dict[str, Any]]) -> fx.GraphModule:
+def graph_from_json(nodes: list[dict[str, Any]], class_name: str | None = None) -> fx.GraphModule:
+    """The graph module of `graph_to_json`'s nodes; with ``class_name``, a lazy one
+    of that class name (its Python code generated when first run or printed)."""
     g = fx.Graph()
     env: dict[str, fx.Node] = {}
     for d in nodes:
@@ -146,4 +148,8 @@ def graph_from_json(nodes: list[dict[str, Any]]) -> fx.GraphModule:
         node.meta.update(d.get("meta", {}))
         env[d["name"]] = node
     g.lint()
+    if class_name is not None:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+
+        return _LazyGraphModule(torch.nn.Module(), g, class_name=class_name)
     return fx.GraphModule(torch.nn.Module(), g)

@@ -121,6 +121,7 @@ def create_aot_state(
     ctx: ShapeContext | None = None,
     dynamic_shapes: DynamicShapes = None,
     fake_args: tuple[Sequence[Any], Mapping[str, Any]] | None = None,
+    meta: ForwardMeta | None = None,
 ) -> AOTState:
     """Fakeify the inputs and run ``fn`` once, functionalized, to learn its forward metadata.
 
@@ -130,7 +131,9 @@ def create_aot_state(
     with ``config.dynamic``.  ``dynamic_shapes`` gives a spec per argument
     (a dict or list of `Dim` per tensor), as ``torch.export`` does.
     ``fake_args`` are already-fake inputs (the frontend's); then ``args`` are
-    only used for their structure.
+    only used for their structure.  ``meta``: the forward metadata of an earlier
+    run of the same function on inputs like these (the captured-graph cache's):
+    the function is not run.
     """
     kwargs = dict(kwargs or {})
     ctx = ctx if ctx is not None else ShapeContext(policy=config.dynamic)
@@ -207,8 +210,9 @@ def create_aot_state(
         # The CPU LSTM's oneDNN path saves a workspace its fake kernel cannot describe;
         # trace the portable decomposition instead, for as long as the pipeline runs.
         stack.enter_context(_mkldnn_disabled())
-    meta = forward_meta(flat_fn, fake_primals, inputs, ctx, joint)
-    meta.out_spec = out_specs[-1]
+    if meta is None:
+        meta = forward_meta(flat_fn, fake_primals, inputs, ctx, joint)
+        meta.out_spec = out_specs[-1]
     return AOTState(
         flat_fn,
         fake_primals,

@@ -204,6 +204,9 @@ class DiskCache:
             return path
         except OSError as e:
             root = self.dir.parent  # one warning for the whole cache, not one per kind
+            top = cache_root()
+            if top == root or top in root.parents:  # nor one per package (triton/, capture/)
+                root = top
             warn_once(
                 str(root),
                 "stoker cache: cannot write to %s (%s); caching in %s for this process instead. "

@@ -34,7 +34,6 @@ without a stable name) is compiled every time ("uncacheable").
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import logging
 import os
@@ -44,6 +43,11 @@ from typing import Any
 
 import torch
 import torch.fx
+
+from stoker_shapes._internal.cachekey import graph_text as _graph_text
+from stoker_shapes._internal.cachekey import guards_hold, replay, source_hash
+from stoker_shapes._internal.cachekey import shape_env_text as _shape_env_text
+from stoker_shapes._internal.cachekey import val_text as _val_text
 
 from .report import CompileReport, KernelInfo
 from .runtime.modules import MODULE_FORMAT, cache_dir, interpreting, load_stored
@@ -76,7 +80,6 @@ def store() -> Any:
 # the key
 
 
-@functools.cache
 def _code_version() -> str:
     """torch, triton and stoker-triton versions and a hash of stoker-triton's sources
     (a changed generator, released or not, never reads an older entry)."""
@@ -84,103 +87,8 @@ def _code_version() -> str:
 
     from .. import __version__
 
-    h = hashlib.sha256()
-    root = Path(__file__).resolve().parent.parent
-    for p in sorted(root.rglob("*.py")):
-        h.update(str(p.relative_to(root)).encode())
-        h.update(p.read_bytes())
-    return f"torch {torch.__version__} triton {triton.__version__} stoker-triton {__version__} {h.hexdigest()[:16]}"
-
-
-def _target_text(t: Any) -> str:
-    if isinstance(t, str):
-        return t
-    if isinstance(t, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
-        return f"op:{t}"
-    mod = getattr(t, "__module__", None) or type(t).__module__
-    name = getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or repr(t)
-    return f"{mod}.{name}"
-
-
-def _val_text(v: Any, data: bool = False) -> str:
-    """A value's metadata as text: tensors by metadata, and with ``data`` (a real
-    tensor written into the graph's arguments) by a hash of their values too."""
-    if isinstance(v, torch.Tensor) and data and not _is_fake(v):
-        values = hashlib.sha256(
-            v.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-        )
-        return _val_text(v) + "=" + values.hexdigest()[:16]
-    if isinstance(v, torch.Tensor):
-        try:
-            stride = tuple(str(s) for s in v.stride())
-            offset = str(v.storage_offset())
-        except (RuntimeError, NotImplementedError):  # sparse, nested: no strides
-            stride, offset = (), "-"
-        shape = tuple(str(s) for s in v.shape)
-        return (
-            f"T[{v.dtype},{v.device},{shape},{stride},{offset},{int(v.requires_grad)},{v.layout}]"
-        )
-    if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
-        return f"S[{type(v).__name__},{v.node.expr}]"
-    if isinstance(v, list | tuple):
-        return type(v).__name__ + "(" + ",".join(_val_text(x, data) for x in v) + ")"
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{k!r}:{_val_text(x, data)}" for k, x in v.items()) + "}"
-    if isinstance(v, torch.fx.Node):
-        return f"%{v.name}"
-    if callable(v) and not isinstance(v, type):
-        return _target_text(v)
-    return repr(v)
-
-
-def _is_fake(t: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(t, FakeTensor) or t.device.type == "meta"
-
-
-def _graph_text(gm: torch.fx.GraphModule) -> list[str]:
-    lines = []
-    for n in gm.graph.nodes:
-        val = n.meta.get("val", n.meta.get("example_value"))
-        args = f"{_val_text(n.args, data=True)} {_val_text(n.kwargs, data=True)}"
-        line = f"{n.op} {n.name} {_target_text(n.target)} {args} :: {_val_text(val)}"
-        if n.op in ("get_attr", "call_module"):
-            sub = getattr(gm, str(n.target), None)
-            if isinstance(sub, torch.fx.GraphModule):  # a subgraph (higher-order op): its code
-                lines += [f"subgraph {n.target}:", *_graph_text(sub)]
-            elif isinstance(sub, torch.nn.Module):
-                line += " = " + repr(sub)
-            else:
-                line += " = " + _val_text(sub)
-        lines.append(line)
-    return lines
-
-
-def _shape_env_text(shape_env: Any, inputs: list[Any]) -> list[str]:
-    """What of the shape env a compile reads: each input symbol's replacement and
-    range, and the guards already held (a compile guards only what they do not imply)."""
-    if shape_env is None:
-        return ["static"]
-    syms: set[Any] = set()
-    for t in inputs:
-        vals = [t] if not isinstance(t, torch.Tensor) else [*t.shape, *_strides(t)]
-        for s in vals:
-            if isinstance(s, torch.SymInt | torch.SymFloat | torch.SymBool):
-                syms |= s.node.expr.free_symbols
-    lines = [
-        f"sym {s} -> {shape_env.replace(s)} in {shape_env.var_to_range.get(s)}"
-        for s in sorted(syms, key=str)
-    ]
-    lines += [f"guard {g.expr}" for g in shape_env.guards]
-    return lines
-
-
-def _strides(t: torch.Tensor) -> tuple[Any, ...]:
-    try:
-        return (*t.stride(), t.storage_offset())
-    except (RuntimeError, NotImplementedError):
-        return ()
+    h = source_hash(Path(__file__).resolve().parent.parent)
+    return f"torch {torch.__version__} triton {triton.__version__} stoker-triton {__version__} {h}"
 
 
 def _target() -> str:
@@ -346,33 +254,6 @@ def load(key: str, gm: torch.fx.GraphModule, shape_env: Any) -> Loaded | str:
             entry,
         )
     return why
-
-
-def guards_hold(guards: list[Any], shape_env: Any) -> bool:
-    """Whether every guard a cold compile added holds at ``shape_env``'s current sizes
-    (then a compile now would decide as it did, and add the same guards)."""
-    if not guards:
-        return True
-    if shape_env is None:
-        return False
-    import sympy
-
-    # the sizes at hand (`backed_var_to_val` from torch 2.13, `var_to_val` before)
-    hints = dict(getattr(shape_env, "backed_var_to_val", None) or shape_env.var_to_val)
-    try:
-        return all(g.expr.xreplace(hints) == sympy.true for g in guards)
-    except Exception:  # a symbol this shape env does not know
-        return False
-
-
-def replay(guards: list[Any], shape_env: Any) -> None:
-    """Add ``guards`` (each true at the hints: `guards_hold`) to ``shape_env`` as the
-    cold compile did; each keeps the source line that made it, for the report."""
-    for g in guards:
-        n = len(shape_env.guards)
-        shape_env.evaluate_expr(g.expr)
-        if len(shape_env.guards) == n + 1:
-            shape_env.guards[n] = g
 
 
 def report_of(loaded: Loaded, report: CompileReport, guards_added: list[str]) -> None:

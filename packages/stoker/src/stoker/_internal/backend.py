@@ -144,6 +144,7 @@ class StokerBackend:
             raise
         rec.time("total", (time.perf_counter() - t0) * 1e3)
         _record_capture_result(rec, compiled)
+        self.report.count_capture_cache(getattr(compiled, "cache_outcome", ""))
         self._record_shape_guards(rec)
         if not self.exports_guards:
             # No guard_export_fn (torch.compile(backend="stoker")): Dynamo's guards so far

@@ -269,6 +269,8 @@ def _cold_then_warm(
                 print(f"  {name:<11} {backend:<12} warm ...", file=sys.stderr, flush=True)
             w = _run_worker(name, backend, 1, device, cache, timeout, warm_extra, command)
             row["warm_first_step_s"] = w.get("first_step_s")
+            if "stoker" in w:  # the warm process's report: cache hits, compile time
+                row["warm_stoker"] = w["stoker"]
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     return row

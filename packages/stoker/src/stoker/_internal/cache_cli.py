@@ -1,7 +1,8 @@
 """``stoker cache info`` and ``stoker cache clear``: what stoker keeps on disk.
 
 stoker's own cache is ``$STOKER_CACHE_DIR`` (default ``~/.cache/stoker``): one
-folder per kind of entry (``triton/graphs``: compiled graphs, each naming its
+folder per kind of entry (``capture/graphs``: stoker-capture's partitioned
+forward and backward per Dynamo graph; ``triton/graphs``: compiled graphs, each naming its
 modules in ``triton/kernels`` and ``triton/wrappers``; ``triton/autotune``),
 each file a checked `stoker_shapes.DiskCache` entry.
 Triton keeps the compiled binaries in its own cache (``$TRITON_CACHE_DIR``,
@@ -19,6 +20,8 @@ from typing import TextIO
 
 # what each folder of stoker's cache holds (`info` prints it beside the folder)
 KINDS: dict[str, str] = {
+    "capture/graphs": "captured graphs: a warm process skips capture and partition",
+    "capture/sites": "the last captured graph's key per code site (names what a miss changed)",
     "triton/graphs": "compiled graphs: a warm process loads them instead of compiling",
     "triton/kernels": "generated Triton kernel modules",
     "triton/wrappers": "generated wrapper modules",

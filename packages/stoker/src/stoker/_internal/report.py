@@ -119,6 +119,8 @@ class Report:
     cudagraphs: list[Any] = field(default_factory=list)
     # stoker-triton's compiled-graph cache: outcome ("hit", "miss (new key)", ...) -> graphs
     graph_cache: dict[str, int] = field(default_factory=dict)
+    # stoker-capture's captured-graph cache: outcome ("hit", "miss (new key)", ...) -> graphs
+    capture_cache: dict[str, int] = field(default_factory=dict)
     created: str = field(
         default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     )
@@ -132,6 +134,11 @@ class Report:
         """Count one graph's compiled-graph cache outcome ("" when the cache was off)."""
         if outcome:
             self.graph_cache[outcome] = self.graph_cache.get(outcome, 0) + 1
+
+    def count_capture_cache(self, outcome: str) -> None:
+        """Count one Dynamo graph's captured-graph cache outcome ("" when the cache was off)."""
+        if outcome:
+            self.capture_cache[outcome] = self.capture_cache.get(outcome, 0) + 1
 
     # ------------------------------------------------------------------ counts
     @property
@@ -156,6 +163,9 @@ class Report:
             # compiled graphs loaded from stoker-triton's cache / compiled (and why)
             "cache_hits": self.graph_cache.get("hit", 0),
             "cache_misses": sum(n for k, n in self.graph_cache.items() if k != "hit"),
+            # Dynamo graphs whose capture and partition were loaded / run (and why)
+            "capture_cache_hits": self.capture_cache.get("hit", 0),
+            "capture_cache_misses": sum(n for k, n in self.capture_cache.items() if k != "hit"),
             # "total" covers the nested stages; records without one sum what they have
             "compile_ms": round(
                 sum(c.timings_ms.get("total", sum(c.timings_ms.values())) for c in self.compiles), 3
@@ -271,6 +281,7 @@ def _render(r: Report) -> str:
         )
         + f"<p>options: <code>{_e(opts)}</code></p>"
         + _cache_outcomes(r.graph_cache)
+        + _cache_outcomes(r.capture_cache, "captured-graph cache (Dynamo graphs by outcome)")
     )
     # graphs
     g: list[str] = []
@@ -390,12 +401,14 @@ def _render(r: Report) -> str:
     )
 
 
-def _cache_outcomes(counts: dict[str, int]) -> str:
-    """Compiled graphs by cache outcome: loaded (hit) or compiled, and why (miss)."""
+def _cache_outcomes(
+    counts: dict[str, int], what: str = "compiled-graph cache (graphs by outcome)"
+) -> str:
+    """Graphs by cache outcome: loaded (hit) or compiled, and why (miss)."""
     if not counts:
         return ""
     items = ", ".join(f"{k}: {n}" for k, n in sorted(counts.items()))
-    return f"<p>compiled-graph cache (graphs by outcome): <code>{_e(items)}</code></p>"
+    return f"<p>{_e(what)}: <code>{_e(items)}</code></p>"
 
 
 def _render_cudagraphs(stats: list[Any], mode: Any) -> str:
