@@ -123,6 +123,23 @@ def test_a_started_pool_starts_its_workers_before_any_job():
     lazy.shutdown(wait=True)
 
 
+def test_workers_start_early_for_a_cold_cache_only(tmp_path, monkeypatch):
+    # stoker's backend starts them before capture on a GPU; a cache that holds built
+    # kernels is likely a warm start, which needs no worker at all
+    import stoker_triton
+    from stoker_triton._internal import runtime
+
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    started: list[int] = []
+    monkeypatch.setattr(xcompile, "start_workers", lambda: started.append(1))
+    cuda = torch.device("cuda")
+    assert not stoker_triton.start_compile_workers(cuda)  # no driver here: not a GPU
+    monkeypatch.setattr(runtime, "native_target", lambda d: ("cuda", 90, 32))
+    assert stoker_triton.start_compile_workers(cuda) and started == [1]
+    xcompile._markers().put("k", b"built\n")
+    assert not stoker_triton.start_compile_workers(cuda) and started == [1]
+
+
 def test_an_error_inside_a_jit_helper_names_its_reason(tmp_path, monkeypatch):
     # Triton reports it as a CompilationError at the call site; the reason
     # ("Cannot bitcast ...") is only in the exception's cause chain

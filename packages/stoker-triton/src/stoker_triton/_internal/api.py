@@ -33,3 +33,30 @@ def compile_graph(
     from .pipeline import compile_graph_impl
 
     return compile_graph_impl(gm, example_inputs, debug=debug, options=options)
+
+
+def start_compile_workers(device: torch.device) -> bool:
+    """Start the parallel compile workers for `device` now, if kernels for it are
+    compiled natively (a CUDA GPU, not the interpreter); returns whether they were.
+
+    `compile_graph` starts them itself when it lowers a graph; a caller that
+    first captures and partitions (seconds) calls this before, so the workers'
+    start (each imports Triton's compiler) overlaps that work.
+
+    Not where this cache already holds built kernels: that start is likely warm,
+    finds every binary built, and needs no worker (`compile_graph` still starts
+    them for a graph it has to lower)."""
+    from .runtime import native_target
+
+    try:
+        if native_target(device) is None:
+            return False
+    except Exception:  # no GPU driver here: nothing compiles natively
+        return False
+    from .xcompile import built_any, start_workers
+
+    if built_any():
+        return False
+
+    start_workers()
+    return True

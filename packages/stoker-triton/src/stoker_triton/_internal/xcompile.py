@@ -409,6 +409,15 @@ def _marker_key(key: tuple[Any, ...]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def built_any() -> bool:
+    """Whether any kernel was built into this cache before (by any process)."""
+    d = _markers().dir
+    try:
+        return any(True for _ in d.iterdir())
+    except OSError:  # no such directory yet
+        return False
+
+
 def _built_before(key: tuple[Any, ...]) -> bool:
     return _markers().get(_marker_key(key)) is not None
 

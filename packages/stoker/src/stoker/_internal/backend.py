@@ -120,7 +120,13 @@ class StokerBackend:
             pieces = on_graph(self, gm, example_inputs, opts.compiled_autograd)
             if pieces is not None:
                 return pieces  # type: ignore[no-any-return]
-        executor = resolve_backend(opts.backend, _devices(gm, example_inputs))
+        devices = _devices(gm, example_inputs)
+        executor = resolve_backend(opts.backend, devices)
+        if executor == "triton":  # on a GPU: compile workers start while capture runs
+            from stoker_triton import start_compile_workers
+
+            for d in {d for d in devices if d.type == "cuda"}:
+                start_compile_workers(d)
         rec = self.report.new_compile(_frame_name(gm, self.name_hint), executor)
         _CURRENT_REPORT[:] = [self.report]
         if not self.exports_guards:  # stoker.compile gets reasons from guard_fail_fn instead
