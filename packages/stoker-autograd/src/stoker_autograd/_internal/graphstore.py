@@ -58,6 +58,7 @@ from stoker_capture._internal.serialize import (
 from stoker_shapes import DiskCache, GuardSet, ShapeContext
 
 from . import ops
+from .capture import graph_module
 from .retrace import Position, check_sizes
 
 log = logging.getLogger("stoker.cache")
@@ -349,7 +350,7 @@ def from_json(
             node.meta["val"] = _val_back(d["val"], ctx)
         env[d["name"]] = node
     g.lint()
-    gm = fx.GraphModule(torch.nn.Module(), g, "StokerBackwardAten")
+    gm = graph_module(torch.nn.Module(), g, "StokerBackwardAten")
     arg_spec = [(int(w), int(i)) for w, i in body["arg_spec"]]
     values = {(int(w), int(i), int(dim)): int(v) for w, i, dim, v in body["values"]}
     return gm, arg_spec, GuardSet.from_json(body["guards"]), values
