@@ -65,6 +65,28 @@ def test_a_changed_model_misses(tmp_path: Path) -> None:
     assert len(entries(tmp_path)) == 2
 
 
+def test_two_processes_writing_one_entry_both_succeed(tmp_path: Path) -> None:
+    env = {**os.environ, "STOKER_CACHE_DIR": str(tmp_path)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), "hooks", str(seed)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in (1, 2)
+    ]
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+        got = json.loads(out.strip().splitlines()[-1])
+        assert got["diff"] < 1e-5 and not err, (got, err)
+    assert len(entries(tmp_path)) == 1  # one sound entry (the last rename won)
+    warm, err = run_worker("hooks", 3, tmp_path)
+    assert warm["outcomes"] == {"hit": 1} and not err, (warm, err)
+
+
 def _truncate(data: bytes) -> bytes:
     return data[: len(data) // 2]
 
