@@ -51,6 +51,8 @@ def build(name: str, seen: list[str], scale: float) -> nn.Module:
         return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     if name == "mlp-wide":  # the "changed model"
         return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+    if name == "aot-linear":  # compiled by stoker_capture.aot_module below
+        return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
     if name == "function":
         return WithFunction(scale)
     if name == "hooks":
@@ -70,8 +72,13 @@ def main() -> None:
     eager, model = build(name, seen_eager, scale), build(name, seen, scale)
     x = torch.randn(5, 8, generator=torch.Generator().manual_seed(seed))
     eager(x).pow(2).sum().backward()
+    fwd: Any = model
+    if name.startswith("aot-"):  # the forward compiled by stoker-capture: its backward inlined
+        import stoker_capture
+
+        fwd = stoker_capture.aot_module(model)
     with stoker_autograd.enable():
-        model(x).pow(2).sum().backward()
+        fwd(x).pow(2).sum().backward()
     diff = max(
         float((a.grad - b.grad).abs().max())  # type: ignore[operator]
         for a, b in zip(eager.parameters(), model.parameters(), strict=True)

@@ -42,7 +42,7 @@ def entries(cache: Path) -> list[Path]:
     return sorted((cache / "autograd" / "graphs").iterdir())
 
 
-@pytest.mark.parametrize("model", ["mlp", "function", "hooks"])
+@pytest.mark.parametrize("model", ["mlp", "function", "hooks", "aot-linear"])
 def test_second_process_loads_the_backward(model: str, tmp_path: Path) -> None:
     cold, _ = run_worker(model, 1, tmp_path)
     assert cold["stats"]["compiles"] == 1 and cold["stats"]["disk_misses"] == 1, cold
@@ -158,3 +158,27 @@ def test_the_cache_can_be_switched_off(tmp_path: Path, monkeypatch: pytest.Monke
         model(torch.randn(3, 4)).sum().backward()
     assert stoker_autograd.stats()["compiles"] == 1
     assert not (tmp_path / "autograd").exists()
+
+
+def test_tensor_constants_are_stored_and_keyed_by_value() -> None:
+    """An inlined AOT backward may hold tensor constants (HF GPT-2's does)."""
+    from stoker_shapes import GuardSet
+
+    g = torch.fx.Graph()
+    x = g.placeholder("inputs_0")
+    c = g.get_attr("aot0_const")
+    g.output([g.call_function(torch.ops.aten.mul.Tensor, (x, c))])
+    root = nn.Module()
+    root.aot0_const = torch.randn(4, 3).t()  # not contiguous: strides kept too
+    gm = torch.fx.GraphModule(root, g)
+    body = graphstore.entry(graphstore.graph_json(gm), [(0, 0)], GuardSet([], [], []), {})
+    loaded, arg_spec, _guards, _values = graphstore.from_json(body)
+    const = loaded.aot0_const
+    assert torch.equal(const, root.aot0_const) and const.stride() == root.aot0_const.stride()
+    inp = torch.randn(3, 4)
+    torch.testing.assert_close(loaded(inp)[0], inp * root.aot0_const)
+    assert arg_spec == [(0, 0)]
+
+    before = graphstore.graph_text(gm, {})
+    gm.aot0_const = gm.aot0_const + 1  # other values: another key
+    assert graphstore.graph_text(gm, {}) != before

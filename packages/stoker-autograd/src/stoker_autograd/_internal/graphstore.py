@@ -14,7 +14,7 @@ stoker-triton's compiled-graph cache finds its segments.
 | the captured graph | after the reordering passes, every node: op, target (a functional backward by the engine's name, functions by qualified name), arguments (nodes by position, so an inlined AOT backward is keyed by its content, not by its id), the output metadata a custom backward promised |
 | the inputs | each tensor's sizes, strides, offset, dtype, device, requires_grad, type; the sizes and scalars the engine lifted, by value and type |
 | the shape state | the positions already seen to change (symbolic from now on), how capture symbols map to sizes and scalars |
-| the session | dynamic or not, the compiler's qualified name |
+| the session | dynamic or not, the compiler's qualified name, grad mode (``create_graph``) |
 | the code | torch, stoker-autograd, stoker-capture and stoker-shapes versions, a hash of stoker-autograd's sources, the entry format |
 
 Python objects are never stored: hooks, custom Functions' ctx and packed data are
@@ -28,14 +28,17 @@ graph inputs read by position from the lists the engine passes at every call
 | the stored guards fail on this call | miss "guards failed" |
 | otherwise | hit: no eager run, no retrace |
 
-A graph the format cannot hold (a saved-tensor unpack hook, whose result's sizes
-are known only after a run; a tensor constant; symbolic sizes; a call target
-without a qualified name) is compiled every time: "uncacheable: why" in the log.
+Tensor constants (of an inlined AOT backward) are stored by value, up to
+`MAX_CONSTANT_BYTES` each, and keyed by a hash of their values.  A graph the
+format cannot hold (a saved-tensor unpack hook, whose result's sizes are known
+only after a run; a larger constant; symbolic sizes; a call target without a
+qualified name) is compiled every time: "uncacheable: why" in the log.
 Set ``STOKER_AUTOGRAD_CACHE=0`` to neither read nor write entries.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import json
@@ -164,8 +167,9 @@ def graph_text(gm: fx.GraphModule, sym_sources: dict[sympy.Symbol, tuple[str, in
     lines: list[str] = []
     for i, n in enumerate(gm.graph.nodes):
         index[n] = i
-        if n.op == "get_attr":
-            raise Uncacheable("the graph holds a tensor constant")
+        if n.op == "get_attr":  # a constant of an inlined AOT backward: by its values
+            lines.append(f"get_attr {_const_digest(getattr(gm, str(n.target)))}")
+            continue
         if n.op == "call_function" and n.target is ops.call_hook:
             if n.kwargs.get("hook_type") == "unpack_hook":
                 raise Uncacheable(
@@ -179,6 +183,43 @@ def graph_text(gm: fx.GraphModule, sym_sources: dict[sympy.Symbol, tuple[str, in
         )
     lines += sorted(f"sym {s}={w}[{i}]" for s, (w, i) in sym_sources.items())
     return "\n".join(lines)
+
+
+MAX_CONSTANT_BYTES = 1 << 20  # larger tensor constants make a graph uncacheable
+
+
+def _const_bytes(t: Any) -> bytes:
+    if not isinstance(t, torch.Tensor) or type(t) is not torch.Tensor or t.layout != torch.strided:
+        raise Uncacheable(f"a graph constant of type {type(t).__qualname__}")
+    if t.numel() * t.element_size() > MAX_CONSTANT_BYTES:
+        raise Uncacheable(f"a tensor constant over {MAX_CONSTANT_BYTES} bytes")
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return bytes(flat.view(torch.uint8).numpy().tobytes())
+
+
+def _const_digest(t: Any) -> str:
+    data = _const_bytes(t)
+    return f"{_tensor_text(t)}={hashlib.sha256(data).hexdigest()}"
+
+
+def _const_json(t: torch.Tensor) -> dict[str, Any]:
+    return {
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "size": list(t.shape),
+        "stride": list(t.stride()),
+        "device": str(t.device),
+        "data": base64.b64encode(_const_bytes(t)).decode(),
+    }
+
+
+def _const_back(d: dict[str, Any]) -> torch.Tensor:
+    """The constant as stored: same values, sizes, strides, dtype, device."""
+    dtype = getattr(torch, d["dtype"])
+    raw = bytearray(base64.b64decode(d["data"]))
+    flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    values = flat.view(dtype).reshape(d["size"])
+    out = torch.empty_strided(d["size"], d["stride"], dtype=dtype, device=d["device"])
+    return out.copy_(values)
 
 
 def _tensor_text(t: torch.Tensor) -> str:
@@ -215,6 +256,7 @@ def key(
         "scalars " + ";".join(_value_text(x) for x in scalars),
         f"dynamic {sorted(dynamic)}",
         f"session dynamic={session.dynamic} compiler={name}",
+        f"grad mode {torch.is_grad_enabled()}",  # create_graph=True backwards differ
     ):
         h.update(part.encode())
         h.update(b"\0")
@@ -288,11 +330,14 @@ def graph_json(gm: fx.GraphModule) -> list[dict[str, Any]]:
     """A retraced graph's nodes as JSON values (raises `Uncacheable`)."""
     nodes: list[dict[str, Any]] = []
     for n in gm.graph.nodes:
-        if n.op not in ("placeholder", "call_function", "output"):
+        if n.op not in ("placeholder", "call_function", "get_attr", "output"):
             raise Uncacheable(f"a {n.op} node in the retraced graph")
         d: dict[str, Any] = {"op": n.op, "name": n.name}
         if n.op == "call_function":
             d["target"] = _target_json(n.target)
+        elif n.op == "get_attr":
+            d["target"] = str(n.target)
+            d["const"] = _const_json(getattr(gm, str(n.target)))
         try:
             d["args"] = _arg_to_json(tuple(n.args))
             d["kwargs"] = {k: _arg_to_json(v) for k, v in n.kwargs.items()}
@@ -333,6 +378,7 @@ def from_json(
     body = json.loads(data)
     ctx = ShapeContext(policy="static")
     g = fx.Graph()
+    root = torch.nn.Module()
     env: dict[str, fx.Node] = {}
     for d in body["graph"]:
         args = _arg_from_json(d["args"], env)
@@ -341,6 +387,12 @@ def from_json(
             node = g.placeholder(d["name"])
         elif d["op"] == "output":
             node = g.output(args[0])
+        elif d["op"] == "get_attr":
+            target = str(d["target"])
+            if not target.isidentifier():
+                raise ValueError(f"a constant named {target!r}")
+            setattr(root, target, _const_back(d["const"]))
+            node = g.create_node("get_attr", target, name=d["name"])
         else:
             node = g.create_node(
                 "call_function", _target_back(d["target"]), args, kwargs, name=d["name"]
@@ -350,7 +402,7 @@ def from_json(
             node.meta["val"] = _val_back(d["val"], ctx)
         env[d["name"]] = node
     g.lint()
-    gm = graph_module(torch.nn.Module(), g, "StokerBackwardAten")
+    gm = graph_module(root, g, "StokerBackwardAten")
     arg_spec = [(int(w), int(i)) for w, i in body["arg_spec"]]
     values = {(int(w), int(i), int(dim)): int(v) for w, i, dim, v in body["values"]}
     return gm, arg_spec, GuardSet.from_json(body["guards"]), values
