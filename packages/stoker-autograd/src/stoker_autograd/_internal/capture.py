@@ -134,8 +134,7 @@ class CaptureInstance:
                 warnings.simplefilter("ignore", UserWarning)
                 return self.fake_mode.from_tensor(x)  # a subclass: keep its description
         with disable_proxy_modes_tracing():
-            meta = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-        fake = FakeTensor(self.fake_mode, meta, x.device)
+            fake = fake_tensor(self.fake_mode, x.shape, x.stride(), 0, x.dtype, x.device)
         if x.requires_grad:
             fake.requires_grad_(True)
         return fake
@@ -453,6 +452,25 @@ class CaptureInstance:
                 j += 1
             if current is not None and node.op == "call_function":
                 node.meta.setdefault("autograd_node", current)
+
+
+def fake_tensor(
+    fake_mode: FakeTensorMode,
+    size: Sequence[int],
+    stride: Sequence[int],
+    offset: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> torch.Tensor:
+    """A fake tensor of this metadata, built directly (~0.02 ms; through the fake
+    mode's dispatch ~2 ms): a meta tensor wrapped with its device."""
+    if offset:  # a view into a storage that holds all of it
+        span = 0 if 0 in size else 1 + sum((n - 1) * st for n, st in zip(size, stride))
+        base = torch.empty(offset + span, dtype=dtype, device="meta")
+        meta = base.as_strided(size, stride, offset)
+    else:
+        meta = torch.empty_strided(size, stride, dtype=dtype, device="meta")
+    return FakeTensor(fake_mode, meta, torch.device(device))
 
 
 def graph_module(root: torch.nn.Module, graph: fx.Graph, name: str) -> fx.GraphModule:

@@ -61,7 +61,7 @@ from stoker_capture._internal.serialize import (
 from stoker_shapes import DiskCache, GuardSet, ShapeContext
 
 from . import ops
-from .capture import graph_module
+from .capture import fake_tensor, graph_module
 from .retrace import Position, check_sizes
 
 log = logging.getLogger("stoker.cache")
@@ -317,9 +317,7 @@ def _val_json(v: Any) -> Any:
 def _val_back(d: Any, ctx: ShapeContext) -> Any:
     if isinstance(d, dict) and "t" in d:
         size, stride, offset, dtype, device = d["t"]
-        with ctx.fake_mode:
-            base = torch.empty_strided(size, stride, dtype=getattr(torch, dtype), device=device)
-            return base if offset == 0 else base.as_strided(size, stride, offset)
+        return fake_tensor(ctx.fake_mode, size, stride, offset, getattr(torch, dtype), device)
     if isinstance(d, dict) and ("list" in d or "tuple" in d):
         items = [_val_back(x, ctx) for x in d.get("list") or d.get("tuple") or []]
         return items if "list" in d else tuple(items)
