@@ -36,7 +36,9 @@ for step in range(2):
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
-print(json.dumps(cm.stoker_report.summary() | {"outcomes": cm.stoker_report.graph_cache}))
+import stoker_autograd
+print(json.dumps(cm.stoker_report.summary() | {"outcomes": cm.stoker_report.graph_cache,
+                                               "autograd": stoker_autograd.stats()}))
 """
 
 
@@ -78,6 +80,10 @@ def _check_every_graph_loaded(runs: list[dict[str, Any]], logs: list[str]) -> No
     assert logs[0].count("compiled-graph cache miss (new key)") == n, logs[0][-2000:]
     assert logs[1].count("compiled-graph cache hit") == n, logs[1][-2000:]
     assert logs[1].count("captured-graph cache hit") == warm["graphs"], logs[1][-2000:]
+    # compiled autograd's warm-start cache: both steps' backwards loaded, none retraced
+    assert logs[0].count("autograd cache miss: backward graph") == 2, logs[0][-2000:]
+    assert logs[1].count("autograd cache hit: backward graph") == 2, logs[1][-2000:]
+    assert warm["autograd"]["disk_hits"] == 2 and warm["autograd"]["compiles"] == 0, warm
 
 
 def test_a_second_training_process_loads_every_graph(
@@ -98,6 +104,7 @@ def test_a_second_training_process_loads_every_graph(
     out = capsys.readouterr().out
     assert "triton/graphs" in out and "compiled graphs" in out, out
     assert "capture/graphs" in out and "captured graphs" in out, out
+    assert "autograd/graphs" in out and "retraced backwards" in out, out
 
 
 def test_the_report_counts_hits_and_misses() -> None:

@@ -9,7 +9,16 @@ custom ``autograd.Function`` backwards stay Python calls, run in eager order.
 
 from . import passes
 from .__about__ import __version__
-from ._internal.engine import disabled, enable, is_enabled, off, on, reset_stats, stats
+from ._internal.engine import (
+    cache_outcomes,
+    disabled,
+    enable,
+    is_enabled,
+    off,
+    on,
+    reset_stats,
+    stats,
+)
 from ._internal.ops import OPAQUE_TARGETS, BoundBackward, accumulate_grad, call_backward, call_hook
 from ._internal.session import Session, Stats, aten_executor
 
@@ -21,6 +30,7 @@ __all__ = [
     "__version__",
     "accumulate_grad",
     "aten_executor",
+    "cache_outcomes",
     "call_backward",
     "call_hook",
     "disabled",

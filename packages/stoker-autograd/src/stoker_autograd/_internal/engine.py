@@ -88,6 +88,14 @@ def stats() -> dict[str, int]:
     return STATS.as_dict()
 
 
+def cache_outcomes() -> dict[str, int]:
+    """The warm-start cache's outcomes in this process: ``hit``, ``miss (why)``,
+    ``uncacheable (why)``, ``write`` (docs/autograd.md, "Warm start")."""
+    from . import graphstore
+
+    return dict(graphstore.outcomes)
+
+
 def reset_stats() -> None:
     for k in STATS.as_dict():
         setattr(STATS, k, 0)

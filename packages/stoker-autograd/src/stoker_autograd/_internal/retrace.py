@@ -37,7 +37,7 @@ from torch.fx.experimental.proxy_tensor import (
 from stoker_shapes import Dim, GuardSet, Origin, ShapeContext, Source
 
 from . import ops
-from .capture import PLACEHOLDERS
+from .capture import PLACEHOLDERS, graph_module
 
 LISTS = PLACEHOLDERS  # inputs, sizes, scalars, hooks, packed_data
 
@@ -434,7 +434,7 @@ def retrace(
             first.prepend(ph)
     graph.eliminate_dead_code(is_impure_node=lambda n: _impure(n))
     graph = run_all(graph, RETRACED_PIPELINE)
-    new_gm = fx.GraphModule(rp.tracer.root, graph, gm.__class__.__name__ + "Aten")
+    new_gm = graph_module(rp.tracer.root, graph, gm.__class__.__name__ + "Aten")
     return Retraced(new_gm, rp.arg_spec, ctx, rp.examples)
 
 

@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from stoker_capture import autocast_off, eager_autograd_engine
 
-from . import final_callbacks, ops
+from . import final_callbacks, graphstore, ops
 from .retrace import Position, Retraced, concrete_values, retrace, unpack_index
 from .segments import SegmentedBackward
 from .session import Session, aten_executor
@@ -98,6 +98,9 @@ class CompiledBackward:
         self.last_retraced: Retraced | None = None
         self.last_miss: str | None = None
         self.dynamic: set[Position] = set()  # positions seen to change: symbolic from now on
+        self._graph_text: str | None = None  # the disk-cache key's graph part ("": uncacheable)
+        self._key: str | None = None  # the disk-cache key of the compile under way
+        self._entry: list[dict[str, Any]] | None = None  # its retraced graph, serialized
 
     def __call__(
         self,
@@ -118,6 +121,10 @@ class CompiledBackward:
                 return v.fn(*[lists[w][i] for w, i in v.arg_spec])
         if self.variants:  # why the newest variant did not fit (kept for explain())
             self.last_miss = self.variants[-1].guards.explain(gargs, {}, None)
+        if self.failed is None and len(self.variants) < self.session.recompile_limit:
+            warm = self._load(inputs, sizes, scalars)
+            if warm is not None:
+                return warm.fn(*[lists[w][i] for w, i in warm.arg_spec])
         if self.failed is not None or len(self.variants) >= self.session.recompile_limit:
             if self.failed is None:
                 self.failed = f"recompile limit ({self.session.recompile_limit}) reached"
@@ -161,15 +168,14 @@ class CompiledBackward:
             self._warn(f"could not compile it ({e})")
             return
         self.last_retraced = rt
-        try:
-            if self.session.compiler is aten_executor:
-                _mark_stealable(rt.gm)
-                fn: Callable[..., Any] = rt.gm
-            else:  # the compiler sees only pure aten segments
-                fn = SegmentedBackward(rt.gm, self._counted_compiler)
-        except Exception as e:
-            self.failed = f"the compiler failed: {e}"
-            self._warn(self.failed)
+        self._entry = None
+        if self._key is not None:  # serialized before the compiler may change the graph
+            try:
+                self._entry = graphstore.graph_json(rt.gm)
+            except graphstore.Uncacheable as e:
+                self._uncacheable(str(e))
+        fn = self._compiled(rt.gm)
+        if fn is None:
             return
         try:
             guards = rt.guards()  # after the compiler: it may have added guards
@@ -177,10 +183,121 @@ class CompiledBackward:
             self.failed = f"its guards could not be built: {e}"
             self._warn(self.failed)
             return
+        self._store(rt, guards, values, inputs, sizes, scalars)
         self.variants.append(Variant(guards, fn, rt.arg_spec, rt.gm, values))
         stats.compiles += 1
         if len(self.variants) > 1:
             stats.recompiles += 1
+
+    def _compiled(self, gm: fx.GraphModule) -> Callable[..., Any] | None:
+        """``gm`` compiled (None: the compiler failed, and a warning said so)."""
+        try:
+            if self.session.compiler is aten_executor:
+                _mark_stealable(gm)
+                return gm
+            return SegmentedBackward(gm, self._counted_compiler)  # pure aten segments
+        except Exception as e:
+            self.failed = f"the compiler failed: {e}"
+            self._warn(self.failed)
+            return None
+
+    # ------------------------------------------------------- warm-start cache
+    def _warm_key(
+        self, inputs: list[Any], sizes: list[Any], scalars: list[Any], dynamic: set[Position]
+    ) -> str | None:
+        """The disk-cache key of a compile for these arguments (None: not cached)."""
+        if self._graph_text is None:
+            if not graphstore.enabled():
+                return None
+            try:
+                self._graph_text = graphstore.graph_text(self.gm, self.sym_sources)
+            except graphstore.Uncacheable as e:
+                self._uncacheable(str(e))
+                return None
+        if self._graph_text == "":
+            return None
+        try:
+            return graphstore.key(
+                self._graph_text, inputs, sizes, scalars, frozenset(dynamic), self.session
+            )
+        except graphstore.Uncacheable as e:
+            self._uncacheable(str(e))
+            return None
+
+    def _uncacheable(self, why: str) -> None:
+        self._graph_text = ""  # never looked up again for this captured graph
+        self._key = None
+        graphstore.count(f"uncacheable ({why})")
+        graphstore.log.info(
+            "autograd cache: backward graph %d is uncacheable: %s", self.capture_id, why
+        )
+
+    def _load(self, inputs: list[Any], sizes: list[Any], scalars: list[Any]) -> Variant | None:
+        """The compiled variant for this call from the disk cache, or None (a miss).
+
+        Sets the key the cold path stores its compile under: the dynamic positions
+        are those it will pick after its run (a cacheable graph has no unpack hooks,
+        so the run adds no sizes to compare)."""
+        now = concrete_values(inputs, sizes, scalars)
+        dynamic = set(self.dynamic)
+        if self.variants and self.session.dynamic:
+            last = self.variants[-1].values
+            dynamic |= {p for p, v in now.items() if p in last and last[p] != v}
+        self._key = self._warm_key(inputs, sizes, scalars, dynamic)
+        if self._key is None:
+            return None
+        st = graphstore.store()
+        got = st.get_entry(self._key)
+        if got is None:  # DiskCache warned about a broken file, naming it
+            self._miss("corrupt entry" if st.path(self._key).exists() else "new key")
+            return None
+        path, body = got
+        try:
+            gm, arg_spec, guards, values = graphstore.from_json(body)
+        except Exception as e:
+            graphstore.log.warning("stoker cache: ignoring %s (%s); compiling again", path, e)
+            self._miss("corrupt entry")
+            return None
+        if not guards.check((inputs, sizes, scalars), {}, None):
+            self._miss("guards failed")
+            return None
+        fn = self._compiled(gm)
+        if fn is None:
+            return None
+        variant = Variant(guards, fn, arg_spec, gm, values)
+        self.variants.append(variant)
+        self.dynamic = dynamic
+        self.session.stats.disk_hits += 1
+        graphstore.count("hit")
+        graphstore.log.info(
+            "autograd cache hit: backward graph %d loaded from %s", self.capture_id, path
+        )
+        return variant
+
+    def _miss(self, why: str) -> None:
+        self.session.stats.disk_misses += 1
+        graphstore.count(f"miss ({why})")
+        graphstore.log.info("autograd cache miss: backward graph %d (%s)", self.capture_id, why)
+        return None
+
+    def _store(
+        self,
+        rt: Retraced,
+        guards: Any,
+        values: dict[Position, int],
+        inputs: list[Any],
+        sizes: list[Any],
+        scalars: list[Any],
+    ) -> None:
+        if self._key is None or self._entry is None:
+            return
+        try:
+            body = graphstore.entry(self._entry, rt.arg_spec, guards, values)
+        except graphstore.Uncacheable as e:
+            self._uncacheable(str(e))
+            return
+        graphstore.store().put(self._key, body)
+        graphstore.count("write")
 
     def _counted_compiler(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         self.session.stats.segments += 1  # first: a compiler that reports stats sees it

@@ -24,6 +24,9 @@ class Stats:
     segments:   aten sub-graphs handed to the compiler, over all compiles (a backward is
                 split only at Python calls: hooks, custom backwards, size checks of their
                 results; 0 with the default `aten_executor`, which runs the whole graph)
+    disk_hits:  compiles loaded from the warm-start cache (``STOKER_CACHE_DIR/autograd/graphs``):
+                no eager run, no retrace (the engine still walks its graph: ``captures``)
+    disk_misses: lookups of that cache that found nothing usable (the log says why)
     """
 
     captures: int = 0
@@ -33,6 +36,8 @@ class Stats:
     eager_runs: int = 0
     fallbacks: int = 0
     segments: int = 0
+    disk_hits: int = 0
+    disk_misses: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import torch.fx as fx
 
+from ._common import GraphPass, copy_graph
 from .dce import dce
 from .reorder import (
     delay_unpack_hooks,
@@ -49,11 +50,16 @@ accumulate-grads and their hooks can then follow each gradient as eager does."""
 
 
 def run_all(graph: fx.Graph, pipeline: tuple[Pass, ...] = PIPELINE) -> fx.Graph:
-    """Apply each pass in order; each checks the graph is still well formed."""
+    """Apply each pass in order to one copy of ``graph``; each checks it is still well
+    formed.  ``graph`` itself is left alone."""
+    g, _ = copy_graph(graph)
     for p in pipeline:
-        graph = p(graph)
-        graph.lint()
-    return graph
+        if isinstance(p, GraphPass):
+            p.in_place(g)
+        else:
+            g = p(g)
+        g.lint()
+    return g
 
 
 __all__ = [

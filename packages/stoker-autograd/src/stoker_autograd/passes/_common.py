@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 
 import torch.fx as fx
 
@@ -16,6 +17,31 @@ def copy_graph(graph: fx.Graph) -> tuple[fx.Graph, dict[fx.Node, fx.Node]]:
     out = new.graph_copy(graph, remap)
     new.output(out)
     return new, remap
+
+
+class GraphPass:
+    """A pass: ``p(graph)`` returns a changed copy and leaves ``graph`` alone;
+    ``p.in_place(graph)`` changes ``graph`` itself (`run_all` copies once, then runs
+    every pass in place: a copy costs ~80 us per node, ~0.1 s on gpt-m's backward)."""
+
+    def __init__(self, in_place: Callable[[fx.Graph], None]) -> None:
+        self.in_place = in_place
+        self.__name__ = self.__qualname__ = in_place.__name__
+        self.__doc__ = in_place.__doc__
+        self.__module__ = in_place.__module__
+
+    def __call__(self, graph: fx.Graph) -> fx.Graph:
+        g, _ = copy_graph(graph)
+        self.in_place(g)
+        return g
+
+    def __repr__(self) -> str:
+        return f"<pass {self.__name__}>"
+
+
+def graph_pass(in_place: Callable[[fx.Graph], None]) -> GraphPass:
+    """Make a pass from a function that changes its graph in place."""
+    return GraphPass(in_place)
 
 
 def hook_kind(n: fx.Node) -> str | None:

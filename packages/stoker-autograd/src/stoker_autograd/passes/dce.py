@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from ._common import copy_graph, is_impure
+from ._common import graph_pass, is_impure
 
 
-def dce(graph: fx.Graph) -> fx.Graph:
+@graph_pass
+def dce(g: fx.Graph) -> None:
     """Remove nodes nobody uses, except hooks, custom backwards, accumulate-grad,
     in-place ops and graph inputs (e.g. the ``sym_size`` queries the engine leaves)."""
-    g, _ = copy_graph(graph)
     g.eliminate_dead_code(is_impure)
-    return g

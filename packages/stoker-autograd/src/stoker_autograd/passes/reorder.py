@@ -1,6 +1,7 @@
 """The reordering passes: restore the eager engine's schedule in a captured graph.
 
-Each pass is a pure function ``fx.Graph -> fx.Graph``: it copies its input and
+Each pass is a pure function ``fx.Graph -> fx.Graph`` (an in-place body wrapped by
+`graph_pass`, which copies its input first; `run_all` copies once for all): it
 only moves nodes (never adds, removes or rewires one), and only to places where
 every input of the moved node is already defined.  See README.md for the rules.
 """
@@ -12,7 +13,7 @@ import itertools
 import torch.fx as fx
 
 from ._common import (
-    copy_graph,
+    graph_pass,
     hook_kind,
     is_accumulate_grad,
     is_getitem,
@@ -30,12 +31,12 @@ def _hook_getitem(hook: fx.Node) -> list[fx.Node]:
     return []
 
 
-def reorder_accumulate_grad(graph: fx.Graph) -> fx.Graph:
+@graph_pass
+def reorder_accumulate_grad(g: fx.Graph) -> None:
     """Each accumulate-grad right after its last input (eager runs it as soon as its
     gradient is ready).  When the gradient is an item of a multi-output node, the
     item moves along, so the accumulate can follow the node itself.  Not moved when
     its inputs are all graph inputs."""
-    g, _ = copy_graph(graph)
     for node in [n for n in g.nodes if is_accumulate_grad(n)]:
         grad = node.args[2]
         block: list[fx.Node] = [*_grad_chain(grad), node]
@@ -45,7 +46,6 @@ def reorder_accumulate_grad(graph: fx.Graph) -> fx.Graph:
             continue
         if last.next is not block[0] or any(a.next is not b for a, b in itertools.pairwise(block)):
             move_after(last, *block)
-    return g
 
 
 def _grad_chain(grad: object) -> list[fx.Node]:
@@ -72,22 +72,21 @@ def _is_single_check(n: fx.Node) -> bool:
     )
 
 
-def delay_unpack_hooks(graph: fx.Graph) -> fx.Graph:
+@graph_pass
+def delay_unpack_hooks(g: fx.Graph) -> None:
     """Each saved-tensor unpack hook right before its first user (as late as possible:
     the unpacked tensor lives shortest)."""
-    g, _ = copy_graph(graph)
     for node in [n for n in g.nodes if hook_kind(n) == "unpack_hook"]:
         if node.users:
             first = min(node.users)
             if node.next is not first:
                 first.prepend(node)
-    return g
 
 
-def reorder_tensor_pre_hooks(graph: fx.Graph) -> fx.Graph:
+@graph_pass
+def reorder_tensor_pre_hooks(g: fx.Graph) -> None:
     """Each tensor pre-hook (``Tensor.register_hook``) right after the gradient it
     receives is computed.  Not moved when that gradient is a graph input."""
-    g, _ = copy_graph(graph)
     for node in [n for n in g.nodes if hook_kind(n) == "tensor_pre_hook"]:
         grad = node.args[1]
         if not isinstance(grad, fx.Node) or is_input_like(grad):
@@ -103,7 +102,6 @@ def reorder_tensor_pre_hooks(graph: fx.Graph) -> fx.Graph:
             a.next is not b for a, b in itertools.pairwise(block)
         ):
             move_after(anchor, *block)
-    return g
 
 
 def _pre_hook_inputs(node: fx.Node) -> tuple[list[fx.Node], list[fx.Node]]:
@@ -118,11 +116,11 @@ def _pre_hook_inputs(node: fx.Node) -> tuple[list[fx.Node], list[fx.Node]]:
     return producers, getitems
 
 
-def schedule_pre_hooks_early(graph: fx.Graph) -> fx.Graph:
+@graph_pass
+def schedule_pre_hooks_early(g: fx.Graph) -> None:
     """Each node pre-hook right after its last input, so that accumulate-grad
     reordering (which follows) can see through it.  Not eager's order by itself:
     `place_pre_hooks_before_node` restores that."""
-    g, _ = copy_graph(graph)
     for node in [n for n in g.nodes if hook_kind(n) == "pre_hook"]:
         producers, getitems = _pre_hook_inputs(node)
         if not producers:
@@ -133,13 +131,12 @@ def schedule_pre_hooks_early(graph: fx.Graph) -> fx.Graph:
         block = [*_hook_getitem(node), *getitems, node]
         if last.next is not block[0]:
             move_after(last, *block)
-    return g
 
 
-def place_pre_hooks_before_node(graph: fx.Graph) -> fx.Graph:
+@graph_pass
+def place_pre_hooks_before_node(g: fx.Graph) -> None:
     """Each node pre-hook (and the items it returns) right before the node it is
     registered on, where the eager engine calls it."""
-    g, _ = copy_graph(graph)
     pre_hooks = [n for n in g.nodes if hook_kind(n) == "pre_hook"]
     for node in reversed(pre_hooks):
         users = list(node.users)
@@ -154,13 +151,12 @@ def place_pre_hooks_before_node(graph: fx.Graph) -> fx.Graph:
             continue
         for n in block:
             registered.prepend(n)
-    return g
 
 
-def reorder_post_acc_grad_hooks(graph: fx.Graph) -> fx.Graph:
+@graph_pass
+def reorder_post_acc_grad_hooks(g: fx.Graph) -> None:
     """Each post-accumulate-grad hook right after the accumulate-grad of its
     parameter (several on one parameter keep their order)."""
-    g, _ = copy_graph(graph)
     hooks = [n for n in g.nodes if hook_kind(n) == "post_acc_grad_hook"]
     for node in reversed(hooks):
         param = node.args[1]
@@ -170,15 +166,14 @@ def reorder_post_acc_grad_hooks(graph: fx.Graph) -> fx.Graph:
         if acc is None or acc > node:  # never move a hook before the grad it reads
             continue
         move_after(acc, *_hook_getitem(node), node)
-    return g
 
 
-def reorder_post_hooks(graph: fx.Graph) -> fx.Graph:
+@graph_pass
+def reorder_post_hooks(g: fx.Graph) -> None:
     """Each node post-hook that returns nothing new (no grad outputs) right after
     the last of its inputs and their users, or after that parameter's
     post-accumulate-grad hook when the last is an accumulate-grad.  Post-hooks
     whose outputs the graph uses already sit where eager calls them: not moved."""
-    g, _ = copy_graph(graph)
     hooks = [n for n in g.nodes if hook_kind(n) == "post_hook"]
     for node in reversed(hooks):
         outputs, inputs = node_inputs(node.args[1]), node_inputs(node.args[2])
@@ -202,17 +197,15 @@ def reorder_post_hooks(graph: fx.Graph) -> fx.Graph:
         if is_input_like(last) or last.next is node:
             continue
         move_after(last, *_hook_getitem(node), node)
-    return g
 
 
-def place_size_checks_after_their_call(graph: fx.Graph) -> fx.Graph:
+@graph_pass
+def place_size_checks_after_their_call(g: fx.Graph) -> None:
     """(Retraced graphs) each ``check_sizes`` right after the last of its inputs, so
     it travels with the hook or custom backward whose result it checks."""
     from .._internal.retrace import check_sizes
 
-    g, _ = copy_graph(graph)
     for node in [n for n in g.nodes if n.op == "call_function" and n.target is check_sizes]:
         last = max(node.all_input_nodes)
         if last.next is not node and not is_input_like(last):
             last.append(node)
-    return g

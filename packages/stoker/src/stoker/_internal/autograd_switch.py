@@ -81,7 +81,8 @@ def _enable_fn() -> Callable[..., Any]:
 
 
 def autograd_stats() -> dict[str, Any]:
-    """``stoker_autograd.stats()`` as a dict, or ``{}`` when stoker-autograd has no stats."""
+    """``stoker_autograd.stats()`` as a dict (with its warm-start cache's outcomes), or
+    ``{}`` when stoker-autograd has no stats."""
     try:
         import stoker_autograd
     except ImportError:
@@ -91,7 +92,9 @@ def autograd_stats() -> dict[str, Any]:
         return {}
     value = stats()
     if isinstance(value, dict):
-        return dict(value)
+        # the warm-start cache's outcomes by reason ("miss (new key)": 1), for the report
+        outcomes: dict[str, int] = getattr(stoker_autograd, "cache_outcomes", dict)()
+        return dict(value) | {f"disk cache {k}": n for k, n in sorted(outcomes.items())}
     if hasattr(value, "__dataclass_fields__"):
         import dataclasses
 

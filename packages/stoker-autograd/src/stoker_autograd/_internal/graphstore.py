@@ -1,0 +1,406 @@
+"""The warm-start cache: a new process loads a backward's retraced graph instead of
+running the captured graph eagerly, retracing it and reading its guards again.
+
+An entry (``$STOKER_CACHE_DIR/autograd/graphs/<key>``, a checked
+`stoker_shapes.DiskCache` file, JSON, no pickles) holds the retraced core-aten
+graph (each node's target by qualified name, its arguments, and the metadata of
+its value: sizes, strides, offset, dtype, device), which list and index each
+graph input is read from, the guards of the compile and the sizes it was made for.
+The compiler then compiles the loaded graph as it would a retraced one, and
+stoker-triton's compiled-graph cache finds its segments.
+
+| what decides the key | how |
+|---|---|
+| the captured graph | after the reordering passes, every node: op, target (a functional backward by the engine's name, functions by qualified name), arguments (nodes by position, so an inlined AOT backward is keyed by its content, not by its id), the output metadata a custom backward promised |
+| the inputs | each tensor's sizes, strides, offset, dtype, device, requires_grad, type; the sizes and scalars the engine lifted, by value and type |
+| the shape state | the positions already seen to change (symbolic from now on), how capture symbols map to sizes and scalars |
+| the session | dynamic or not, the compiler's qualified name, grad mode (``create_graph``) |
+| the code | torch, stoker-autograd, stoker-capture and stoker-shapes versions, a hash of stoker-autograd's sources, the entry format |
+
+Python objects are never stored: hooks, custom Functions' ctx and packed data are
+graph inputs read by position from the lists the engine passes at every call
+(``hooks``, ``packed_data``), the same collection order that made the key.
+
+| on a lookup | result |
+|---|---|
+| no entry | miss "new key" |
+| broken entry (bytes, version) | `DiskCache` warns once naming the file; miss "corrupt entry"; the cold compile rewrites it |
+| the stored guards fail on this call | miss "guards failed" |
+| otherwise | hit: no eager run, no retrace |
+
+Tensor constants (of an inlined AOT backward) are stored by value, up to
+`MAX_CONSTANT_BYTES` each, and keyed by a hash of their values.  A graph the
+format cannot hold (a saved-tensor unpack hook, whose result's sizes are known
+only after a run; a larger constant; symbolic sizes; a call target without a
+qualified name) is compiled every time: "uncacheable: why" in the log.
+Set ``STOKER_AUTOGRAD_CACHE=0`` to neither read nor write entries.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import sympy
+import torch
+import torch.fx as fx
+
+from stoker_capture._internal.serialize import (
+    _arg_from_json,
+    _arg_to_json,
+    _target_from_json,
+    _target_to_json,
+)
+from stoker_shapes import DiskCache, GuardSet, ShapeContext
+
+from . import ops
+from .capture import fake_tensor, graph_module
+from .retrace import Position, check_sizes
+
+log = logging.getLogger("stoker.cache")
+
+ENTRY_FORMAT = "1"  # bump when an entry's layout or meaning changes
+_ENV_OFF = "STOKER_AUTOGRAD_CACHE"  # "0": neither read nor write entries
+
+# The Python calls a retraced graph may hold, by the name an entry stores.
+OPAQUE_BY_NAME: dict[str, Any] = {
+    "stoker_autograd.call_backward": ops.call_backward,
+    "stoker_autograd.call_hook": ops.call_hook,
+    "stoker_autograd.accumulate_grad": ops.accumulate_grad,
+    "stoker_autograd.call_cpp_tensor_pre_hooks": ops.call_cpp_tensor_pre_hooks,
+    "stoker_autograd.exec_final_callbacks_stub": ops.exec_final_callbacks_stub,
+    "stoker_autograd.check_sizes": check_sizes,
+}
+_NAME_OF = {id(v): k for k, v in OPAQUE_BY_NAME.items()}
+
+# process-wide counts: "hit", "miss (why)", "uncacheable (why)", "write"
+outcomes: dict[str, int] = {}
+
+
+class Uncacheable(Exception):
+    """The graph cannot be stored exactly; the message says why."""
+
+
+def enabled() -> bool:
+    return os.environ.get(_ENV_OFF, "1") != "0"
+
+
+def store() -> DiskCache:
+    from stoker_shapes._internal.diskcache import cache_root
+
+    return DiskCache(cache_root, "autograd/graphs", _version())
+
+
+def count(what: str) -> None:
+    outcomes[what] = outcomes.get(what, 0) + 1
+
+
+@functools.cache
+def _version() -> str:
+    """Entry format, versions and a hash of stoker-autograd's sources (no spaces)."""
+    import stoker_capture
+    import stoker_shapes
+
+    from .. import __version__
+
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent.parent
+    for p in sorted(root.rglob("*.py")):
+        h.update(str(p.relative_to(root)).encode())
+        h.update(p.read_bytes())
+    parts = (
+        ENTRY_FORMAT,
+        f"torch{torch.__version__}",
+        f"autograd{__version__}",
+        f"capture{getattr(stoker_capture, '__version__', '?')}",
+        f"shapes{getattr(stoker_shapes, '__version__', '?')}",
+        h.hexdigest()[:16],
+    )
+    return "-".join(parts).replace(" ", "_")
+
+
+# --------------------------------------------------------------------------
+# the key
+
+
+def _target_text(t: Any) -> str:
+    if isinstance(t, ops.BoundBackward):
+        return f"bound:{t.__name__}"
+    if isinstance(t, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return f"op:{t}"
+    if isinstance(t, str):
+        return t
+    mod = getattr(t, "__module__", None)
+    name = getattr(t, "__qualname__", None)
+    if mod is None or name is None or "<" in name:
+        raise Uncacheable(f"the graph calls {t!r}, which has no stable qualified name")
+    return f"{mod}.{name}"
+
+
+def _arg_text(a: Any, index: dict[fx.Node, int]) -> str:
+    if isinstance(a, fx.Node):
+        return f"%{index[a]}"
+    if isinstance(a, list | tuple):
+        inner = ",".join(_arg_text(x, index) for x in a)
+        return f"[{inner}]" if isinstance(a, list) else f"({inner})"
+    if isinstance(a, dict):
+        return "{" + ",".join(f"{k}:{_arg_text(v, index)}" for k, v in sorted(a.items())) + "}"
+    if isinstance(a, torch.Tensor):
+        raise Uncacheable("a tensor is an argument of the captured graph")
+    if a is None or isinstance(a, bool | int | float | str | torch.dtype | torch.device):
+        return f"{type(a).__name__}:{a!r}"
+    if isinstance(a, torch.layout | torch.memory_format | sympy.Expr):
+        return f"{type(a).__name__}:{a}"
+    raise Uncacheable(f"a captured-graph argument of type {type(a).__qualname__}")
+
+
+def graph_text(gm: fx.GraphModule, sym_sources: dict[sympy.Symbol, tuple[str, int]]) -> str:
+    """The captured graph as text that names no node and no object id (the key's part)."""
+    index: dict[fx.Node, int] = {}
+    lines: list[str] = []
+    for i, n in enumerate(gm.graph.nodes):
+        index[n] = i
+        if n.op == "get_attr":  # a constant of an inlined AOT backward: by its values
+            lines.append(f"get_attr {_const_digest(getattr(gm, str(n.target)))}")
+            continue
+        if n.op == "call_function" and n.target is ops.call_hook:
+            if n.kwargs.get("hook_type") == "unpack_hook":
+                raise Uncacheable(
+                    "a saved-tensor unpack hook (its result's sizes show only at run)"
+                )
+        target = n.target if n.op != "call_function" else _target_text(n.target)
+        meta = n.meta.get("stoker_out_meta")
+        lines.append(
+            f"{n.op} {target} {_arg_text(tuple(n.args), index)} {_arg_text(dict(n.kwargs), index)}"
+            + (f" out_meta={_arg_text(meta, index)}" if meta is not None else "")
+        )
+    lines += sorted(f"sym {s}={w}[{i}]" for s, (w, i) in sym_sources.items())
+    return "\n".join(lines)
+
+
+MAX_CONSTANT_BYTES = 1 << 20  # larger tensor constants make a graph uncacheable
+
+
+def _const_bytes(t: Any) -> bytes:
+    if not isinstance(t, torch.Tensor) or type(t) is not torch.Tensor or t.layout != torch.strided:
+        raise Uncacheable(f"a graph constant of type {type(t).__qualname__}")
+    if t.numel() * t.element_size() > MAX_CONSTANT_BYTES:
+        raise Uncacheable(f"a tensor constant over {MAX_CONSTANT_BYTES} bytes")
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return bytes(flat.view(torch.uint8).numpy().tobytes())
+
+
+def _const_digest(t: Any) -> str:
+    data = _const_bytes(t)
+    return f"{_tensor_text(t)}={hashlib.sha256(data).hexdigest()}"
+
+
+def _const_json(t: torch.Tensor) -> dict[str, Any]:
+    return {
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "size": list(t.shape),
+        "stride": list(t.stride()),
+        "device": str(t.device),
+        "data": base64.b64encode(_const_bytes(t)).decode(),
+    }
+
+
+def _const_back(d: dict[str, Any]) -> torch.Tensor:
+    """The constant as stored: same values, sizes, strides, dtype, device."""
+    dtype = getattr(torch, d["dtype"])
+    raw = bytearray(base64.b64decode(d["data"]))
+    flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    values = flat.view(dtype).reshape(d["size"])
+    out = torch.empty_strided(d["size"], d["stride"], dtype=dtype, device=d["device"])
+    return out.copy_(values)
+
+
+def _tensor_text(t: torch.Tensor) -> str:
+    return (
+        f"{type(t).__name__}({tuple(t.shape)},{t.stride()},{t.storage_offset()},"
+        f"{t.dtype},{t.device},{t.requires_grad})"
+    )
+
+
+def _value_text(v: Any) -> str:
+    if isinstance(v, torch.Tensor):
+        return _tensor_text(v)
+    if v is None or isinstance(v, bool | int | float):
+        return f"{type(v).__name__}:{v!r}"
+    raise Uncacheable(f"an input of type {type(v).__qualname__}")
+
+
+def key(
+    graph: str,
+    inputs: Sequence[Any],
+    sizes: Sequence[Any],
+    scalars: Sequence[Any],
+    dynamic: frozenset[Position],
+    session: Any,
+) -> str:
+    h = hashlib.sha256()
+    compiler = session.compiler
+    name = f"{getattr(compiler, '__module__', '?')}.{getattr(compiler, '__qualname__', '?')}"
+    for part in (
+        _version(),
+        graph,
+        "inputs " + ";".join(_value_text(x) for x in inputs),
+        "sizes " + ";".join(_value_text(x) for x in sizes),
+        "scalars " + ";".join(_value_text(x) for x in scalars),
+        f"dynamic {sorted(dynamic)}",
+        f"session dynamic={session.dynamic} compiler={name}",
+        f"grad mode {torch.is_grad_enabled()}",  # create_graph=True backwards differ
+    ):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+# --------------------------------------------------------------------------
+# the entry
+
+
+def _target_json(t: Any) -> str:
+    name = _NAME_OF.get(id(t))
+    if name is not None:
+        return f"autograd:{name}"
+    try:
+        return _target_to_json(t)
+    except Exception as e:
+        raise Uncacheable(f"the retraced graph calls {t!r}") from e
+
+
+def _target_back(s: str) -> Any:
+    if s.startswith("autograd:"):
+        return OPAQUE_BY_NAME[s.removeprefix("autograd:")]
+    return _target_from_json(s)
+
+
+def _is_symbolic(x: Any) -> bool:
+    if not isinstance(x, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return False
+    return not (x.node.is_constant() or x.node.expr.is_number)
+
+
+def _val_json(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        # never int() a symbolic size: that would specialize it (add a guard)
+        if any(map(_is_symbolic, (*v.shape, *v.stride(), v.storage_offset()))):
+            raise Uncacheable("the graph has symbolic sizes")
+        return {
+            "t": [
+                [int(s) for s in v.shape],
+                [int(s) for s in v.stride()],
+                int(v.storage_offset()),
+                str(v.dtype).removeprefix("torch."),
+                str(v.device),
+            ]
+        }
+    if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
+        if _is_symbolic(v):
+            raise Uncacheable("the graph has symbolic sizes")
+        return _val_json(v.node.pytype(v.node.expr))
+    if v is None or isinstance(v, bool | int | float):
+        return _arg_to_json(v)
+    if isinstance(v, list | tuple):
+        return {"list" if isinstance(v, list) else "tuple": [_val_json(x) for x in v]}
+    raise Uncacheable(f"a graph value of type {type(v).__qualname__}")
+
+
+def _val_back(d: Any, ctx: ShapeContext) -> Any:
+    if isinstance(d, dict) and "t" in d:
+        size, stride, offset, dtype, device = d["t"]
+        return fake_tensor(ctx.fake_mode, size, stride, offset, getattr(torch, dtype), device)
+    if isinstance(d, dict) and ("list" in d or "tuple" in d):
+        items = [_val_back(x, ctx) for x in d.get("list") or d.get("tuple") or []]
+        return items if "list" in d else tuple(items)
+    return _arg_from_json(d, {})
+
+
+def graph_json(gm: fx.GraphModule) -> list[dict[str, Any]]:
+    """A retraced graph's nodes as JSON values (raises `Uncacheable`)."""
+    nodes: list[dict[str, Any]] = []
+    for n in gm.graph.nodes:
+        if n.op not in ("placeholder", "call_function", "get_attr", "output"):
+            raise Uncacheable(f"a {n.op} node in the retraced graph")
+        d: dict[str, Any] = {"op": n.op, "name": n.name}
+        if n.op == "call_function":
+            d["target"] = _target_json(n.target)
+        elif n.op == "get_attr":
+            d["target"] = str(n.target)
+            d["const"] = _const_json(getattr(gm, str(n.target)))
+        try:
+            d["args"] = _arg_to_json(tuple(n.args))
+            d["kwargs"] = {k: _arg_to_json(v) for k, v in n.kwargs.items()}
+        except Exception as e:
+            raise Uncacheable(f"an argument of {n.name}: {e}") from e
+        if "val" in n.meta:
+            d["val"] = _val_json(n.meta["val"])
+        d["meta"] = {
+            k: v
+            for k, v in n.meta.items()
+            if k.startswith(("autograd", "stoker")) and isinstance(v, str)
+        }
+        nodes.append(d)
+    return nodes
+
+
+def entry(
+    nodes: list[dict[str, Any]],
+    arg_spec: Sequence[tuple[int, int]],
+    guards: GuardSet,
+    values: dict[Position, int],
+) -> bytes:
+    """The body of an entry: the graph (`graph_json`), where each input is read from,
+    the guards (after the compiler ran: it may add some), the sizes compiled for."""
+    body = {
+        "graph": nodes,
+        "arg_spec": [list(x) for x in arg_spec],
+        "guards": guards.to_json(),
+        "values": [[*p, v] for p, v in values.items()],
+    }
+    return json.dumps(body).encode()
+
+
+def from_json(
+    data: bytes,
+) -> tuple[fx.GraphModule, list[tuple[int, int]], GuardSet, dict[Position, int]]:
+    """(graph with fake values, arg_spec, guards, values) of an entry; raises on a bad one."""
+    body = json.loads(data)
+    ctx = ShapeContext(policy="static")
+    g = fx.Graph()
+    root = torch.nn.Module()
+    env: dict[str, fx.Node] = {}
+    for d in body["graph"]:
+        args = _arg_from_json(d["args"], env)
+        kwargs = {k: _arg_from_json(v, env) for k, v in d["kwargs"].items()}
+        if d["op"] == "placeholder":
+            node = g.placeholder(d["name"])
+        elif d["op"] == "output":
+            node = g.output(args[0])
+        elif d["op"] == "get_attr":
+            target = str(d["target"])
+            if not target.isidentifier():
+                raise ValueError(f"a constant named {target!r}")
+            setattr(root, target, _const_back(d["const"]))
+            node = g.create_node("get_attr", target, name=d["name"])
+        else:
+            node = g.create_node(
+                "call_function", _target_back(d["target"]), args, kwargs, name=d["name"]
+            )
+        node.meta.update(d.get("meta", {}))
+        if "val" in d:
+            node.meta["val"] = _val_back(d["val"], ctx)
+        env[d["name"]] = node
+    g.lint()
+    gm = graph_module(root, g, "StokerBackwardAten")
+    arg_spec = [(int(w), int(i)) for w, i in body["arg_spec"]]
+    values = {(int(w), int(i), int(dim)): int(v) for w, i, dim, v in body["values"]}
+    return gm, arg_spec, GuardSet.from_json(body["guards"]), values

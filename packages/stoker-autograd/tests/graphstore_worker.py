@@ -1,0 +1,97 @@
+"""One process of the warm-start tests: ``python graphstore_worker.py MODEL SEED``.
+
+Builds MODEL twice from one seed (hooks registered on each), runs one backward
+on a fresh input made from SEED eagerly and one inside ``stoker_autograd.enable()``,
+and prints one JSON line: the counters, the cache outcomes, the largest gradient
+difference and what the hooks saw.  STOKER_CACHE_DIR comes from the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+import stoker_autograd
+from stoker_autograd._internal import graphstore
+
+
+class Scale(torch.autograd.Function):
+    """Keeps a Python float on ctx: not in the engine's key, read at run time."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        ctx.save_for_backward(x, w)
+        return x * w * scale
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        x, w = ctx.saved_tensors
+        return g * w * ctx.scale, (g * x * ctx.scale).sum(0), None
+
+
+class WithFunction(nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.w = nn.Parameter(torch.randn(8))
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return Scale.apply(torch.tanh(self.lin(x)), self.w, self.scale)
+
+
+def build(name: str, seen: list[str], scale: float) -> nn.Module:
+    torch.manual_seed(0)
+    if name == "mlp":
+        return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    if name == "mlp-wide":  # the "changed model"
+        return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+    if name == "aot-linear":  # compiled by stoker_capture.aot_module below
+        return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
+    if name == "function":
+        return WithFunction(scale)
+    if name == "hooks":
+        m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+        m[0].weight.register_hook(lambda g: g * 2.0)
+        for pname, p in m.named_parameters():
+            p.register_post_accumulate_grad_hook(lambda p, n=pname: seen.append(n))
+        return m
+    raise SystemExit(f"unknown model {name}")
+
+
+def main() -> None:
+    name, seed = sys.argv[1], int(sys.argv[2])
+    scale = 1.0 + seed  # another float on ctx in every process
+    seen_eager: list[str] = []
+    seen: list[str] = []
+    eager, model = build(name, seen_eager, scale), build(name, seen, scale)
+    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(seed))
+    eager(x).pow(2).sum().backward()
+    fwd: Any = model
+    if name.startswith("aot-"):  # the forward compiled by stoker-capture: its backward inlined
+        import stoker_capture
+
+        fwd = stoker_capture.aot_module(model)
+    with stoker_autograd.enable():
+        fwd(x).pow(2).sum().backward()
+    diff = max(
+        float((a.grad - b.grad).abs().max())  # type: ignore[operator]
+        for a, b in zip(eager.parameters(), model.parameters(), strict=True)
+    )
+    out = {
+        "stats": stoker_autograd.stats(),
+        "outcomes": graphstore.outcomes,
+        "diff": diff,
+        "seen": seen,
+        "seen_eager": seen_eager,
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""The first compiled-autograd backward of a model: capture, retrace and the whole call.
+
+    STOKER_CACHE_DIR=$(mktemp -d) python tools/bench_autograd_first.py [--model gpt-m] [--batch 2] [--repeat 3]
+
+One `bench --suite gpu` model (default gpt-m, batch 2) through ``stoker.compile``
+with the aten executor (no Triton: the backward's compiler only runs aten ops).
+Each repeat clears the engine's in-memory cache, so the backward is captured
+again: the first repeat is cold, later ones find the warm-start cache
+(``autograd/graphs``) that the first wrote, as a new process would, unless
+``STOKER_AUTOGRAD_CACHE=0``.  Prints, per repeat, seconds spent in capture
+(``begin_capture`` .. ``end_capture``, the reordering passes included), in the
+retrace, and in the whole ``loss.backward()`` (which also runs it), plus the
+counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gpt-m")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+
+    import stoker
+    import stoker_autograd
+    from stoker._internal.bench_suite import get_entry
+    from stoker_autograd._internal import capture, runtime
+
+    spent = {"capture": 0.0, "retrace": 0.0}
+    begin, end, retrace = (
+        capture.CaptureInstance.begin_capture,
+        capture.CaptureInstance.end_capture,
+        runtime.retrace,
+    )
+    started: dict[int, float] = {}
+
+    def timed_begin(self: Any, *args: Any) -> Any:
+        started[id(self)] = time.perf_counter()
+        return begin(self, *args)
+
+    def timed_end(self: Any, *args: Any) -> Any:
+        out = end(self, *args)
+        spent["capture"] += time.perf_counter() - started.pop(id(self))
+        return out
+
+    def timed_retrace(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        out = retrace(*args, **kwargs)
+        spent["retrace"] += time.perf_counter() - t0
+        return out
+
+    capture.CaptureInstance.begin_capture = timed_begin  # type: ignore[method-assign]
+    capture.CaptureInstance.end_capture = timed_end  # type: ignore[method-assign]
+    runtime.retrace = timed_retrace
+
+    entry = get_entry(a.model)
+    size = {**entry.size, "batch": a.batch}
+    torch.manual_seed(0)
+    model = entry.build(size)
+    args, target = entry.batch(size, torch.Generator().manual_seed(0))
+    compiled = stoker.compile(model, backend="aten")
+    print(f"{a.model} (batch {a.batch}), first backward per capture, seconds")
+    print(f"{'repeat':>6}{'capture':>9}{'retrace':>9}{'backward':>10}  counters")
+    for i in range(a.repeat):
+        torch._C._dynamo.compiled_autograd.clear_cache()
+        model.zero_grad(set_to_none=True)
+        stoker_autograd.reset_stats()
+        spent.update(capture=0.0, retrace=0.0)
+        loss = entry.loss(compiled(*args), target)
+        t0 = time.perf_counter()
+        loss.backward()
+        total = time.perf_counter() - t0
+        st = stoker_autograd.stats()
+        counters = ", ".join(
+            f"{k} {st.get(k, 0)}" for k in ("captures", "compiles", "eager_runs", "disk_hits")
+        )
+        print(f"{i:>6}{spent['capture']:>9.2f}{spent['retrace']:>9.2f}{total:>10.2f}  {counters}")
+
+
+if __name__ == "__main__":
+    main()
