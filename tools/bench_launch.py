@@ -77,7 +77,9 @@ def launch_overhead() -> int:
     stream = torch.cuda.current_stream().cuda_stream if gpu else 0
     ap, op = a.data_ptr(), o.data_ptr()
     bare = _per_call_us(
-        lambda: run(grid, 1, 1, stream, function, meta, None, None, None, ap, op, 4096, 1, 3, xb, rb),
+        lambda: run(
+            grid, 1, 1, stream, function, meta, None, None, None, ap, op, 4096, 1, 3, xb, rb
+        ),
         n,
     )
     eager_op = _per_call_us(lambda: torch.mul(a, 3, out=o), n)
