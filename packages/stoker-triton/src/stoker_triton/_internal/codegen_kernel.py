@@ -265,8 +265,9 @@ class KernelCodegen:
 
     def online_update(self, n: ReductionNode, m: ReductionNode, acc: tuple[str, str]) -> None:
         """Per lane: the running max and the sum of exp(v - running max), the
-        sum rescaled when the max grows. A NaN sticks as in eager; lanes that
-        saw only masked or equal maxima rescale by exactly 1 (no -inf - -inf)."""
+        sum rescaled when the max grows. A NaN or +inf makes NaN as in eager;
+        a lane whose max is still -inf (masked or -inf elements) adds 0 and
+        rescales by exactly 1 (never -inf - -inf)."""
         mx, sm = acc
         p = self.k.placements[n.name]
         v = self.value(m.body, p, "xrmask", True)
@@ -274,7 +275,7 @@ class KernelCodegen:
         self.line(f"{vm} = tl.where(xrmask, {v}, float('-inf'))")
         self.line(f"{nm} = tl.where(({vm} > {mx}) | ({vm} != {vm}), {vm}, {mx})")
         scale = f"tl.where({mx} == {nm}, 1.0, tl.exp({mx} - {nm}))"
-        term = f"tl.where(xrmask, tl.exp({vm} - {nm}), 0.0)"
+        term = f"tl.where({nm} == float('-inf'), 0.0, tl.exp({vm} - {nm}))"
         self.line(f"{sm} = {sm} * {scale} + {term}")
         self.line(f"{mx} = {nm}")
 

@@ -42,13 +42,15 @@ def strides(index: Expr, x: sympy.Symbol, r: sympy.Symbol) -> tuple[Expr, Expr]:
 
 
 def is_outer(indices: Iterable[Expr], x: sympy.Symbol, r: sympy.Symbol) -> bool:
-    """True when most loads step by one along `x` and not along `r`
-    (ties and unknown strides: inner)."""
+    """True when most full-size loads (their index moves with both `x` and `r`;
+    a per-row or per-column vector read beside them does not count) step by
+    one along `x` and not along `r`. Ties, unknown strides and no full-size
+    load: inner."""
     outer = inner = 0
     for e in indices:
-        if not e.free_symbols & {x, r}:
-            continue
         sx, sr = strides(e, x, r)
+        if sx == 0 or sr == 0:
+            continue
         if sx == 1 and sr != 1:
             outer += 1
         else:

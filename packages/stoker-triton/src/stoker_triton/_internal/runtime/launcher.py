@@ -25,7 +25,7 @@ def outer_tile(xnumel: int, rnumel: int, persistent: bool) -> tuple[int, int, in
     per 128 elements, 2 to 8). A persistent kernel's RBLOCK is its whole row."""
     xp, rp = next_pow2(xnumel), next_pow2(rnumel)
     if xnumel <= 1024:
-        xb, rb = max(min(xnumel // 128, 8), 2), 64
+        xb, rb = next_pow2(max(min(xnumel // 128, 8), 2)), 64
     elif xnumel // 4096 <= 8:
         xb, rb = 16, 32
     else:
