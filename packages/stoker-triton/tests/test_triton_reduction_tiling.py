@@ -216,3 +216,20 @@ def test_every_config_compiles_for_sm90(monkeypatch):
     check(lambda x: (torch.log_softmax(x, -1), rms_norm(x, 1.0)), torch.randn(2, 9000), rtol=1e-4)
     check(lambda x: x.sum(0), torch.randn(2048, 24), kernels=2, rtol=1e-4, atol=1e-4)
     assert xcompile.compiled_count > before
+
+
+@pytest.mark.parametrize("kind", ["pointwise", "persistent", "looped", "outer", "outer-persistent"])
+def test_every_heuristic_config_is_a_valid_launch(kind):
+    """Powers of two (tl.arange needs them), a persistent row held whole, a warp count
+    Triton takes, and at most 16384 elements per program (registers)."""
+    lau = _launcher(kind != "pointwise", kind in ("pointwise", "persistent", "outer-persistent"))
+    lau.outer = kind.startswith("outer")
+    xs = [1, 2, 3, 7, 24, 100, 384, 1000, 1025, 5000, 8192, 40000, 131072, 1 << 27]
+    rs = [1] if kind == "pointwise" else [2, 3, 16, 40, 100, 1000, 1024, 3000, 8192]
+    for x in xs:
+        for r in rs:
+            xb, rb, w = cfg = lau.heuristic(x, r)
+            assert all(v & (v - 1) == 0 for v in cfg) and 1 <= w <= 16, (x, r, cfg)
+            assert xb * rb <= 16384, (x, r, cfg)
+            if lau.persistent and lau.is_reduction:
+                assert rb >= r, (x, r, cfg)

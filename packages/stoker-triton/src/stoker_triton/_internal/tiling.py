@@ -26,8 +26,13 @@ THREADS_PER_SM = 2048
 SPLIT_MAX_OUTPUTS = 2 * NUM_SM * 32
 # ... and at least this many reduced elements per output.
 SPLIT_MIN_RNUMEL = 1024
-# An inner reduction's partials reduce at least this many elements each.
+# An inner reduction's partials reduce at least this many elements each, and
+# only reductions with at most this many outputs split: a full reduction
+# (`x.sum()`, a gradient norm) must, while splitting a few long softmax or
+# norm rows would cut their one kernel into five (a program per row keeps
+# the row's statistics and its output in one kernel, at fewer programs).
 INNER_SPLIT_MIN_CHUNK = 2048
+INNER_SPLIT_MAX_OUTPUTS = 32
 # Reduction types whose partial results combine with the same reduction.
 SPLITTABLE = frozenset({"sum", "prod", "max", "min", "any", "all"})
 
@@ -63,8 +68,8 @@ def split_factor(xnumel: Expr, rnumel: Expr, outer: bool) -> int:
     elements is split into (1: no split); static sizes only. Outer reductions
     follow Inductor's outer split (`choices.reduction_split_factor`): enough
     128-output programs of 8 warps to fill the device, each partial at least 32
-    rows. Inner ones split only with fewer outputs than SMs (`x.sum()`): about
-    8 programs per SM, each partial at least 2048 elements. The factor is
+    rows. Inner ones split only with at most INNER_SPLIT_MAX_OUTPUTS outputs
+    (`x.sum()`): about 8 programs per SM, each partial at least 2048 elements. The factor is
     rounded down to a divisor of `rnumel`, so every partial is whole."""
     if not (xnumel.is_number and rnumel.is_number):
         return 1
@@ -79,7 +84,7 @@ def split_factor(xnumel: Expr, rnumel: Expr, outer: bool) -> int:
             chunk = max(-(-r // (4 * target_blocks)), 32) * 4
         want = min(r // 32, -(-r // chunk))
     else:
-        if x >= 2 * NUM_SM or r < 8 * INNER_SPLIT_MIN_CHUNK:
+        if x > INNER_SPLIT_MAX_OUTPUTS or r < 8 * INNER_SPLIT_MIN_CHUNK:
             return 1
         want = min(r // INNER_SPLIT_MIN_CHUNK, -(-8 * NUM_SM // x))
     want = max(want, 1)

@@ -35,6 +35,7 @@ def outer_tile(xnumel: int, rnumel: int, persistent: bool) -> tuple[int, int, in
     if persistent:
         rb = rp
         target = max(target, min(rb * 16, 8192))
+        xb = max(1, min(xb, target // rb))
     xb, rb = min(xb, xp), min(rb, rp)
     while xb < xp and xb * rb < target:
         xb *= 2
