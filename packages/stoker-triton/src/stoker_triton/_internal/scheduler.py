@@ -12,6 +12,12 @@ in program order into the earliest kernel at or after their last producer;
 scatters and extern calls are steps of their own. Buffers produced and read
 only inside one kernel are never stored (`Schedule.internal`); the others
 are freed after their last reader (`Schedule.last_use`).
+
+A reduction kernel is persistent (the row in registers, read once) when its
+row fits (`PERSISTENT_RNUMEL_MAX`), unless one loop would read it once
+anyway (`_single_pass`); a looped kernel runs one loop per segment
+(`loop_segments`), softmax's max and sum in one (`online_softmax_max`).
+docs/triton.md "Reduction tiling" has the rules.
 """
 
 from __future__ import annotations
