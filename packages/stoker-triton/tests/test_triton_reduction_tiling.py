@@ -233,3 +233,13 @@ def test_every_heuristic_config_is_a_valid_launch(kind):
             assert xb * rb <= 16384, (x, r, cfg)
             if lau.persistent and lau.is_reduction:
                 assert rb >= r, (x, r, cfg)
+
+
+def test_looped_bool_min_max_keep_the_accumulator_type(monkeypatch):
+    """A looped amin/amax over bools (more kernels loop now): the identity promoted the
+    update to int32, which Triton's compiler refuses for a loop-carried bool."""
+    from stoker_triton._internal import xcompile
+
+    monkeypatch.setenv(xcompile.ENV, "cuda:90")
+    x = torch.randn(6, 40)
+    check(lambda x: ((x > 0).amin(1), (x > -1).amax(1), (x > 0).amin(0)), x, **LOOPED)

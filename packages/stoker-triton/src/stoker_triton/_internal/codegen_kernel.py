@@ -462,7 +462,8 @@ class KernelCodegen:
                 self.line(f"m = {masked}")
                 self.line(f"{acc} = tl.where((m {cmp} {acc}) | (m != m), m, {acc})")
             else:
-                self.line(f"{acc} = tl.{t}imum({acc}, {masked})")
+                # bool rows: the identity (0 or 1) promotes the update to int32
+                self.line(f"{acc} = tl.{t}imum({acc}, {masked}).to({acc}.dtype)")
         elif t == "any":
             self.line(f"{acc} = tl.maximum({acc}, tl.where(xrmask, ({v} != 0).to(tl.int32), 0))")
         elif t == "all":
