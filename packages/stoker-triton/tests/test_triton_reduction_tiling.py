@@ -250,3 +250,4 @@ def test_looped_bool_min_max_keep_the_accumulator_type(monkeypatch):
     monkeypatch.setenv(xcompile.ENV, "cuda:90")
     x = torch.randn(6, 40)
     check(lambda x: ((x > 0).amin(1), (x > -1).amax(1), (x > 0).amin(0)), x, **LOOPED)
+    check(lambda x: (torch.min(x > 0, 1), torch.max(x > 0, 0)), x, fresh_inputs=False, **LOOPED)

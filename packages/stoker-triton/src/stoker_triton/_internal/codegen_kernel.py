@@ -416,7 +416,10 @@ class KernelCodegen:
 
     def acc_init(self, n: ReductionNode) -> Any:
         t = n.reduce_type
-        dt = TL_DTYPE[n.body.dtype if t not in ("any", "all") else torch.int32]
+        # bool rows accumulate in int32 (the identity 0/1 promotes every update to
+        # it; a loop-carried int1 that turns int32 is refused), stored as bool
+        boolish = t in ("any", "all") or n.body.dtype == torch.bool
+        dt = TL_DTYPE[torch.int32 if boolish else n.body.dtype]
         ident = self._ident(n)
         body_key = (n.body, self.k.placements[n.name].key())
         if t in ("welford_mean", "welford_m2"):
@@ -462,8 +465,7 @@ class KernelCodegen:
                 self.line(f"m = {masked}")
                 self.line(f"{acc} = tl.where((m {cmp} {acc}) | (m != m), m, {acc})")
             else:
-                # bool rows: the identity (0 or 1) promotes the update to int32
-                self.line(f"{acc} = tl.{t}imum({acc}, {masked}).to({acc}.dtype)")
+                self.line(f"{acc} = tl.{t}imum({acc}, {masked})")
         elif t == "any":
             self.line(f"{acc} = tl.maximum({acc}, tl.where(xrmask, ({v} != 0).to(tl.int32), 0))")
         elif t == "all":
