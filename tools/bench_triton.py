@@ -81,6 +81,13 @@ def main() -> int:
     w = torch.randn(cols, device=dev)
     b = torch.randn(cols, device=dev)
     y = torch.empty_like(x)
+    g = torch.randn(rows, cols, device=dev)  # an incoming gradient
+    sm = torch.softmax(x, -1)
+    mean = x.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(x.var(-1, correction=0, keepdim=True) + 1e-5)
+    # a row longer than any persistent kernel holds (online softmax), as many elements / 8
+    lrows, lcols = (2, 256) if args.smoke else (16, 65536) if args.quick else (64, 262144)
+    xl = torch.randn(lrows, lcols, device=dev)
     copy_ms = do_bench(lambda: y.copy_(x))
     copy_gbs = 2 * x.numel() * 4 / copy_ms / 1e6
     print(f"device: {name}  torch {torch.__version__}")
@@ -100,6 +107,25 @@ def main() -> int:
             (x, w, b),
             2 * n * 4,
         ),
+        ("log_softmax(-1)", lambda x: torch.log_softmax(x, -1), (x,), 2 * n * 4),
+        (f"softmax {lrows}x{lcols}", lambda x: torch.softmax(x, -1), (xl,), 2 * xl.numel() * 4),
+        ("rmsnorm", _rms_norm, (x, w), 2 * n * 4),
+        (
+            "softmax backward",
+            lambda g, y: torch.ops.aten._softmax_backward_data(g, y, -1, y.dtype),
+            (g, sm),
+            3 * n * 4,
+        ),
+        (
+            # dx, dw and db: reads g and x, writes dx (dw, db: cols each)
+            "layernorm backward",
+            lambda g, x, m, r, w, b: torch.ops.aten.native_layer_norm_backward(
+                g, x, [cols], m, r, w, b, [True, True, True]
+            ),
+            (g, x, mean, rstd, w, b),
+            3 * n * 4,
+        ),
+        ("rmsnorm backward", _rms_norm_backward, (g, x, w), 3 * n * 4),
     ]
     print(
         f"{'kernel':28s} {'kernels':>7s} {'ms':>8s} {'GB/s':>8s} {'% copy':>7s} {'cold compile s':>15s}",
@@ -127,6 +153,22 @@ def main() -> int:
                 line += f" {'n/a: ' + type(e).__name__:>14s}"
         print(line)
     return 0
+
+
+def _rms_norm(x: Any, w: Any) -> Any:
+    """RMSNorm as models write it (Llama); F.rms_norm traces an in-place add that
+    stoker-triton runs through aten."""
+    import torch
+
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def _rms_norm_backward(g: Any, x: Any, w: Any) -> Any:
+    """dx of RMSNorm (the weight's gradient aside) for the incoming gradient g."""
+    import torch
+
+    xr = x.detach().requires_grad_()
+    return torch.autograd.grad(_rms_norm(xr, w), xr, g)[0]
 
 
 def _cuda_bench() -> Callable[[Callable[[], Any]], float]:

@@ -38,7 +38,10 @@ from .scheduler import (
     Placement,
     Schedule,
     canonical_index,
+    kernel_is_outer,
     load_index,
+    loop_segments,
+    online_softmax_max,
     store_index,
 )
 
@@ -57,6 +60,7 @@ class KernelSource:
     persistent: bool
     is_reduction: bool
     has_atomics: bool
+    outer: bool = False  # an outer reduction (`tiling.is_outer`): the launcher's outer tiles
 
 
 class _Scope:
@@ -218,33 +222,16 @@ class KernelCodegen:
         return self.finish()
 
     def looped_body(self) -> None:
-        """Split nodes into segments; each segment is one loop over r."""
-        segments: list[list[Any]] = []
-        cur: list[Any] = []
-        cur_red: set[str] = set()
-        for n in self.k.nodes:
-            p = self.k.placements[n.name]
-            reads = {ld.buf for ld in _loads(n)}
-            if not p.reduced_space:
-                if cur:
-                    segments.append(cur)
-                segments.append([n])
-                cur, cur_red = [], set()
-                continue
-            if reads & cur_red:
-                segments.append(cur)
-                cur, cur_red = [], set()
-            cur.append(n)
-            if isinstance(n, ReductionNode):
-                cur_red.add(n.name)
-        if cur:
-            segments.append(cur)
-        for seg in segments:
+        """One loop over r per segment (`scheduler.loop_segments`)."""
+        for seg in loop_segments(self.k):
             if len(seg) == 1 and not self.k.placements[seg[0].name].reduced_space:
                 self.node(seg[0], looped=False)
                 continue
             reds = [n for n in seg if isinstance(n, ReductionNode)]
-            accs = {n.name: self.acc_init(n) for n in reds}
+            online = {n.name: online_softmax_max(self.k, n) for n in reds}
+            accs = {
+                n.name: self.online_init(n) if online[n.name] else self.acc_init(n) for n in reds
+            }
             self.line("for roffset in range(0, rnumel, RBLOCK):")
             self.indent += 1
             self.scope = _Scope(self.kernel_scope)
@@ -252,14 +239,60 @@ class KernelCodegen:
             self.line("rmask = rindex < rnumel")
             self.line("xrmask = xmask & rmask")
             for n in seg:
-                if isinstance(n, ReductionNode):
+                m = online.get(n.name)
+                if m is not None and isinstance(n, ReductionNode):
+                    self.online_update(n, m, accs[n.name])
+                elif isinstance(n, ReductionNode):
                     self.acc_update(n, accs[n.name])
                 else:
                     self.node(n, looped=True)
             self.indent -= 1
             self.scope = self.kernel_scope
             for n in reds:
-                self.acc_finish(n, accs[n.name])
+                m = online[n.name]
+                if m is not None:
+                    self.online_finish(n, m, accs[n.name])
+                else:
+                    self.acc_finish(n, accs[n.name])
+
+    # -- online softmax: sum(exp(v - max(v))) in the loop that finds the max --
+    def online_init(self, n: ReductionNode) -> tuple[str, str]:
+        dt = TL_DTYPE[n.body.dtype]
+        mx, sm = self.new_var("omax"), self.new_var("osum")
+        self.line(f"{mx} = tl.full([XBLOCK, RBLOCK], float('-inf'), {dt})")
+        self.line(f"{sm} = tl.zeros([XBLOCK, RBLOCK], {dt})")
+        return mx, sm
+
+    def online_update(self, n: ReductionNode, m: ReductionNode, acc: tuple[str, str]) -> None:
+        """Per lane: the running max and the sum of exp(v - running max), the
+        sum rescaled when the max grows. A NaN or +inf makes NaN as in eager;
+        a lane whose max is still -inf (masked or -inf elements) adds 0 and
+        rescales by exactly 1 (never -inf - -inf)."""
+        mx, sm = acc
+        p = self.k.placements[n.name]
+        v = self.value(m.body, p, "xrmask", True)
+        vm, nm = self.new_var("ov"), self.new_var("onew")
+        self.line(f"{vm} = tl.where(xrmask, {v}, float('-inf'))")
+        self.line(f"{nm} = tl.where(({vm} > {mx}) | ({vm} != {vm}), {vm}, {mx})")
+        scale = f"tl.where({mx} == {nm}, 1.0, tl.exp({mx} - {nm}))"
+        term = f"tl.where({nm} == float('-inf'), 0.0, tl.exp({vm} - {nm}))"
+        self.line(f"{sm} = {sm} * {scale} + {term}")
+        self.line(f"{mx} = {nm}")
+
+    def online_finish(self, n: ReductionNode, m: ReductionNode, acc: tuple[str, str]) -> None:
+        mx, sm = acc
+        best = self.registers[m.name]  # the row max (m finishes first: it comes first)
+        var = self.new_var("red")
+        scaled = f"tl.where({mx} == {best}, {sm}, {sm} * tl.exp({mx} - {best}))"
+        self.line(f"{var} = tl.sum({scaled}, 1)[:, None]")
+        self.registers[n.name] = var
+        p = self.k.placements[n.name]
+        self.store(
+            n,
+            Placement({k: e for k, e in p.varmap.items() if str(k).startswith("x")}, False),
+            var,
+            "xmask",
+        )
 
     def node(self, n: Any, looped: bool) -> None:
         p = self.k.placements[n.name]
@@ -383,7 +416,10 @@ class KernelCodegen:
 
     def acc_init(self, n: ReductionNode) -> Any:
         t = n.reduce_type
-        dt = TL_DTYPE[n.body.dtype if t not in ("any", "all") else torch.int32]
+        # bool rows accumulate in int32 (the identity 0/1 promotes every update to
+        # it; a loop-carried int1 that turns int32 is refused), stored as bool
+        boolish = t in ("any", "all") or n.body.dtype == torch.bool
+        dt = TL_DTYPE[torch.int32 if boolish else n.body.dtype]
         ident = self._ident(n)
         body_key = (n.body, self.k.placements[n.name].key())
         if t in ("welford_mean", "welford_m2"):
@@ -521,6 +557,7 @@ class KernelCodegen:
             persistent=k.persistent,
             is_reduction=k.is_reduction,
             has_atomics=self.has_atomics,
+            outer=k.is_reduction and kernel_is_outer(k),
         )
 
 

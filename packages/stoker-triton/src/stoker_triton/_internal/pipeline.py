@@ -576,7 +576,7 @@ def kernel_module_source(ks: KernelSource) -> str:
         "# stoker-triton kernel\nimport triton\nimport triton.language as tl\n"
         + PRELUDE
         + PRELUDE_BF16["interpret" if interpreting() else "native"]
-        + "\n\n"
+        + f"\nREDUCTION_HINT = {'outer' if ks.outer else 'inner'!r}\n\n"
         + body
     )
 
@@ -620,6 +620,7 @@ def _launcher(
     from .xcompile import targets
 
     lau = Launcher(mod.kernel, sha, is_reduction, persistent, has_atomics, autotune)
+    lau.outer = getattr(mod, "REDUCTION_HINT", "inner") == "outer"
     lau.n_ptrs = n_ptrs
     lau.path = path
     lau.check_gpu = interpreting() and bool(targets())

@@ -12,6 +12,12 @@ in program order into the earliest kernel at or after their last producer;
 scatters and extern calls are steps of their own. Buffers produced and read
 only inside one kernel are never stored (`Schedule.internal`); the others
 are freed after their last reader (`Schedule.last_use`).
+
+A reduction kernel is persistent (the row in registers, read once) when its
+row fits (`PERSISTENT_RNUMEL_MAX`), unless one loop would read it once
+anyway (`_single_pass`); a looped kernel runs one loop per segment
+(`loop_segments`), softmax's max and sum in one (`online_softmax_max`).
+docs/triton.md "Reduction tiling" has the rules.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from .ir import (
     ExternNode,
     Load,
     Node,
+    Op,
     PointwiseNode,
     Program,
     ReductionNode,
@@ -39,13 +46,19 @@ from .ir import (
     node_writes,
 )
 from .lowering.core import LoweringContext, contiguous_strides, product
+from .tiling import is_outer
 
 XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
 
 # The largest reduction kept whole in registers (one block per row); above
-# it a kernel loops over the row.
-PERSISTENT_RNUMEL_MAX = 4096
+# it a kernel loops over the row. 8192 float32 with 16 warps is 16 registers
+# per live row value per thread (Inductor keeps such rows too).
+PERSISTENT_RNUMEL_MAX = 8192
+# A persistent kernel that would read its input once anyway (one loop) loops
+# over rows longer than this: same traffic, a smaller tile (and, for outer
+# reductions, a tile that can span the contiguous kept dim).
+LOOP_SINGLE_PASS_ABOVE = 1024
 
 
 @dataclasses.dataclass
@@ -309,6 +322,12 @@ def schedule(program: Program, ctx: LoweringContext) -> Schedule:
             steps.append(k)
             writer[node.name] = len(steps) - 1
 
+    for step in steps:
+        if isinstance(step, Kernel) and step.persistent and step.is_reduction:
+            small = ctx.statically_known(sympy.Le(step.rnumel, LOOP_SINGLE_PASS_ABOVE))
+            if (not small or kernel_is_outer(step)) and _single_pass(step):
+                step.persistent = False
+
     # which buffers must exist in memory
     out_bufs = {o for o in program.outputs if isinstance(o, str)}
     last_use: dict[str, int] = {}
@@ -355,3 +374,98 @@ def _try_add(
     kernel.nodes.append(node)
     kernel.placements[node.name] = p
     return True
+
+
+def online_softmax_max(kernel: Kernel, n: Node) -> ReductionNode | None:
+    """The max reduction `m` when `n` is `sum(exp(v - m))` over the same row and
+    `m = max(v)` (softmax, log-softmax, logsumexp): a loop computes both at
+    once with a running max that rescales the running sum (online softmax)."""
+    if not (isinstance(n, ReductionNode) and n.reduce_type == "sum"):
+        return None
+    b = n.body
+    if isinstance(b, Op) and b.name == "to" and len(b.args) == 1:
+        b = b.args[0]
+    if not (isinstance(b, Op) and b.name == "exp" and isinstance(b.args[0], Op)):
+        return None
+    sub = b.args[0]
+    if sub.name != "sub" or not isinstance(sub.args[1], Load):
+        return None
+    m = next((k for k in kernel.nodes if k.name == sub.args[1].buf), None)
+    if not (
+        isinstance(m, ReductionNode)
+        and m.reduce_type == "max"
+        and m.body == sub.args[0]
+        and m.body.dtype.is_floating_point
+        and kernel.placements[m.name].key() == kernel.placements[n.name].key()
+        and load_index(sub.args[1], kernel.placements[n.name])
+        == store_index_of_reduction(m, kernel.placements[m.name])
+    ):
+        return None
+    return m
+
+
+def store_index_of_reduction(m: ReductionNode, p: Placement) -> Expr:
+    flat = sum(
+        (index_var("x", k) * st for k, st in enumerate(contiguous_strides(m.size))),
+        sympy.Integer(0),
+    )
+    return canonical_index(flat.xreplace(p.varmap))
+
+
+def loop_segments(kernel: Kernel) -> list[list[PointwiseNode | ReductionNode | ScatterNode]]:
+    """A looped kernel's nodes in the order it runs them: each segment of
+    reduced-space nodes is one loop over the row (a node that reads a reduction
+    finished in the current loop starts the next; the sum of an online softmax
+    does not); a kept-space node is a segment of its own, outside any loop."""
+    segments: list[list[PointwiseNode | ReductionNode | ScatterNode]] = []
+    cur: list[PointwiseNode | ReductionNode | ScatterNode] = []
+    cur_red: set[str] = set()
+    for n in kernel.nodes:
+        if not kernel.placements[n.name].reduced_space:
+            if cur:
+                segments.append(cur)
+            segments.append([n])
+            cur, cur_red = [], set()
+            continue
+        reads = {ld.buf for ld in _all_loads(n)}
+        m = online_softmax_max(kernel, n)
+        if m is not None and m.name in cur_red:
+            reads -= {m.name}
+        if reads & cur_red:
+            segments.append(cur)
+            cur, cur_red = [], set()
+        cur.append(n)
+        if isinstance(n, ReductionNode):
+            cur_red.add(n.name)
+    if cur:
+        segments.append(cur)
+    return segments
+
+
+def _single_pass(kernel: Kernel) -> bool:
+    """Whether `kernel` run as a looped kernel would loop over the row once and
+    needs nothing a looped kernel cannot do (a reduced-space pointwise result
+    read by another node lives only in a persistent kernel's registers)."""
+    loops = [s for s in loop_segments(kernel) if kernel.placements[s[0].name].reduced_space]
+    if len(loops) > 1:
+        return False
+    red_pw = {
+        n.name
+        for n in kernel.nodes
+        if isinstance(n, PointwiseNode) and kernel.placements[n.name].reduced_space
+    }
+    return not any({ld.buf for ld in _all_loads(n)} & red_pw for n in kernel.nodes)
+
+
+def kernel_is_outer(kernel: Kernel) -> bool:
+    """Whether most loads of the rows a kernel reduces (buffers it does not
+    produce, read in the reduced space) step by one along x, not along r."""
+    produced = {n.name for n in kernel.nodes}
+    idx = [
+        load_index(ld, kernel.placements[n.name])
+        for n in kernel.nodes
+        if kernel.placements[n.name].reduced_space
+        for ld in _all_loads(n)
+        if ld.buf not in produced
+    ]
+    return is_outer(idx, XINDEX, RINDEX)

@@ -40,7 +40,7 @@ def lower_graph(
     inputs: Sequence[Any],
     shape_env: Any,
     device: torch.device,
-    persistent_rnumel_max: int = 4096,
+    persistent_rnumel_max: int = 8192,
 ) -> tuple[Program, LoweringContext]:
     """Lower every node of `gm` by the rule table; ops with no rule (or whose
     rule declines) become extern aten calls."""

@@ -18,6 +18,7 @@ from typing import Any
 import sympy
 import torch
 
+from .. import tiling
 from ..ir import (
     Buffer,
     BufferRef,
@@ -28,11 +29,15 @@ from ..ir import (
     ReductionNode,
     Value,
     index_var,
+    loads_of,
 )
 
 log = logging.getLogger("stoker.kernels")
 
 ZERO = sympy.Integer(0)
+# a flat kernel index for the tiling analysis (scheduler.XINDEX / RINDEX)
+XI = sympy.Symbol("xindex", integer=True, nonnegative=True)
+RI = sympy.Symbol("rindex", integer=True, nonnegative=True)
 
 Loader = Callable[[tuple[Expr, ...]], Value]
 
@@ -127,7 +132,7 @@ class LoweringContext:
     # buffer -> the lazy value realize() stored in it (for in-place writes by externs)
     realized_by: dict[str, TensorValue] = dataclasses.field(default_factory=dict)
     random_streams: int = 0
-    persistent_rnumel_max: int = 4096  # see scheduler.PERSISTENT_RNUMEL_MAX
+    persistent_rnumel_max: int = 8192  # see scheduler.PERSISTENT_RNUMEL_MAX
     _counter: int = 0
     _ind_counter: int = 0
 
@@ -223,10 +228,47 @@ class LoweringContext:
         name = self.new_name()
         buf = self.add_buffer(name, size, None, dtype, "kernel")
         if product(buf.size) != 0:  # an empty result: a buffer, nothing to compute
-            self.nodes.append(
-                ReductionNode(name, buf.size, tuple(reduce_size), reduce_type, body, dtype)
-            )
+            node = ReductionNode(name, buf.size, tuple(reduce_size), reduce_type, body, dtype)
+            self.nodes.extend(self._split(node))
         return self.buffer_value(buf)
+
+    def _split(self, node: ReductionNode) -> list[Node]:
+        """`node`, or two reductions when `tiling.split_factor` splits it: partial
+        results `[S, *size]` over `rnumel / S` elements each, then the reduction
+        of the S partials (the same reduction type)."""
+        x, r = product(node.size), product(node.reduce_size)
+        if node.reduce_type not in tiling.SPLITTABLE:
+            return [node]
+        xr = {**tiling.flat_vars("x", node.size, XI), **tiling.flat_vars("r", node.reduce_size, RI)}
+        outer = tiling.is_outer((ld.index.xreplace(xr) for ld in loads_of(node.body)), XI, RI)
+        s = tiling.split_factor(x, r, outer)
+        if s == 1:
+            return [node]
+        chunk = r // s
+        to_partial: dict[sympy.Symbol, Expr] = {
+            index_var("x", k): index_var("x", k + 1) for k in range(len(node.size))
+        }
+        flat_r = index_var("x", 0) * chunk + index_var("r", 0)
+        to_partial.update(tiling.flat_vars("r", node.reduce_size, flat_r))
+        pdtype = torch.bool if node.reduce_type in ("any", "all") else node.body.dtype
+        pname = self.new_name()
+        pbuf = self.add_buffer(pname, (sympy.Integer(s), *node.size), None, pdtype, "kernel")
+        partial = ReductionNode(
+            pname,
+            pbuf.size,
+            (sympy.Integer(chunk),),
+            node.reduce_type,
+            tiling.subs_index(node.body, to_partial),
+            pdtype,
+        )
+        flat_x = sum(
+            (index_var("x", k) * st for k, st in enumerate(contiguous_strides(node.size))), ZERO
+        )
+        load = Load(pname, index_var("r", 0) * x + flat_x, pdtype)
+        final = ReductionNode(
+            node.name, node.size, (sympy.Integer(s),), node.reduce_type, load, node.dtype
+        )
+        return [partial, final]
 
     def note_fallback(self, op: str, reason: str) -> None:
         if op not in self.fallbacks:

@@ -17,6 +17,31 @@ def cdiv(a: int, b: int) -> int:
     return -(a // -b)
 
 
+def outer_tile(xnumel: int, rnumel: int, persistent: bool) -> tuple[int, int, int]:
+    """(XBLOCK, RBLOCK, num_warps) of an outer reduction: XBLOCK over the
+    contiguous kept dim so loads coalesce, RBLOCK rows per step (Inductor's
+    `outer_config_opt` for static shapes, then its scaling to the sizes at
+    hand: a tile of at most `xnumel x rnumel`, grown back along x, a warp
+    per 128 elements, 2 to 8). A persistent kernel's RBLOCK is its whole row."""
+    xp, rp = next_pow2(xnumel), next_pow2(rnumel)
+    if xnumel <= 1024:
+        xb, rb = next_pow2(max(min(xnumel // 128, 8), 2)), 64
+    elif xnumel // 4096 <= 8:
+        xb, rb = 16, 32
+    else:
+        xb = max(min(256, next_pow2(xnumel // 4096)), 64)
+        rb = 512 // xb
+    target = xb * rb
+    if persistent:
+        rb = rp
+        target = max(target, min(rb * 16, 8192))
+        xb = max(1, min(xb, target // rb))
+    xb, rb = min(xb, xp), min(rb, rp)
+    while xb < xp and xb * rb < target:
+        xb *= 2
+    return (xb, rb, min(8, max(2, xb * rb // 128)))
+
+
 class Launcher:
     """Launches one generated kernel with XBLOCK/RBLOCK/num_warps for the sizes
     at hand (cached per size): one configuration chosen by `heuristic`, or, with
@@ -38,6 +63,7 @@ class Launcher:
         self.persistent = persistent
         self.has_atomics = has_atomics
         self.autotune = autotune
+        self.outer = False  # an outer reduction (set by the loader from the kernel module)
         self.interpret = interpreting()
         self.configs: dict[tuple[int, int], tuple[int, int, int]] = {}
         self.path: str | None = None  # the kernel module's file (set by the loader)
@@ -46,13 +72,22 @@ class Launcher:
         self.fast: FastPath | None = None if self.interpret else fast_path_for(fn)
 
     def heuristic(self, xnumel: int, rnumel: int) -> tuple[int, int, int]:
-        """The one GPU configuration used without autotuning (Inductor's defaults in
-        spirit): 1024-element pointwise blocks; a persistent reduction's whole row,
-        with rows per program up to 2048 elements; looped reductions in 2048-wide chunks."""
+        """The one GPU configuration used without autotuning (Inductor's rules,
+        docs/triton.md "Reduction tiling"): 1024-element pointwise blocks; an
+        outer reduction's tile spans the contiguous kept dim (`outer_tile`); a
+        persistent reduction's whole row, with rows per program up to 2048
+        elements and a warp per 128 elements (4 to 8); looped inner reductions
+        in 2048-wide chunks."""
         xp = next_pow2(xnumel)
         if not self.is_reduction:
             return (min(xp, 1024), 1, 4)
-        rb = next_pow2(rnumel) if self.persistent else min(2048, max(16, next_pow2(rnumel)))
+        if self.outer:
+            return outer_tile(xnumel, rnumel, self.persistent)
+        if self.persistent:
+            rb = next_pow2(rnumel)
+            xb = max(1, min(xp, 2048 // rb))
+            return (xb, rb, min(8, max(4, xb * rb // 128)))
+        rb = min(2048, max(16, next_pow2(rnumel)))
         xb = max(1, min(xp, 2048 // rb))
         return (xb, rb, 8 if xb * rb >= 2048 else 4)
 
@@ -80,6 +115,12 @@ class Launcher:
             for elems in (1024, 2048, 4096, 8192):
                 xb = max(1, min(xp, elems // rb))
                 out.append((xb, rb, 4 if rb * xb <= 2048 else 8))
+        elif self.outer:
+            rp = next_pow2(rnumel)
+            out = [
+                (min(xp, x), min(rp, r), w)
+                for x, r, w in ((64, 8, 4), (16, 32, 4), (32, 16, 4), (64, 4, 8), (128, 8, 8))
+            ]
         else:
             out = [
                 (min(xp, x), r, w)
