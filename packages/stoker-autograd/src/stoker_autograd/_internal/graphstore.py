@@ -57,6 +57,7 @@ from stoker_capture._internal.serialize import (
     _arg_to_json,
     _target_from_json,
     _target_to_json,
+    add_nodes,
 )
 from stoker_shapes import DiskCache, GuardSet, ShapeContext
 
@@ -377,28 +378,18 @@ def from_json(
     ctx = ShapeContext(policy="static")
     g = fx.Graph()
     root = torch.nn.Module()
-    env: dict[str, fx.Node] = {}
+
+    def get_attr(d: dict[str, Any]) -> str:
+        target = str(d["target"])
+        if not target.isidentifier():
+            raise ValueError(f"a constant named {target!r}")
+        setattr(root, target, _const_back(d["const"]))
+        return target
+
+    env = add_nodes(g, body["graph"], _target_back, get_attr)
     for d in body["graph"]:
-        args = _arg_from_json(d["args"], env)
-        kwargs = {k: _arg_from_json(v, env) for k, v in d["kwargs"].items()}
-        if d["op"] == "placeholder":
-            node = g.placeholder(d["name"])
-        elif d["op"] == "output":
-            node = g.output(args[0])
-        elif d["op"] == "get_attr":
-            target = str(d["target"])
-            if not target.isidentifier():
-                raise ValueError(f"a constant named {target!r}")
-            setattr(root, target, _const_back(d["const"]))
-            node = g.create_node("get_attr", target, name=d["name"])
-        else:
-            node = g.create_node(
-                "call_function", _target_back(d["target"]), args, kwargs, name=d["name"]
-            )
-        node.meta.update(d.get("meta", {}))
         if "val" in d:
-            node.meta["val"] = _val_back(d["val"], ctx)
-        env[d["name"]] = node
+            env[d["name"]].meta["val"] = _val_back(d["val"], ctx)
     g.lint()
     gm = graph_module(root, g, "StokerBackwardAten")
     arg_spec = [(int(w), int(i)) for w, i in body["arg_spec"]]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -131,6 +132,25 @@ def graph_from_json(nodes: list[dict[str, Any]], class_name: str | None = None) 
     """The graph module of `graph_to_json`'s nodes; with ``class_name``, a lazy one
     of that class name (its Python code generated when first run or printed)."""
     g = fx.Graph()
+    add_nodes(g, nodes)
+    g.lint()
+    if class_name is not None:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+
+        return _LazyGraphModule(torch.nn.Module(), g, class_name=class_name)
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def add_nodes(
+    g: fx.Graph,
+    nodes: list[dict[str, Any]],
+    target: Callable[[str], Any] | None = None,
+    get_attr: Callable[[dict[str, Any]], str] | None = None,
+) -> dict[str, fx.Node]:
+    """Append `graph_to_json`'s nodes to `g`; returns them by name. `target` reads a
+    call's target (default: aten ops and Python operators by qualified name);
+    `get_attr(d)` sets up a constant node's attribute and returns its name
+    (default: constants are refused)."""
     env: dict[str, fx.Node] = {}
     for d in nodes:
         args = _arg_from_json(d["args"], env)
@@ -140,16 +160,12 @@ def graph_from_json(nodes: list[dict[str, Any]], class_name: str | None = None) 
         elif d["op"] == "output":
             node = g.output(args[0])
         elif d["op"] == "call_function":
-            node = g.create_node(
-                "call_function", _target_from_json(d["target"]), args, kwargs, name=d["name"]
-            )
+            fn = (target or _target_from_json)(d["target"])
+            node = g.create_node("call_function", fn, args, kwargs, name=d["name"])
+        elif d["op"] == "get_attr" and get_attr is not None:
+            node = g.create_node("get_attr", get_attr(d), name=d["name"])
         else:
             raise ExportFormatError(f"unknown node kind {d['op']!r}")
         node.meta.update(d.get("meta", {}))
         env[d["name"]] = node
-    g.lint()
-    if class_name is not None:
-        from torch.fx._lazy_graph_module import _LazyGraphModule
-
-        return _LazyGraphModule(torch.nn.Module(), g, class_name=class_name)
-    return fx.GraphModule(torch.nn.Module(), g)
+    return env
