@@ -102,7 +102,9 @@ class Launcher:
             # the interpreter pays per program: big blocks, small grids
             if not self.is_reduction:
                 return [(min(xp, 4096), 1, 4)]
-            rb = next_pow2(rnumel) if self.persistent else 1024
+            # (a looped row shorter than 1024 is read in one block: an outer reduction
+            # over a few rows would otherwise run thousands of 8-row programs)
+            rb = next_pow2(rnumel) if self.persistent else min(1024, next_pow2(rnumel))
             return [(max(1, min(xp, 8192 // rb)), rb, 4)]
         first = self.heuristic(xnumel, rnumel)
         if not self.autotune or self.has_atomics:
