@@ -148,7 +148,9 @@ def replay_overhead() -> int:
 
     class NullRecorder(cg.HostRecorder):
         """Records by running the function once; a replay does nothing (the graph's
-        device work is not what is measured)."""
+        device work is not what is measured), as `CudaRecorder.replay` is called."""
+
+        record_executes = False
 
         def replay(self, graph: Any, args: list[Any] | None) -> None:
             pass
@@ -179,7 +181,7 @@ def replay_overhead() -> int:
             fresh[0] = False
             n = 2000
             bw = _per_call_us(lambda: b(*outs, gy, *params), n)
-            del outs  # released, as autograd releases saved tensors after the backward
+            outs.clear()  # released, as autograd releases saved tensors after the backward
             fw = _per_call_us(lambda: f(x, *params), n)
         # every timed call replayed (none recorded again or ran plain)
         assert (sf.records, sb.records, sf.plain, sb.plain) == (1, 1, {}, {}), (sf, sb)
@@ -189,10 +191,16 @@ def replay_overhead() -> int:
 
     print("reduce-overhead wrapper, CPU µs of the thread per call, best of 7 rounds")
     print("(replay stubbed out; 'bare' is the compiled callable alone)")
-    print(f"  {'P params':>8} {'K outputs':>9} {'forward':>8} {'bare':>6} {'backward':>9} {'bare':>6}")
-    for p, k in ((8, 8), (32, 32), (64, 64)):
-        fw, fb, bw, bb = case(p, k)
+    print(
+        f"  {'P params':>8} {'K outputs':>9} {'forward':>8} {'bare':>6} {'backward':>9} {'bare':>6}"
+    )
+    rows = {pk: case(*pk) for pk in ((1, 1), (8, 8), (32, 32), (64, 64))}
+    for (p, k), (fw, fb, bw, bb) in rows.items():
         print(f"  {p:8d} {k:9d} {fw:8.2f} {fb:6.2f} {bw:9.2f} {bb:6.2f}")
+    slope = (rows[64, 64][0] - rows[1, 1][0]) / 63
+    print(
+        f"  forward: {rows[1, 1][0] - rows[1, 1][1]:.2f} fixed + {slope:.2f} per (parameter, output)"
+    )
     print("  target: wrapper minus bare <= 30 (issue 11; the plain path's fixed cost is 23)")
     return 0
 

@@ -124,6 +124,65 @@ def test_parameter_at_a_new_address_records_again_then_runs_plain() -> None:
     assert "another address" in next(iter(stats.plain))
 
 
+def test_a_new_parameter_object_at_the_same_position_records_again() -> None:
+    """The read-in-place check compares addresses, not objects: another parameter passed
+    where the recorded one was (a module rebuilt, a parameter replaced) records again."""
+    w = nn.Parameter(torch.randn(4, 3))
+    with cg.use_recorder(cg.HostRecorder()):
+        fn, stats = _graphed(_mlp_fn, [torch.randn(2, 4), w])
+        x = torch.randn(2, 4)
+        for _ in range(2):
+            fn(x, w)
+        w2 = nn.Parameter(torch.randn(4, 3))
+        torch.testing.assert_close(fn(x, w2)[0], _mlp_fn(x, w2)[0])
+        torch.testing.assert_close(fn(x, w2)[0], _mlp_fn(x, w2)[0])  # replays on w2
+    assert (stats.records, stats.replays, stats.plain) == (2, 1, {})
+
+
+def test_a_graph_recorded_after_anothers_replays_is_watched_by_it() -> None:
+    """Each graph watches its own outputs and those of graphs recorded after it in the
+    pool, as a list built once: a graph recorded later (b, after a already replayed)
+    must join a's list, or a's replay would overwrite b's held output."""
+    w = nn.Parameter(torch.randn(4, 3))
+    with cg.use_recorder(cg.HostRecorder()):
+        a, sa = _graphed(_mlp_fn, [torch.randn(2, 4), w])
+        x = torch.randn(2, 4)
+        for _ in range(3):
+            a(x, w)  # warm-up, record, replay: a's watch list is built
+        b, sb = _graphed(_mlp_fn, [torch.randn(2, 4), w])
+        for _ in range(3):
+            b(x, w)
+        held = b(x, w)[0]
+        a(x, w)
+        assert sb.replays == 2
+        assert (sa.records, sa.replays) == (2, 1)  # recorded again, after b
+        torch.testing.assert_close(held, _mlp_fn(x, w)[0])
+
+
+def test_outputs_viewing_a_parameter_do_not_pin_its_memory() -> None:
+    """A recorded graph keeps the addresses of the inputs it reads in place, not the
+    tensors: ``param.data = ...`` frees the old memory (a reload, ``model.half()``)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            return x @ w, w.t()
+
+    w = nn.Parameter(torch.randn(4, 3))
+    with cg.use_recorder(cg.HostRecorder()):
+        fn, stats = _graphed(f, [torch.randn(2, 4), w])
+        x = torch.randn(2, 4)
+        for _ in range(3):
+            fn(x, w)
+        old = StorageWeakRef(w.untyped_storage())  # type: ignore[no-untyped-call]
+        w.data = torch.randn(4, 3)
+        assert old.expired()  # type: ignore[no-untyped-call]
+        y, wt = fn(x, w)  # recorded again on the new memory
+        torch.testing.assert_close(wt, w.t())
+        torch.testing.assert_close(y, x @ w)
+    assert (stats.records, stats.replays) == (2, 1)
+
+
 def test_input_mutated_in_place_is_copied_back() -> None:
     def bump(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
         x.add_(y)

@@ -47,6 +47,8 @@ results into the recorded outputs) so that all of the above runs in CPU tests.
 from __future__ import annotations
 
 import contextlib
+import functools
+import operator
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -149,13 +151,20 @@ class HostRecorder:
     def record(self, fn: Callable[..., Any], args: list[Any], pool_id: Any) -> tuple[Any, Any]:
         self.events.append("record")
         out = fn(*args)
-        return (fn, _flatten(out)[0]), out
+        # the outputs it writes at a replay: not those of an input's memory (a graph has
+        # no such buffers of its own; holding them would pin the caller's tensors)
+        inputs = {_cdata(a) for a in args if isinstance(a, torch.Tensor)}
+        static = [
+            t if isinstance(t, torch.Tensor) and _cdata(t) not in inputs else None
+            for t in _flatten(out)[0]
+        ]
+        return (fn, static), out
 
     def replay(self, graph: Any, args: list[Any] | None) -> None:
         self.events.append("replay")
         fn, static = graph
         for s, new in zip(static, _flatten(fn(*(args or [])))[0], strict=True):
-            if isinstance(s, torch.Tensor) and s.untyped_storage().data_ptr() != (
+            if s is not None and s.untyped_storage().data_ptr() != (
                 new.untyped_storage().data_ptr()
             ):
                 s.copy_(new)
@@ -193,15 +202,25 @@ def use_recorder(recorder: Recorder) -> Iterator[Recorder]:
 
 
 class _Pool:
-    """The graphs recorded into one memory pool, in record order."""
+    """The graphs recorded into one memory pool, in record order. ``generation`` changes
+    whenever one is recorded or dies: an entry's list of storages to watch, its own and
+    those of graphs recorded after it, is rebuilt only then."""
 
     def __init__(self) -> None:
         self.entries: list[weakref.ref[_Entry]] = []
+        self.generation = 0
+
+    def add(self, entry: _Entry) -> None:
+        self.entries.append(weakref.ref(entry, self._died))
+        self.generation += 1
+
+    def _died(self, ref: weakref.ref[_Entry]) -> None:
+        self.generation += 1
 
     def live(self) -> list[_Entry]:
         alive = [e for r in self.entries if (e := r()) is not None]
         if len(alive) != len(self.entries):
-            self.entries = [weakref.ref(e) for e in alive]
+            self.entries = [weakref.ref(e, self._died) for e in alive]
         return alive
 
     def owns(self, t: torch.Tensor) -> bool:
@@ -222,10 +241,18 @@ _POOLS: dict[Any, _Pool] = {}
 ALIAS, COPY, KEEP, INPUT, SAME = 0, 1, 2, 3, 4  # how a recorded output is returned
 HELD = "outputs of an earlier replay are still held"
 MOVED = "an input read in place (a parameter, a saved tensor) is at another address"
+_data_ptr = torch.Tensor.data_ptr
+_detach = torch.Tensor.detach
 
 
 class _Entry:
-    """One recorded graph: its static inputs and outputs and how to return them."""
+    """One recorded graph: its static inputs and outputs and how to return them.
+
+    Everything a replay needs is fixed here, once per record, so that a replay is a
+    few calls over prebuilt lists (`run`): one comparison of the read-in-place
+    inputs' data pointers against a list, one of the watched storages' use counts
+    against a list, one ``_foreach_copy_`` of the copied inputs, one ``detach`` per
+    output handed out."""
 
     def __init__(
         self,
@@ -235,40 +262,53 @@ class _Entry:
     ) -> None:
         rec, pool = owner.recorder, owner.pool
         self.owner = owner
-        self.static_ptrs: list[tuple[int, int]] = []  # (input, data_ptr) read in place
+        static_idx: list[int] = []  # inputs read in place, with their data pointers
+        self.static_ptrs: list[int] = []
         self.copies: list[tuple[int, torch.Tensor]] = []  # (input, buffer) copied in
         statics: list[Any] = list(args)
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
                 continue
             if _is_static(a) or pool.owns(a):
-                self.static_ptrs.append((i, a.data_ptr()))
+                static_idx.append(i)
+                self.static_ptrs.append(a.data_ptr())
             else:
                 buf = torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device=a.device)
                 buf.copy_(a)
                 statics[i] = buf
                 self.copies.append((i, buf))
+        self.static_idx = tuple(static_idx)
         self.copy_back = [(i, b) for i, b in self.copies if i in owner.plan.mutated]
         self.graph, out = rec.record(owner.fn, statics, owner.pool_id)
-        self.flat, self.rebuild = _flatten(out)
+        flat, self.rebuild = _flatten(out)
         del out
         self.modes: list[int] = []
-        # output -> (input, offset from the input's own): rebuilt on the caller's tensor
-        self.view_of: dict[int, tuple[int, int]] = {}
-        by_storage = self._classify_outputs(statics, still_held)
+        # output -> (input, size, stride, offset from the input's own): rebuilt on the
+        # caller's tensor (the recorded one is not kept: it would pin the caller's memory)
+        self.view_of: dict[int, tuple[int, Any, Any, int]] = {}
+        by_storage = self._classify_outputs(flat, statics, still_held)
         # A graph reads its inputs at their recorded addresses; holding the caller's
         # tensors would only keep storages alive (and look like outputs still in use).
         del statics
+        self.flat: list[Any] = [None if m in (INPUT, SAME) else t for m, t in zip(self.modes, flat)]
+        del flat
         # the storages a replay overwrites, with our own references to each (measured
         # here, where no local variable holds an output)
         self.owned = [(cd, _use_count(cd), outs) for cd, outs in by_storage.items()]
+        self.static_bytes_out = sum(
+            self.flat[outs[0]].untyped_storage().nbytes() for outs in by_storage.values()
+        )
+        self.static_bytes_in = sum(b.untyped_storage().nbytes() for _, b in self.copies)
+        self._prepare_replay()
         if not rec.record_executes:
             rec.replay(self.graph, None)
         for i, buf in self.copy_back:
             args[i].copy_(buf)
-        pool.entries.append(weakref.ref(self))
+        pool.add(self)
 
-    def _classify_outputs(self, statics: list[Any], still_held: set[int]) -> dict[int, list[int]]:
+    def _classify_outputs(
+        self, flat: list[Any], statics: list[Any], still_held: set[int]
+    ) -> dict[int, list[int]]:
         """How each output is returned; the outputs in pool memory, by storage.
 
         An output that is an input, or views one (a parameter's transpose saved for
@@ -280,7 +320,7 @@ class _Entry:
             if isinstance(statics[i], torch.Tensor)
         }
         by_storage: dict[int, list[int]] = {}
-        for j, t in enumerate(self.flat):
+        for j, t in enumerate(flat):
             if not isinstance(t, torch.Tensor):
                 self.modes.append(KEEP)
                 continue
@@ -288,39 +328,64 @@ class _Entry:
             if cd in inputs:
                 i, base = inputs[cd]
                 self.modes.append(SAME if t is statics[i] else INPUT)
-                self.view_of[j] = (i, int(t.storage_offset()) - base)
+                off = int(t.storage_offset()) - base
+                self.view_of[j] = (i, tuple(t.size()), tuple(t.stride()), off)
             else:
                 self.modes.append(COPY if j in still_held else ALIAS)
                 by_storage.setdefault(cd, []).append(j)
         return by_storage
 
+    def _prepare_replay(self) -> None:
+        """The per-replay work as prebuilt lists (see the class docstring)."""
+        rec = self.owner.recorder
+        self._host = rec.record_executes  # a host stand-in replays by running fn on args
+        self._replay = functools.partial(rec.replay, self.graph, None)
+        self._static_get = _getter(self.static_idx)
+        self._bufs = [b for _, b in self.copies]
+        self._srcs = _getter(tuple(i for i, _ in self.copies))
+        self._back = [b for _, b in self.copy_back]
+        self._back_dst = _getter(tuple(i for i, _ in self.copy_back))
+        self._all_alias = all(m == ALIAS for m in self.modes)
+        self._tuple_out = self.rebuild is tuple
+        self._watch_gen = -1  # the watched storages are gathered at the first check
+        self._watch: list[int] = []
+        self._bases: list[int] = []
+
+    def _watched(self) -> tuple[list[int], list[int]]:
+        """The storages a replay may overwrite and our references to each: this graph's
+        outputs, and those of graphs recorded after it in the pool (they may sit in our
+        freed temporaries: the forward's saved tensors, when the backward recorded first)."""
+        pool = self.owner.pool
+        if self._watch_gen != pool.generation:
+            owned = [*self.owned, *(o for e in pool.after(self) for o in e.owned)]
+            self._watch = [cd for cd, _, _ in owned]
+            self._bases = [base for _, base, _ in owned]
+            self._watch_gen = pool.generation
+        return self._watch, self._bases
+
     def blocked(self, args: Sequence[Any]) -> str | None:
         """Why this call may not replay (None: it may). ``held``: this graph's outputs the
         caller still holds (they are returned as copies once the graph records again)."""
+        if list(map(_data_ptr, self._static_get(args))) != self.static_ptrs:
+            return MOVED
+        watch, bases = self._watched()
+        if list(map(_use_count, watch)) == bases:
+            return None
         self.held: set[int] = set()
-        for i, ptr in self.static_ptrs:
-            if args[i].data_ptr() != ptr:
-                return MOVED
         for cd, base, outs in self.owned:
             if _use_count(cd) > base:
                 self.held.update(outs)
-        if self.held:
-            return HELD
-        # a graph recorded later may sit in our freed temporaries (the forward's saved
-        # tensors, when the backward recorded first): recording again puts us after it
-        for e in self.owner.pool.after(self):
-            for cd, base, _ in e.owned:
-                if _use_count(cd) > base:
-                    return HELD
-        return None
+        return HELD
 
     def run(self, args: Sequence[Any]) -> Any:
-        for i, buf in self.copies:
-            buf.copy_(args[i])
-        rec = self.owner.recorder
-        rec.replay(self.graph, self._host_args(args) if rec.record_executes else None)
-        for i, buf in self.copy_back:
-            args[i].copy_(buf)
+        if self._bufs:
+            torch._foreach_copy_(self._bufs, self._srcs(args))
+        if self._host:
+            self.owner.recorder.replay(self.graph, self._host_args(args))
+        else:
+            self._replay()
+        if self._back:
+            torch._foreach_copy_(self._back_dst(args), self._back)
         return self.outputs(args)
 
     def _host_args(self, args: Sequence[Any]) -> list[Any]:
@@ -331,6 +396,10 @@ class _Entry:
         return out
 
     def outputs(self, args: Sequence[Any]) -> Any:
+        if self._all_alias:
+            if self._tuple_out:
+                return tuple(map(_detach, self.flat))
+            return self.rebuild(list(map(_detach, self.flat)))
         res: list[Any] = []
         for j, (mode, t) in enumerate(zip(self.modes, self.flat)):
             if mode == ALIAS:
@@ -340,9 +409,9 @@ class _Entry:
             elif mode == SAME:
                 res.append(args[self.view_of[j][0]])
             elif mode == INPUT:
-                i, off = self.view_of[j]
+                i, size, stride, off = self.view_of[j]
                 a = args[i]
-                res.append(a.as_strided(t.size(), t.stride(), a.storage_offset() + off))
+                res.append(a.as_strided(size, stride, a.storage_offset() + off))
             else:
                 res.append(t)
         return self.rebuild(res)
@@ -375,6 +444,7 @@ class GraphedCallable:
         self.rerecords = 0  # records made because a replay would overwrite held outputs
         self._scalars = plan.scalars
         self._symbolic = plan.symbolic
+        self._keyed = bool(plan.scalars or plan.symbolic)  # else one key: ()
 
     def __getattr__(self, name: str) -> Any:  # report, wrapper_source of the inner callable
         fn = self.__dict__.get("fn")
@@ -392,7 +462,7 @@ class GraphedCallable:
     def __call__(self, *args: Any) -> Any:
         if self.stats.reason is not None:
             return self.fn(*args)
-        key = self.key(args)
+        key = self.key(args) if self._keyed else ()
         entry = self.entries.get(key)
         if entry is None:
             return self._first_calls(key, args)
@@ -482,6 +552,16 @@ def graphed(
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _getter(idx: tuple[int, ...]) -> Callable[[Sequence[Any]], tuple[Any, ...] | list[Any]]:
+    """``args -> (args[i] for i in idx)`` as a sequence (one C call for two or more)."""
+    if len(idx) > 1:
+        return operator.itemgetter(*idx)
+    if idx:
+        (i,) = idx
+        return lambda args: [args[i]]
+    return lambda args: []
 
 
 def _cdata(t: torch.Tensor) -> int:
