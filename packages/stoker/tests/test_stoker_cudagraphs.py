@@ -183,6 +183,57 @@ def test_outputs_viewing_a_parameter_do_not_pin_its_memory() -> None:
     assert (stats.records, stats.replays) == (2, 1)
 
 
+def test_an_input_passed_twice_is_copied_once_and_split_records_again() -> None:
+    """Compiled autograd passes a saved tensor once per node that saved it: one buffer
+    (static bytes counted once). Passed as two tensors later, the graph records again
+    with a buffer each, never reading one where the other was."""
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor]:
+        return (a * 2 + b,)
+
+    a = torch.randn(64)
+    with cg.use_recorder(cg.HostRecorder()):
+        fn, stats = _graphed(f, [a, a])
+        for _ in range(3):
+            a = torch.randn(64)
+            torch.testing.assert_close(fn(a, a)[0], a * 3)
+        assert (stats.records, stats.replays, stats.copied_in) == (1, 1, 1)
+        assert stats.bytes_in == 64 * 4
+        a, b = torch.randn(64), torch.randn(64)
+        torch.testing.assert_close(fn(a, b)[0], a * 2 + b)
+        assert (stats.records, stats.copied_in, stats.bytes_in) == (2, 2, 2 * 64 * 4)
+        a, b = torch.randn(64), torch.randn(64)
+        torch.testing.assert_close(fn(a, b)[0], a * 2 + b)
+    assert stats.replays == 2
+
+
+def test_static_bytes_are_counted_per_graph() -> None:
+    """The report's static memory: input buffers (bytes of each buffer copied into per
+    replay) and outputs kept in the pool (storages counted once: two views of one count
+    once; an output that views an input is the caller's memory, not counted)."""
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        with torch.no_grad():
+            h = x @ w  # 2 x 3 floats
+            return h, h[0], x[1:], w.t(), torch.zeros(5, dtype=torch.float64)
+
+    w = nn.Parameter(torch.randn(4, 3))
+    with cg.use_recorder(cg.HostRecorder()):
+        fn, stats = _graphed(f, [torch.randn(2, 4), w])
+        for _ in range(3):
+            fn(torch.randn(2, 4), w)
+    assert stats.bytes_in == 2 * 4 * 4
+    assert stats.bytes_out == 2 * 3 * 4 + 5 * 8
+    html = cg_report_html(stats)
+    assert "outputs kept MiB" in html and "static memory kept by the recorded graphs" in html
+
+
+def cg_report_html(stats: cg.CudaGraphStats) -> str:
+    from stoker._internal.report import _render_cudagraphs
+
+    return _render_cudagraphs([stats], "reduce-overhead")
+
+
 def test_input_mutated_in_place_is_copied_back() -> None:
     def bump(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
         x.add_(y)

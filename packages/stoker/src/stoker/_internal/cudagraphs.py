@@ -77,6 +77,11 @@ class CudaGraphStats:
     plain: dict[str, int] = field(default_factory=dict)  # plain runs of a graphed callable
     copied_out: int = 0  # outputs returned as copies (held by the caller across a replay)
     copied_in: int = 0  # inputs copied into the graph's buffers per replay (last record)
+    # bytes the recorded graphs (every size key) keep between calls: the buffers inputs
+    # are copied into, and the outputs in the pool (storages counted once); the pool's
+    # freed temporaries are not counted (reserved, reused by graphs recorded later)
+    bytes_in: int = 0
+    bytes_out: int = 0
 
     def ran_plain(self, why: str) -> None:
         first = why not in self.plain
@@ -241,6 +246,7 @@ _POOLS: dict[Any, _Pool] = {}
 ALIAS, COPY, KEEP, INPUT, SAME = 0, 1, 2, 3, 4  # how a recorded output is returned
 HELD = "outputs of an earlier replay are still held"
 MOVED = "an input read in place (a parameter, a saved tensor) is at another address"
+SPLIT = "inputs that were one tensor when recorded (one buffer) are two now"
 _data_ptr = torch.Tensor.data_ptr
 _detach = torch.Tensor.detach
 
@@ -265,6 +271,10 @@ class _Entry:
         static_idx: list[int] = []  # inputs read in place, with their data pointers
         self.static_ptrs: list[int] = []
         self.copies: list[tuple[int, torch.Tensor]] = []  # (input, buffer) copied in
+        # inputs passed twice (compiled autograd hands a saved tensor to each node that
+        # saved it: log_softmax's result to two): one buffer, one copy per replay
+        self.same_as: list[tuple[int, int]] = []  # (input, the earlier input it was)
+        first: dict[tuple[Any, ...], int] = {}
         statics: list[Any] = list(args)
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
@@ -272,11 +282,17 @@ class _Entry:
             if _is_static(a) or pool.owns(a):
                 static_idx.append(i)
                 self.static_ptrs.append(a.data_ptr())
-            else:
-                buf = torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device=a.device)
-                buf.copy_(a)
-                statics[i] = buf
-                self.copies.append((i, buf))
+                continue
+            same = (_cdata(a), a.storage_offset(), a.dtype, tuple(a.size()), a.stride())
+            if same in first:
+                self.same_as.append((i, first[same]))
+                statics[i] = statics[first[same]]
+                continue
+            first[same] = i
+            buf = torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device=a.device)
+            buf.copy_(a)
+            statics[i] = buf
+            self.copies.append((i, buf))
         self.static_idx = tuple(static_idx)
         self.copy_back = [(i, b) for i, b in self.copies if i in owner.plan.mutated]
         self.graph, out = rec.record(owner.fn, statics, owner.pool_id)
@@ -341,6 +357,8 @@ class _Entry:
         self._host = rec.record_executes  # a host stand-in replays by running fn on args
         self._replay = functools.partial(rec.replay, self.graph, None)
         self._static_get = _getter(self.static_idx)
+        self._dup = _getter(tuple(j for j, _ in self.same_as))
+        self._dup_of = _getter(tuple(i for _, i in self.same_as))
         self._bufs = [b for _, b in self.copies]
         self._srcs = _getter(tuple(i for i, _ in self.copies))
         self._back = [b for _, b in self.copy_back]
@@ -368,6 +386,11 @@ class _Entry:
         caller still holds (they are returned as copies once the graph records again)."""
         if list(map(_data_ptr, self._static_get(args))) != self.static_ptrs:
             return MOVED
+        # one buffer serves inputs that were one tensor (sizes and strides are the key's)
+        if self.same_as and list(map(_data_ptr, self._dup(args))) != list(
+            map(_data_ptr, self._dup_of(args))
+        ):
+            return SPLIT
         watch, bases = self._watched()
         if list(map(_use_count, watch)) == bases:
             return None
@@ -393,6 +416,8 @@ class _Entry:
         out = list(args)
         for i, buf in self.copies:
             out[i] = buf
+        for j, i in self.same_as:
+            out[j] = out[i]
         return out
 
     def outputs(self, args: Sequence[Any]) -> Any:
@@ -473,7 +498,7 @@ class GraphedCallable:
         if self.rerecords < self.limit:
             # HELD: new static outputs (the held ones stay with their holder), recorded
             # after every graph whose outputs are held, so its temporaries avoid them.
-            # MOVED: the graph reads the inputs where they are now.
+            # MOVED: the graph reads the inputs where they are now. SPLIT: one buffer each.
             self.rerecords += 1
             held = entry.held if why is HELD else set()
             del self.entries[key], entry
@@ -516,9 +541,12 @@ class GraphedCallable:
         self.stats.records += 1
         self.stats.copied_in = len(entry.copies)
         self.stats.copied_out += len(held)
+        self.stats.bytes_in = sum(e.static_bytes_in for e in self.entries.values())
+        self.stats.bytes_out = sum(e.static_bytes_out for e in self.entries.values())
         log.info(
             "%s: recorded size key %s (%s; %d keys, %d records, %.1f ms; %d inputs copied "
-            "per replay, %d read in place; %d outputs returned as copies)",
+            "per replay (%s), %d read in place; %d outputs returned as copies; %s of "
+            "outputs kept in the pool)",
             self.stats.label,
             key or "(static)",
             why,
@@ -526,8 +554,10 @@ class GraphedCallable:
             self.stats.records,
             (time.perf_counter() - t0) * 1e3,
             len(entry.copies),
+            _mib(entry.static_bytes_in),
             len(entry.static_ptrs),
             sum(1 for m in entry.modes if m == COPY),
+            _mib(entry.static_bytes_out),
         )
         return entry.outputs(args)
 
@@ -562,6 +592,10 @@ def _getter(idx: tuple[int, ...]) -> Callable[[Sequence[Any]], tuple[Any, ...] |
         (i,) = idx
         return lambda args: [args[i]]
     return lambda args: []
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
 
 
 def _cdata(t: torch.Tensor) -> int:
