@@ -109,6 +109,31 @@ def test_held_output_of_a_later_graph_in_the_pool_makes_an_earlier_one_record_ag
     assert rec.events.count("record") == 3
 
 
+def test_held_outputs_of_a_graph_recorded_again_stay_watched() -> None:
+    """b (recorded after a, so its outputs may sit in a's freed temporaries) records
+    again while one of its outputs is held: the held output stays where it is, and a
+    must not replay over it until it is released."""
+    w = nn.Parameter(torch.randn(4, 3))
+    with cg.use_recorder(cg.HostRecorder()):
+        a, sa = _graphed(_mlp_fn, [torch.randn(2, 4), w])
+        b, sb = _graphed(_mlp_fn, [torch.randn(2, 4), w])
+        x = torch.randn(2, 4)
+        for f in (a, a, b, b):
+            f(x, w)
+        held = b(x, w)[0]  # b replays; h held
+        b(x, w)  # b records again; the old b is gone, its held output stays
+        assert (sb.records, sa.records) == (2, 1)
+        a(x, w)
+        assert (sa.records, sa.replays) == (2, 0)  # recorded again, after the held output
+        torch.testing.assert_close(held, _mlp_fn(x, w)[0])
+        del held
+        a(x, w)
+        assert sa.replays == 1
+        pool = cg._POOLS[a.pool_id]
+        pool.live()
+        assert pool.held == []  # released: no longer watched
+
+
 def test_parameter_at_a_new_address_records_again_then_runs_plain() -> None:
     """``param.data = ...`` (``model.half()``, a reload) moves a tensor the graph reads in
     place: the graph records again (up to the limit), never reads the old memory."""

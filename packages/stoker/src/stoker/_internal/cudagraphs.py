@@ -207,22 +207,38 @@ def use_recorder(recorder: Recorder) -> Iterator[Recorder]:
 
 
 class _Pool:
-    """The graphs recorded into one memory pool, in record order. ``generation`` changes
-    whenever one is recorded or dies: an entry's list of storages to watch, its own and
-    those of graphs recorded after it, is rebuilt only then."""
+    """The graphs recorded into one memory pool, in record order, and in the place of a
+    graph recorded again, its outputs that are still held (`_Held`). ``generation``
+    changes whenever one is added or goes: an entry's list of storages to watch, its
+    own and those of everything recorded after it, is rebuilt only then."""
 
     def __init__(self) -> None:
-        self.entries: list[weakref.ref[_Entry]] = []
+        self.entries: list[weakref.ref[_Entry | _Held]] = []
+        self.held: list[_Held] = []  # kept here until their holders let go
         self.generation = 0
 
     def add(self, entry: _Entry) -> None:
         self.entries.append(weakref.ref(entry, self._died))
         self.generation += 1
 
-    def _died(self, ref: weakref.ref[_Entry]) -> None:
+    def bury(self, entry: _Entry) -> None:
+        """``entry`` is recorded again: its outputs still held stay in its place."""
+        held = _Held(entry)
+        if not held.refs:
+            return
+        for k, r in enumerate(self.entries):
+            if r() is entry:
+                self.entries[k] = weakref.ref(held, self._died)
+                self.held.append(held)
+                self.generation += 1
+                return
+
+    def _died(self, ref: weakref.ref[Any]) -> None:
         self.generation += 1
 
-    def live(self) -> list[_Entry]:
+    def live(self) -> list[_Entry | _Held]:
+        if any(h.released() for h in self.held):
+            self.held = [h for h in self.held if not h.released()]  # (their refs die: _died)
         alive = [e for r in self.entries if (e := r()) is not None]
         if len(alive) != len(self.entries):
             self.entries = [weakref.ref(e, self._died) for e in alive]
@@ -231,11 +247,30 @@ class _Pool:
     def owns(self, t: torch.Tensor) -> bool:
         """Whether ``t`` is an output of a graph recorded here (a static address)."""
         cd = _cdata(t)
-        return any(cd == c for e in self.live() for c, _, _ in e.owned)
+        return any(cd == c for e in self.live() if isinstance(e, _Entry) for c, _, _ in e.owned)
 
-    def after(self, entry: _Entry) -> list[_Entry]:
+    def after(self, entry: _Entry) -> list[_Entry | _Held]:
         live = self.live()
         return live[live.index(entry) + 1 :] if entry in live else []
+
+
+class _Held:
+    """Outputs of a graph recorded again that their holders still keep. They stay where
+    the graph put them, possibly in the freed temporaries of a graph recorded before
+    it, whose replays must not overwrite them: watched in the graph's place in the pool
+    until released. Weak references keep the storages' handles valid, not their memory
+    (held: a use count above 0)."""
+
+    def __init__(self, entry: _Entry) -> None:
+        self.refs = [
+            StorageWeakRef(entry.flat[outs[0]].untyped_storage())  # type: ignore[no-untyped-call]
+            for cd, base, outs in entry.owned
+            if _use_count(cd) > base
+        ]
+        self.owned: list[tuple[int, int, list[int]]] = [(r.cdata, 0, []) for r in self.refs]
+
+    def released(self) -> bool:
+        return all(_use_count(cd) == 0 for cd, _, _ in self.owned)
 
 
 _POOLS: dict[Any, _Pool] = {}
@@ -501,6 +536,7 @@ class GraphedCallable:
             # MOVED: the graph reads the inputs where they are now. SPLIT: one buffer each.
             self.rerecords += 1
             held = entry.held if why is HELD else set()
+            self.pool.bury(entry)
             del self.entries[key], entry
             return self._record(key, args, held, why)
         self.stats.ran_plain(f"{why}; recorded again {self.limit} times (cudagraph_limit)")
