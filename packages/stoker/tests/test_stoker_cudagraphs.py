@@ -487,6 +487,26 @@ def test_stoker_compile_reduce_overhead_trains_like_eager_on_the_host_stand_in(
     assert "CUDA graphs" in html and "graphed" in html
 
 
+def test_backward_copies_a_saved_tensor_once_through_stoker_compile() -> None:
+    """The loss outside the compiled model (eager cross-entropy): compiled autograd hands
+    log_softmax's result to two of its nodes; the backward's graph copies it into one
+    buffer (it did into two: 2x the logits' bytes on gpt-m, 256 MiB)."""
+    torch.manual_seed(0)
+    model = MLP(8, 16, 40, depth=1)
+    batches = [(torch.randn(32, 8), torch.randint(0, 40, (32,))) for _ in range(4)]
+    stoker.reset()
+    with cg.use_recorder(cg.HostRecorder()):
+        compiled = stoker.compile(model, backend="aten", dynamic=False, mode="reduce-overhead")
+        _train(compiled, batches, _ce, True)
+    stoker.reset()
+    seg = [s for s in compiled.stoker_report.cudagraphs if s.label.startswith("compiled")]
+    logits = 32 * 40 * 4
+    assert seg and seg[0].records == 1, seg
+    assert logits <= seg[0].bytes_in < 2 * logits, seg  # one buffer, plus a few scalars
+    fwd = [s for s in compiled.stoker_report.cudagraphs if s.label.endswith("forward")]
+    assert fwd[0].bytes_out >= logits, fwd  # the logits, kept in the pool
+
+
 _TRITON_SCRIPT = """
 import copy, torch, stoker
 from torch import nn
@@ -689,6 +709,51 @@ def test_gpu_tiny_gpt_reduce_overhead_matches_eager() -> None:
 def test_gpu_gradient_accumulation_under_graphs_matches_eager() -> None:
     stats = _gpu_parity(MLP, _mlp_batch, _ce, [16] * 10, accumulate=2)
     assert sum(s.replays for s in stats) >= 4
+
+
+def _peak_training_mib(model: nn.Module, mode: str, steps: int = 6) -> tuple[float, list[Any]]:
+    """Peak allocated memory over steady training steps (after 3 to warm up and record),
+    as tools/bench.py measures it."""
+    torch.manual_seed(0)
+    batches = [_gpt_batch(32) for _ in range(3)]
+    stoker.reset()
+    compiled = stoker.compile(model, mode=mode)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for i in range(3 + steps):
+        if i == 3:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        x, y = batches[i % 3]
+        loss = lm_loss(compiled(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        del loss
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() / 2**20
+    stats: list[Any] = compiled.stoker_report.cudagraphs
+    stoker.reset()
+    return peak, stats
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_reduce_overhead_peak_memory_is_close_to_plain() -> None:
+    """Issue 11: reduce-overhead's peak within plain stoker's plus the static gradients
+    (the backward's outputs stay in the pool and are copied into ``.grad``: one
+    parameter-sized copy, the known remaining cost) and 2 MiB."""
+    cfg = GPTConfig(vocab_size=512, block_size=32, n_layer=2, n_head=4, n_embd=128)
+    model = GPT(cfg).cuda()
+    state = copy.deepcopy(model.state_dict())
+    plain, _ = _peak_training_mib(model, "default")
+    model.load_state_dict(state)
+    graphed, stats = _peak_training_mib(model, "reduce-overhead")
+    grads = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    kept = sum(s.bytes_in + s.bytes_out for s in stats) / 2**20
+    print(f"peak MiB: plain {plain:.1f}, reduce-overhead {graphed:.1f}; static kept {kept:.1f}")
+    print("\n".join(map(str, stats)))
+    assert any(s.replays for s in stats), stats
+    assert graphed <= plain + grads + 2, (plain, graphed, grads, stats)
 
 
 def test_torch_compile_passes_mode_to_the_stoker_backend() -> None:
