@@ -172,12 +172,14 @@ def replay_overhead() -> int:
         sf, sb = cg.CudaGraphStats("fwd"), cg.CudaGraphStats("bwd")
         with cg.use_recorder(NullRecorder()):
             f = cg.graphed(fwd, None, [x, *params], sf, 8)
-            for _ in range(2):  # warm-up, record (nothing held across)
-                f(x, *params)
+            # warm-up, record (nothing held across), then the first replays with the
+            # copied input at two addresses in turn, as batches are: copied for good
+            for xi in (x, x, x.clone(), x, x.clone()):
+                f(xi, *params)
             outs = list(f(x, *params))  # pool outputs: the backward reads them in place
             b = cg.graphed(bwd, None, [*outs, gy, *params], sb, 8)
-            for _ in range(2):
-                b(*outs, gy, *params)
+            for gi in (gy, gy, gy.clone(), gy, gy.clone(), gy):
+                b(*outs, gi, *params)
             fresh[0] = False
             n = 2000
             bw = _per_call_us(lambda: b(*outs, gy, *params), n)

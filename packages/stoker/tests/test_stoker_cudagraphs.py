@@ -259,6 +259,56 @@ def cg_report_html(stats: cg.CudaGraphStats) -> str:
     return _render_cudagraphs([stats], "reduce-overhead")
 
 
+def test_an_input_kept_at_one_address_is_read_in_place_until_it_moves() -> None:
+    """A copied input found at one address over the first replays is read where it is
+    (no buffer, no copy); once it arrives elsewhere the graph records again and copies
+    it for good, never reading the old address."""
+    w = nn.Parameter(torch.randn(4, 3))
+    x = torch.randn(2, 4)
+    with cg.use_recorder(cg.HostRecorder()):
+        fn, stats = _graphed(_mlp_fn, [x, w])
+        for _ in range(8):
+            x.copy_(torch.randn(2, 4))  # new values, same memory
+            torch.testing.assert_close(fn(x, w)[0], _mlp_fn(x, w)[0])
+        # warm-up, record, 3 probed replays, record again reading x in place, 2 replays
+        assert (stats.records, stats.replays, stats.copied_in, stats.bytes_in) == (2, 5, 0, 0)
+        kept = [torch.randn(2, 4) for _ in range(6)]  # all at other addresses
+        for x2 in kept:
+            torch.testing.assert_close(fn(x2, w)[0], _mlp_fn(x2, w)[0])
+    assert (stats.records, stats.copied_in, stats.plain) == (3, 1, {})
+
+
+def test_inputs_that_move_are_copied_for_good() -> None:
+    w = nn.Parameter(torch.randn(4, 3))
+    xs = [torch.randn(2, 4) for _ in range(10)]  # held: ten addresses
+    with cg.use_recorder(cg.HostRecorder()):
+        fn, stats = _graphed(_mlp_fn, [xs[0], w])
+        for x in xs:
+            torch.testing.assert_close(fn(x, w)[0], _mlp_fn(x, w)[0])
+    assert (stats.records, stats.replays, stats.copied_in) == (1, 8, 1)
+
+
+def test_a_mutated_input_read_in_place_is_written_where_it_is() -> None:
+    def bump(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        x.add_(y)
+        return (x * 2,)
+
+    x, y = torch.randn(3), torch.randn(3)
+    gm = make_fx(bump)(x.clone(), y.clone())
+    with cg.use_recorder(cg.HostRecorder()):
+        fn, stats = _graphed(gm, [x, y], gm)
+        for _ in range(8):
+            x.copy_(torch.randn(3))
+            y.copy_(torch.randn(3))
+            x_ref = x.clone()
+            (out,) = fn(x, y)
+            want = bump(x_ref, y)[0]
+            torch.testing.assert_close(x, x_ref)
+            torch.testing.assert_close(out, want)
+            del out  # (held across the next call, it would be a copy: another record)
+    assert (stats.records, stats.copied_in) == (2, 0)
+
+
 def test_input_mutated_in_place_is_copied_back() -> None:
     def bump(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
         x.add_(y)

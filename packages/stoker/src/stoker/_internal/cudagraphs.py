@@ -282,6 +282,8 @@ ALIAS, COPY, KEEP, INPUT, SAME = 0, 1, 2, 3, 4  # how a recorded output is retur
 HELD = "outputs of an earlier replay are still held"
 MOVED = "an input read in place (a parameter, a saved tensor) is at another address"
 SPLIT = "inputs that were one tensor when recorded (one buffer) are two now"
+STABLE = "copied inputs stayed at one address: read in place"
+PROBE_CALLS = 4  # replays over which copied inputs must keep their addresses
 _data_ptr = torch.Tensor.data_ptr
 _detach = torch.Tensor.detach
 
@@ -314,7 +316,7 @@ class _Entry:
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
                 continue
-            if _is_static(a) or pool.owns(a):
+            if _is_static(a) or pool.owns(a) or i in owner.stable:
                 static_idx.append(i)
                 self.static_ptrs.append(a.data_ptr())
                 continue
@@ -329,6 +331,12 @@ class _Entry:
             statics[i] = buf
             self.copies.append((i, buf))
         self.static_idx = tuple(static_idx)
+        # the copied inputs a probe watches over the first replays (`probed`)
+        self.probe = (
+            () if owner.probed else tuple(i for i, _ in self.copies if i not in owner.moving)
+        )
+        self._probe_ptrs: list[int] | None = None
+        self._probe_left = PROBE_CALLS
         self.copy_back = [(i, b) for i, b in self.copies if i in owner.plan.mutated]
         self.graph, out = rec.record(owner.fn, statics, owner.pool_id)
         flat, self.rebuild = _flatten(out)
@@ -419,7 +427,13 @@ class _Entry:
     def blocked(self, args: Sequence[Any]) -> str | None:
         """Why this call may not replay (None: it may). ``held``: this graph's outputs the
         caller still holds (they are returned as copies once the graph records again)."""
-        if list(map(_data_ptr, self._static_get(args))) != self.static_ptrs:
+        ptrs = list(map(_data_ptr, self._static_get(args)))
+        if ptrs != self.static_ptrs:
+            owner = self.owner
+            for i, p, q in zip(self.static_idx, ptrs, self.static_ptrs, strict=True):
+                if p != q and i in owner.stable:  # read in place on trust: copied from now on
+                    owner.stable.discard(i)
+                    owner.moving.add(i)
             return MOVED
         # one buffer serves inputs that were one tensor (sizes and strides are the key's)
         if self.same_as and list(map(_data_ptr, self._dup(args))) != list(
@@ -434,6 +448,29 @@ class _Entry:
             if _use_count(cd) > base:
                 self.held.update(outs)
         return HELD
+
+    def probed(self, args: Sequence[Any]) -> bool:
+        """One replay of the probe over the copied inputs' addresses; True when it ends
+        with inputs that stayed at one address throughout (then read in place: no
+        buffer, no copy; the graph records again). Compiled autograd's saved tensors
+        from eager code (log_softmax's result, 128 MiB on gpt-m) come back to the same
+        cached block step after step; a batch cycled through a list does not."""
+        owner = self.owner
+        ptrs = [args[i].data_ptr() for i in self.probe]
+        if self._probe_ptrs is not None:  # (the record call's own addresses are not
+            # compared: recording allocates the buffers, moving what comes after)
+            moved = (i for i, p, q in zip(self.probe, ptrs, self._probe_ptrs) if p != q)
+            owner.moving.update(moved)
+        self._probe_ptrs = ptrs
+        self._probe_left -= 1
+        if self._probe_left:
+            return False
+        owner.probed = True
+        stable = {i for i in self.probe if i not in owner.moving}
+        stable |= {j for j, i in self.same_as if i in stable}
+        self.probe = ()
+        owner.stable |= stable
+        return bool(stable)
 
     def run(self, args: Sequence[Any]) -> Any:
         if self._bufs:
@@ -505,6 +542,12 @@ class GraphedCallable:
         self._scalars = plan.scalars
         self._symbolic = plan.symbolic
         self._keyed = bool(plan.scalars or plan.symbolic)  # else one key: ()
+        # inputs neither static nor pool outputs: read in place once they kept one
+        # address over the first replays (`_Entry.probed`, once per callable), copied
+        # for good once one moved
+        self.stable: set[int] = set()
+        self.moving: set[int] = set()
+        self.probed = False
 
     def __getattr__(self, name: str) -> Any:  # report, wrapper_source of the inner callable
         fn = self.__dict__.get("fn")
@@ -528,12 +571,16 @@ class GraphedCallable:
             return self._first_calls(key, args)
         why = entry.blocked(args)
         if why is None:
-            self.stats.replays += 1
-            return entry.run(args)
+            if not (entry.probe and entry.probed(args) and self.rerecords < self.limit):
+                self.stats.replays += 1
+                return entry.run(args)
+            why = STABLE
         if self.rerecords < self.limit:
             # HELD: new static outputs (the held ones stay with their holder), recorded
             # after every graph whose outputs are held, so its temporaries avoid them.
-            # MOVED: the graph reads the inputs where they are now. SPLIT: one buffer each.
+            # MOVED: the graph reads the inputs where they are now (inputs read in place
+            # on trust are copied from now on). SPLIT: one buffer each. STABLE: inputs
+            # that kept their address are read in place.
             self.rerecords += 1
             held = entry.held if why is HELD else set()
             self.pool.bury(entry)
