@@ -13,6 +13,10 @@ Without CUDA, the launches run Triton's real (non-interpreter) path on a stand-i
 sm_90 driver whose launcher does nothing (`stoker_triton._internal.fakegpu`):
 what is measured is the host work before the driver call. With CUDA, real
 launches (CPU time to enqueue; the GPU work is tiny).
+
+``python tools/bench_launch.py --replay``: the CPU cost per call of
+``mode="reduce-overhead"``'s wrapper around a CUDA graph replay (`replay_overhead`),
+on any machine (the replay is stubbed out).
 """
 
 from __future__ import annotations
