@@ -12,13 +12,16 @@ inputs compiled with symbolic sizes; one key for a static graph):
    replays it;
 3. later calls copy the inputs that are not at a static address into the
    graph's input buffers, replay, copy back inputs the graph writes, and return
-   the outputs.
+   the outputs. All of it from lists fixed at the record (`_Entry`): a replay
+   costs a few calls plus one ``detach`` per output.
 
 Static addresses: parameters, module buffers (`mark_static`: the backend marks
 the inputs Dynamo found in ``_buffers``), and outputs of a graph recorded in the same pool
 (the forward's saved tensors that the backward reads) are read where they are,
 not copied; a call that passes one at another address (``param.data = ...``, a
-forward that ran plain) makes the graph record again. An output that is an
+forward that ran plain) makes the graph record again. So are copied inputs
+that kept one address over the first replays (`_Entry.probed`; copied for good
+once one moves). One tensor passed twice is one buffer. An output that is an
 input, or a view of one, comes back as the caller's tensor or the same view of it.
 
 Outputs live in the pool, and the next replay of this graph, or of a graph
@@ -28,8 +31,10 @@ storage is checked for holders other than this module: an output still held
 at the second call (a loss kept in a list) is returned as a copy from the
 start; a held one found at a replay makes the graph record again (new static
 outputs, recorded after every graph whose outputs are held; the held ones stay
-with their holders) and this graph's held outputs are copies from then on. A
-caller never sees a value that a later replay wrote. The backward's gradients
+with their holders, watched in the old graph's place: `_Held`) and this graph's
+held outputs are copies from then on. A caller never sees a value that a later
+replay wrote. The bytes each graph keeps (input buffers, outputs in the pool)
+are in its `CudaGraphStats`. The backward's gradients
 are static too, so stoker-autograd copies them into ``.grad`` rather than
 stealing them (`GraphedCallable.static_outputs`).
 
@@ -46,20 +51,25 @@ results into the recorded outputs) so that all of the above runs in CPU tests.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import operator
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import logs
 from .cudagraph_plan import REASONS, GraphPlan, plan_graph
+from .cudagraph_recorders import CudaRecorder as CudaRecorder
+from .cudagraph_recorders import HostRecorder as HostRecorder
+from .cudagraph_recorders import Recorder as Recorder
+from .cudagraph_recorders import _cdata, _flatten, _is_static, current_recorder
+from .cudagraph_recorders import mark_static as mark_static
+from .cudagraph_recorders import use_recorder as use_recorder
 
 log = logs.logger("cudagraphs")
 _use_count: Callable[[int], int] = torch._C._storage_Use_Count
@@ -87,120 +97,6 @@ class CudaGraphStats:
         first = why not in self.plain
         self.plain[why] = self.plain.get(why, 0) + 1
         (log.info if first else log.debug)("%s: plain launches: %s", self.label, why)
-
-
-# ---------------------------------------------------------------------- recorders
-
-
-class Recorder(Protocol):
-    """Makes and replays graphs for one kind of device."""
-
-    record_executes: bool  # record() also computed the outputs (else: replay once after)
-
-    def unsupported(self, example_inputs: Sequence[Any]) -> str | None: ...
-    def pool_id(self, example_inputs: Sequence[Any]) -> Any: ...
-    def record(self, fn: Callable[..., Any], args: list[Any], pool_id: Any) -> tuple[Any, Any]: ...
-    def replay(self, graph: Any, args: list[Any] | None) -> None: ...
-
-
-class CudaRecorder:
-    """torch's CUDA graphs: one private memory pool per device, capture on a side stream."""
-
-    record_executes = False
-    _pools: ClassVar[dict[int, Any]] = {}
-
-    def unsupported(self, example_inputs: Sequence[Any]) -> str | None:
-        if not torch.cuda.is_available():
-            return "no CUDA device"
-        if not any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs):
-            return "no CUDA device (the graph's inputs are on the CPU)"
-        return None
-
-    def pool_id(self, example_inputs: Sequence[Any]) -> Any:
-        dev = next(x.device for x in example_inputs if isinstance(x, torch.Tensor))
-        return ("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
-
-    def record(self, fn: Callable[..., Any], args: list[Any], pool_id: Any) -> tuple[Any, Any]:
-        index = pool_id[1]
-        pool = self._pools.get(index)
-        if pool is None:
-            with torch.cuda.device(index):
-                pool = self._pools[index] = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(index):
-            torch.cuda.synchronize()
-            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                out = fn(*args)
-        return graph, out
-
-    def replay(self, graph: Any, args: list[Any] | None) -> None:
-        graph.replay()
-
-
-class HostRecorder:
-    """A stand-in for CPU tests: "recording" runs the function, "replaying" runs it again
-    and writes its results into the recorded outputs, as a graph writes its static buffers.
-    ``events`` lists what happened ("record", "replay")."""
-
-    record_executes = True
-
-    def __init__(self) -> None:
-        self.events: list[str] = []
-
-    def unsupported(self, example_inputs: Sequence[Any]) -> str | None:
-        return None
-
-    def pool_id(self, example_inputs: Sequence[Any]) -> Any:
-        return ("host", id(self))
-
-    def record(self, fn: Callable[..., Any], args: list[Any], pool_id: Any) -> tuple[Any, Any]:
-        self.events.append("record")
-        out = fn(*args)
-        # the outputs it writes at a replay: not those of an input's memory (a graph has
-        # no such buffers of its own; holding them would pin the caller's tensors)
-        inputs = {_cdata(a) for a in args if isinstance(a, torch.Tensor)}
-        static = [
-            t if isinstance(t, torch.Tensor) and _cdata(t) not in inputs else None
-            for t in _flatten(out)[0]
-        ]
-        return (fn, static), out
-
-    def replay(self, graph: Any, args: list[Any] | None) -> None:
-        self.events.append("replay")
-        fn, static = graph
-        for s, new in zip(static, _flatten(fn(*(args or [])))[0], strict=True):
-            if s is not None and s.untyped_storage().data_ptr() != (
-                new.untyped_storage().data_ptr()
-            ):
-                s.copy_(new)
-
-
-_RECORDER: list[Recorder] = []
-# Module buffers the frontend saw (`mark_static`): read in place, as parameters are.
-_STATIC: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
-
-
-def mark_static(t: torch.Tensor) -> None:
-    """Graphs read ``t`` where it is (a module buffer) instead of copying it per replay."""
-    _STATIC[id(t)] = t
-
-
-def _is_static(t: torch.Tensor) -> bool:
-    return isinstance(t, torch.nn.Parameter) or _STATIC.get(id(t)) is t
-
-
-def current_recorder() -> Recorder:
-    return _RECORDER[-1] if _RECORDER else CudaRecorder()
-
-
-@contextlib.contextmanager
-def use_recorder(recorder: Recorder) -> Iterator[Recorder]:
-    """Graphs wrapped inside this block use ``recorder`` (tests: a `HostRecorder`)."""
-    _RECORDER.append(recorder)
-    try:
-        yield recorder
-    finally:
-        _RECORDER.remove(recorder)
 
 
 # ---------------------------------------------------------------------- the pool
@@ -679,20 +575,6 @@ def _getter(idx: tuple[int, ...]) -> Callable[[Sequence[Any]], tuple[Any, ...] |
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
-
-
-def _cdata(t: torch.Tensor) -> int:
-    return int(t.untyped_storage()._cdata)
-
-
-def _flatten(out: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
-    """The leaves of a graph's result and how to rebuild it (fast for a tuple or list)."""
-    if isinstance(out, tuple) and type(out) is tuple:
-        return list(out), tuple
-    if type(out) is list:
-        return list(out), list
-    leaves, spec = torch.utils._pytree.tree_flatten(out)
-    return leaves, lambda xs: torch.utils._pytree.tree_unflatten(xs, spec)
 
 
 def _fresh_outputs(out: Any, args: Sequence[Any]) -> list[tuple[int, StorageWeakRef]]:
