@@ -13,6 +13,10 @@ Without CUDA, the launches run Triton's real (non-interpreter) path on a stand-i
 sm_90 driver whose launcher does nothing (`stoker_triton._internal.fakegpu`):
 what is measured is the host work before the driver call. With CUDA, real
 launches (CPU time to enqueue; the GPU work is tiny).
+
+``python tools/bench_launch.py --replay``: the CPU cost per call of
+``mode="reduce-overhead"``'s wrapper around a CUDA graph replay (`replay_overhead`),
+on any machine (the replay is stubbed out).
 """
 
 from __future__ import annotations
@@ -126,3 +130,90 @@ def launch_overhead() -> int:
     print(f"  torch.compile, graph run as is (floor)    {dynamo:8.2f}")
     print(f"    of which Dynamo (minus eager f)         {dynamo - eager:8.2f}")
     return 0
+
+
+# ---------------------------------------------------------------------- CUDA graph replays
+
+
+def replay_overhead() -> int:
+    """CPU µs per call of `mode="reduce-overhead"`'s wrapper (`GraphedCallable`) around a
+    replay that does nothing (a stand-in recorder), beside the bare callable: what
+    the wrapper itself costs per graph call, whatever the graph does on the device.
+
+    - forward: an input copied in, P parameters read in place, K fresh outputs
+      (the forward's result and the tensors it saves for backward);
+    - backward segment: K inputs that are outputs of the forward graph (saved
+      tensors, read in place), one gradient copied in, P parameters, P gradients out.
+    """
+    import torch
+    from torch import nn
+
+    from stoker._internal import cudagraphs as cg
+
+    class NullRecorder(cg.HostRecorder):
+        """Records by running the function once; a replay does nothing (the graph's
+        device work is not what is measured), as `CudaRecorder.replay` is called."""
+
+        record_executes = False
+
+        def replay(self, graph: Any, args: list[Any] | None) -> None:
+            pass
+
+    def case(p: int, k: int) -> tuple[float, float, float, float]:
+        params = [nn.Parameter(torch.randn(4, 4)) for _ in range(p)]
+        x, gy = torch.randn(2, 4), torch.randn(2, 4)
+        saved = [torch.randn(2, 4) for _ in range(k)]
+        grads = tuple(torch.randn(4, 4) for _ in range(p))
+
+        fresh = [True]  # while recording, fresh outputs (as a graph's); timed: prebuilt
+
+        def fwd(*args: Any) -> tuple[torch.Tensor, ...]:
+            return tuple(t.clone() for t in saved) if fresh[0] else tuple(saved)
+
+        def bwd(*args: Any) -> tuple[torch.Tensor, ...]:
+            return tuple(t.clone() for t in grads) if fresh[0] else grads
+
+        sf, sb = cg.CudaGraphStats("fwd"), cg.CudaGraphStats("bwd")
+        with cg.use_recorder(NullRecorder()):
+            f = cg.graphed(fwd, None, [x, *params], sf, 8)
+            # warm-up, record (nothing held across), then the first replays with the
+            # copied input at two addresses in turn, as batches are: copied for good
+            for xi in (x, x, x.clone(), x, x.clone()):
+                f(xi, *params)
+            outs = list(f(x, *params))  # pool outputs: the backward reads them in place
+            b = cg.graphed(bwd, None, [*outs, gy, *params], sb, 8)
+            for gi in (gy, gy, gy.clone(), gy, gy.clone(), gy):
+                b(*outs, gi, *params)
+            fresh[0] = False
+            n = 2000
+            bw = _per_call_us(lambda: b(*outs, gy, *params), n)
+            outs.clear()  # released, as autograd releases saved tensors after the backward
+            fw = _per_call_us(lambda: f(x, *params), n)
+        # every timed call replayed (none recorded again or ran plain)
+        assert (sf.records, sb.records, sf.plain, sb.plain) == (1, 1, {}, {}), (sf, sb)
+        assert (sf.copied_out, sb.copied_out, sb.copied_in) == (0, 0, 1), (sf, sb)
+        fb = _per_call_us(lambda: fwd(x, *params), n)
+        return fw, fb, bw, _per_call_us(lambda: bwd(*saved, gy, *params), n)
+
+    print("reduce-overhead wrapper, CPU µs of the thread per call, best of 7 rounds")
+    print("(replay stubbed out; 'bare' is the compiled callable alone)")
+    print(
+        f"  {'P params':>8} {'K outputs':>9} {'forward':>8} {'bare':>6} {'backward':>9} {'bare':>6}"
+    )
+    rows = {pk: case(*pk) for pk in ((1, 1), (8, 8), (32, 32), (64, 64))}
+    for (p, k), (fw, fb, bw, bb) in rows.items():
+        print(f"  {p:8d} {k:9d} {fw:8.2f} {fb:6.2f} {bw:9.2f} {bb:6.2f}")
+    slope = (rows[64, 64][0] - rows[1, 1][0]) / 63
+    print(
+        f"  forward: {rows[1, 1][0] - rows[1, 1][1]:.2f} fixed + {slope:.2f} per (parameter, output)"
+    )
+    print("  target: wrapper minus bare <= 30 (issue 11; the plain path's fixed cost is 23)")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["--replay"]:
+        raise SystemExit(replay_overhead())
+    raise SystemExit(launch_overhead())

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, in pieces that each fit a 10-minute device call, logs under $OUT.
 #     bash tools/gpu_check.sh tests              # every gpu-marked test, natively
-#     bash tools/gpu_check.sh kernels            # bench_triton: GB/s vs Inductor, launch overhead
+#     bash tools/gpu_check.sh kernels            # bench_triton: GB/s vs Inductor, launch and replay overhead
 #     bash tools/gpu_check.sh suite gpt-m,mlp-l  # the GPU suite, eager/inductor/stoker, cold+warm
 #     bash tools/gpu_check.sh profile gpt-m      # cProfile of a stoker cold and a warm first step
 # Each step runs under `timeout`; a test's failure is printed as it happens (-rfE at the
@@ -26,6 +26,7 @@ tests)
 kernels)
     timeout 420 $PY tools/bench_triton.py --inductor 2>&1 | tee "$OUT/bench_triton.log"
     timeout 120 $PY tools/bench_triton.py --launch-overhead 2>&1 | tee "$OUT/bench_launch.log"
+    timeout 120 $PY tools/bench_launch.py --replay 2>&1 | tee "$OUT/bench_replay.log"
     ;;
 suite)
     timeout 570 $PY tools/bench.py --suite gpu --models "${2:-gpt-m}" \

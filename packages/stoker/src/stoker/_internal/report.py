@@ -428,11 +428,24 @@ def _render_cudagraphs(stats: list[Any], mode: Any) -> str:
                 s.replays,
                 s.copied_in,
                 s.copied_out,
+                _mib(s.bytes_in),
+                _mib(s.bytes_out),
                 plain or "—",
             ]
         )
     heads = ["graph", "status", "warm-ups", "records", "replays", "inputs copied", "outputs copied"]
-    return _table([*heads, "plain runs (why)"], rows, frozenset({2, 3, 4, 5, 6}))
+    heads += ["input buffers MiB", "outputs kept MiB", "plain runs (why)"]
+    total = sum(s.bytes_in + s.bytes_out for s in stats)
+    note = (
+        f"<p>static memory kept by the recorded graphs: <code>{total / 2**20:.1f} MiB</code> "
+        "(input buffers copied into per replay, and outputs in the pool, which the next "
+        "replay overwrites; the pool's reused temporaries not counted)</p>"
+    )
+    return note + _table(heads, rows, frozenset({2, 3, 4, 5, 6, 7, 8}))
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f}"
 
 
 def _render_distributed(d: dict[str, Any]) -> str:
