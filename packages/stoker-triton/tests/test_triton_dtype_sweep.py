@@ -38,11 +38,6 @@ for _dt in ("float32", "float16", "bfloat16"):
             "the unary rule takes no `decimals` keyword: the op runs through aten",
             "unexpected keyword argument 'decimals'",
         )
-KNOWN["aten::clamp[int]", "uint8", "forward"] = (
-    "clamp(uint8, -2, 3): the bound -2 becomes a negative constant of the unsigned "
-    "compute dtype, which Triton's compiler refuses (the interpreter does not)",
-    "unsigned tensor and a negative scalar",
-)
 ACCUMULATING = ("aten::index_put[accumulate]", "aten::scatter.reduce")
 ACCUMULATING += ("aten::scatter.value_reduce", "aten::scatter_add")
 for _sid in ACCUMULATING:

@@ -23,6 +23,7 @@ from .core import (
     LoweringError,
     TensorValue,
     cast,
+    const_value,
     contiguous_strides,
     product,
     register,
@@ -205,7 +206,7 @@ def index_put(
     def value_fn(idx: Sequence[Expr]) -> Value:
         if isinstance(values, TensorValue):
             return broadcast_load(values, idx)
-        return Const(values, x.dtype)
+        return Const(const_value(values, x.dtype), x.dtype)
 
     return _scatter(
         ctx, target, size, source_index, value_fn, "add" if accumulate else "store", x.dtype
@@ -238,7 +239,7 @@ def scatter_add(
     def value_fn(idx: Sequence[Expr]) -> Value:
         if isinstance(src, TensorValue):
             return src.load(tuple(idx))
-        return Const(src, x.dtype)
+        return Const(const_value(src, x.dtype), x.dtype)
 
     return _scatter(ctx, target, index.size, index_fn, value_fn, mode, x.dtype)
 
