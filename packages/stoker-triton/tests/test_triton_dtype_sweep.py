@@ -31,13 +31,6 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # (sample id, dtype, phase) -> (why it fails, a regex its error matches)
 KNOWN: dict[tuple[str, str, str], tuple[str, str]] = {}
 
-# Lowering bugs, not half precision (lowering/, another helper's files).
-for _dt in ("float32", "float16", "bfloat16"):
-    for _phase in ("forward", "backward"):
-        KNOWN["aten::round.decimals", _dt, _phase] = (
-            "the unary rule takes no `decimals` keyword: the op runs through aten",
-            "unexpected keyword argument 'decimals'",
-        )
 ACCUMULATING = ("aten::index_put[accumulate]", "aten::scatter.reduce")
 ACCUMULATING += ("aten::scatter.value_reduce", "aten::scatter_add")
 for _sid in ACCUMULATING:

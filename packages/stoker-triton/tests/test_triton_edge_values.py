@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from triton_helpers import device, trace
+from triton_ptx import instructions, kernel_ptx
 
 from stoker_triton import compile_graph
 
@@ -38,6 +39,75 @@ def _same_bits(got, ref):
         got = torch.where(got.isnan(), float("nan"), got).view(BITS[ref.dtype])
         ref = torch.where(ref.isnan(), float("nan"), ref).view(BITS[ref.dtype])
     assert torch.equal(got, ref), (got, ref)
+
+
+# -- round(x, decimals) --------------------------------------------------------
+
+
+def _round_inputs(dtype, decimals):
+    """Random values at several scales, exact ties of x * 10**d (x / 10**-d),
+    values that round to a signed zero, huge values and non-finite ones."""
+    g = torch.Generator().manual_seed(1234 + decimals)
+    scale = 10.0 ** (-decimals)
+    rnd = torch.randn(512, generator=g) * torch.logspace(-3, 6, 512)
+    ties = (torch.arange(-40, 40) + 0.5) * scale
+    special = [0.0, -0.0, 0.049, -0.049, 0.4999999, -0.4999999, 2.0**23 + 1, -(2.0**24) - 2]
+    special += [1e30, -3e38, 6e4, float("inf"), float("-inf"), float("nan")]
+    x = torch.cat([rnd, ties, torch.tensor(special) * max(scale, 1.0)])
+    return x.to(dtype).to(DEV)
+
+
+@pytest.mark.parametrize("dtype", [*FLOAT, torch.float64], ids=str)
+@pytest.mark.parametrize("decimals", [1, 2, 3, -1, -2, 0, 40])
+def test_round_decimals_matches_eager_bit_for_bit(dtype, decimals):
+    x = _round_inputs(dtype, decimals)
+
+    def f(x):
+        return torch.round(x, decimals=decimals), torch.round(x * 3, decimals=decimals) + 1
+
+    fn = _compiled(f, x)
+    for got, ref in zip(fn(x), f(x)):
+        _same_bits(got, ref)
+
+
+def test_round_without_decimals_is_exact_where_floor_of_x_plus_half_is_not():
+    x = torch.tensor([0.49999997, -0.49999997, 2.0**23 + 1, -(2.0**23) - 1, 2.5, 3.5, -2.5, -0.4])
+    x = torch.cat([x, torch.randn(200) * 1e4]).to(DEV)
+    _same_bits(_compiled(torch.round, x)(x), torch.round(x))
+
+
+def test_round_decimals_gradient_is_zero():
+    x = torch.randn(4, 8, device=DEV, requires_grad=True)
+
+    def f(x, g):
+        return torch.autograd.grad(torch.round(x, decimals=2), x, g)
+
+    g = torch.randn(4, 8, device=DEV)
+    with torch.enable_grad():
+        gm = trace(f, x, g)
+    out = compile_graph(gm, [x, g])(x, g)
+    assert torch.equal(out[0], torch.zeros_like(x))
+
+
+def test_round_decimals_of_an_integer_tensor_raises_as_eager():
+    x = torch.arange(6, device=DEV)
+    with pytest.raises(RuntimeError, match="not implemented"):
+        torch.round(x, decimals=1)
+    fn = compile_graph(
+        torch.fx.symbolic_trace(lambda x: torch.ops.aten.round.decimals(x, decimals=1)), [x]
+    )
+    with pytest.raises(RuntimeError, match="not implemented"):
+        fn(x)
+
+
+def test_round_decimals_divides_with_ieee_rounding_on_a_gpu():
+    # `/` on float32 is div.full.f32 (within 2 ulp) in Triton's PTX; eager's
+    # kernel divides with IEEE rounding, so the kernel must use div.rn.
+    x = torch.randn(64)
+    fn = _compiled(lambda x: torch.round(x, decimals=2), x)
+    ins = instructions(kernel_ptx(fn, [x, fn(x), x.numel(), 1], xblock=64))
+    assert any(i.startswith("div.rn.f32") for i in ins), ins
+    assert not any(i.startswith(("div.full", "div.approx")) for i in ins), ins
 
 
 # -- Python scalars outside an integer dtype's range ---------------------------

@@ -278,6 +278,35 @@ for _aten_op, (_op, _kind) in BINARY.items():
     register("pointwise", _aten_op)(_binary_rule(_op, _kind))
 
 
+@register("pointwise", aten.round)
+def round_(ctx: LoweringContext, node: Any, x: Any, *, decimals: int = 0) -> TensorValue:
+    """`round(x, decimals=d)` as ATen's round_decimals kernel computes it, in
+    the op math dtype (float32 for half): `nearbyint(x * 10**d) / 10**d` for
+    d > 0, `nearbyint(x / 10**-d) * 10**-d` for d < 0, with `10**|d|` the
+    double `std::pow(10, |d|)` cast to that dtype; d == 0 is plain round. The
+    division is IEEE (`div_rn`), as eager's compiled kernel divides."""
+    dtype = meta_val(node).dtype
+    if decimals == 0:
+        if not dtype.is_floating_point:
+            return make_pointwise(ctx, node, [x], "identity")
+        return make_pointwise(ctx, node, [x], "round")
+    if not dtype.is_floating_point:  # eager: "round_cpu" not implemented for 'Long'
+        raise LoweringError(f"round(decimals={decimals}) of {dtype}: eager has no kernel")
+    cdt = promote(node, "default")
+    try:
+        p = math.pow(10.0, abs(decimals))
+    except OverflowError:
+        p = math.inf
+    scale = Const(float(torch.tensor(p, dtype=torch.float64).to(cdt)), cdt)
+    first, then = ("mul", "div_rn") if decimals > 0 else ("div_rn", "mul")
+
+    def loader(idx: tuple[Expr, ...]) -> Value:
+        v = Op(first, (to_value(ctx, x, idx, cdt), scale), cdt)
+        return cast(Op(then, (Op("round", (v,), cdt), scale), cdt), dtype)
+
+    return TensorValue(out_size(ctx, node), dtype, ctx.device, loader)
+
+
 @register("pointwise", aten.add, aten.sub)
 def add_sub(ctx: LoweringContext, node: Any, a: Any, b: Any, alpha: Any = 1) -> TensorValue:
     op = "add" if node.target in (aten.add.Tensor, aten.add.Scalar) else "sub"
