@@ -33,13 +33,6 @@ KNOWN: dict[tuple[str, str, str], tuple[str, str]] = {}
 
 ACCUMULATING = ("aten::index_put[accumulate]", "aten::scatter.reduce")
 ACCUMULATING += ("aten::scatter.value_reduce", "aten::scatter_add")
-for _sid in ACCUMULATING:
-    for _dt in ("int8", "uint8"):
-        KNOWN[_sid, _dt, "forward"] = (
-            "accumulating scatters use tl.atomic_add, which has no 8-bit integer form on "
-            "sm_90 (Triton refuses it; the interpreter runs it): needs another lowering",
-            f"atomic_add does not support {_dt}",
-        )
 
 # Triton interpreter limits: the kernel compiles for sm_90 (cross-compiled before
 # its launch), but Triton 3.9's interpreter cannot run it, so values are unchecked.

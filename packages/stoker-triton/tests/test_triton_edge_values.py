@@ -199,3 +199,36 @@ def test_out_of_range_scalars_wrap_in_ops_as_eager(dtype):
     x = _edge_ints(dtype)
     for got, ref in zip(fn(x), f(x)):
         _same_bits(got, ref)
+
+
+# -- accumulating scatters into 8-bit integers ---------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8], ids=str)
+def test_accumulating_scatters_into_8_bit_integers_wrap_as_eager(dtype):
+    # many adds into few places: sums overflow and wrap (no atomic add on sm_90
+    # for 8-bit integers, so these run as aten calls inside the compiled graph)
+    info = torch.iinfo(dtype)
+
+    def inputs():
+        x = torch.randint(info.min, info.max + 1, (4, 8), dtype=dtype, device=DEV)
+        src = torch.randint(info.min, info.max + 1, (64, 8), dtype=dtype, device=DEV)
+        idx = torch.randint(0, 4, (64, 8), device=DEV)
+        rows = torch.randint(0, 4, (64,), device=DEV)
+        return x, src, idx, rows
+
+    def f(x, src, idx, rows):
+        return (
+            torch.index_put(x, (rows,), src, accumulate=True),
+            torch.scatter_add(x, 0, idx, src),
+            torch.scatter(x, 0, idx, src, reduce="add"),
+            torch.scatter(x, 0, idx, 100, reduce="add"),
+            torch.scatter_add(x, 0, idx, src) + 1,  # a kernel after the aten call
+        )
+
+    args = inputs()
+    fn = _compiled(f, *args)
+    assert fn.report.extern_calls, "expected the accumulating scatters as aten calls"
+    args = inputs()
+    for got, ref in zip(fn(*args), f(*args)):
+        _same_bits(got, ref)
