@@ -97,6 +97,14 @@ def _binary() -> list[Sample]:
         sample(aten.clamp_max.default, X, 1, dtypes=FI),
         sample(aten.clamp_min.Tensor, X, Y, dtypes=FI),
         sample(aten.clamp_max.Tensor, X, Y, dtypes=FI),
+        # a negative scalar meets an unsigned tensor: eager casts it to the
+        # op's dtype (-1 -> 255 for uint8), a Triton constant must be that value
+        sample(aten.clamp_min.default, X, -2, dtypes=INT, tag="negative"),
+        sample(aten.clamp_max.default, X, -2, dtypes=INT, tag="negative"),
+        sample(aten.add.Scalar, X, -3, dtypes=INT, tag="negative"),
+        sample(aten.where.ScalarOther, MASK, X, -1, dtypes=INT, tag="negative"),
+        sample(aten.lt.Scalar, X, -1, dtypes=INT, tag="negative"),
+        sample(aten.eq.Scalar, X, -1, dtypes=INT, tag="negative"),
     ]
     for op in (aten.bitwise_and, aten.bitwise_or, aten.bitwise_xor):
         t += [sample(op.Tensor, X, Y, dtypes=IB), sample(op.Scalar, X, 5, dtypes=INT)]

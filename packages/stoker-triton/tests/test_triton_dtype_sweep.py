@@ -31,27 +31,8 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # (sample id, dtype, phase) -> (why it fails, a regex its error matches)
 KNOWN: dict[tuple[str, str, str], tuple[str, str]] = {}
 
-# Lowering bugs, not half precision (lowering/, another helper's files).
-for _dt in ("float32", "float16", "bfloat16"):
-    for _phase in ("forward", "backward"):
-        KNOWN["aten::round.decimals", _dt, _phase] = (
-            "the unary rule takes no `decimals` keyword: the op runs through aten",
-            "unexpected keyword argument 'decimals'",
-        )
-KNOWN["aten::clamp[int]", "uint8", "forward"] = (
-    "clamp(uint8, -2, 3): the bound -2 becomes a negative constant of the unsigned "
-    "compute dtype, which Triton's compiler refuses (the interpreter does not)",
-    "unsigned tensor and a negative scalar",
-)
 ACCUMULATING = ("aten::index_put[accumulate]", "aten::scatter.reduce")
 ACCUMULATING += ("aten::scatter.value_reduce", "aten::scatter_add")
-for _sid in ACCUMULATING:
-    for _dt in ("int8", "uint8"):
-        KNOWN[_sid, _dt, "forward"] = (
-            "accumulating scatters use tl.atomic_add, which has no 8-bit integer form on "
-            "sm_90 (Triton refuses it; the interpreter runs it): needs another lowering",
-            f"atomic_add does not support {_dt}",
-        )
 
 # Triton interpreter limits: the kernel compiles for sm_90 (cross-compiled before
 # its launch), but Triton 3.9's interpreter cannot run it, so values are unchecked.

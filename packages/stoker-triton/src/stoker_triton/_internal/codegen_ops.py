@@ -155,10 +155,15 @@ def _trunc(x):
 
 @triton.jit
 def _round(x):
-    r = tl.floor(x + 0.5)
-    tie = (r - x) == 0.5
+    # nearbyint: half to even, exact for every x (`floor(x + 0.5)` is not: the
+    # sum rounds for large x and for 0.49999997). `x` itself is never added to
+    # or subtracted from, so no FMA contraction can skip the rounding of a
+    # product `x` (round.decimals rounds `x * 10**d`, eager rounds it first).
+    r = tl.floor(x)
+    h = r + 0.5
     odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
-    return tl.where(tie & odd, r - 1.0, r)
+    r = tl.where((x > h) | ((x == h) & odd), r + 1.0, r)
+    return tl.where(r == 0.0, x * 0.0, r)  # a zero keeps the sign of x
 
 
 @triton.jit
@@ -297,6 +302,10 @@ OPS: dict[str, Callable[[Sequence[str], Sequence[torch.dtype], torch.dtype], str
     "sub": _f("({0} - {1})"),
     "mul": _f("({0} * {1})"),
     "truediv": _f("({0} / {1})"),
+    # IEEE division (`/` on float32 is div.full.f32 on a GPU, within 2 ulp)
+    "div_rn": lambda a, dts, out: (
+        f"tl.math.div_rn({a[0]}, {a[1]})" if out == torch.float32 else f"({a[0]} / {a[1]})"
+    ),
     "truncdiv": _float_or_int("_trunc({0} / {1})", "({0} // {1})"),
     "floordiv": _float_or_int("tl.floor({0} / {1})", "_floordiv_int({0}, {1})"),
     "remainder": _float_or_int("_remainder_float({0}, {1})", "_remainder_int({0}, {1})"),

@@ -161,7 +161,7 @@ class Rand(Value):
 
 # The IR's pointwise op names (codegen_kernel.OPS gives each its Triton form).
 POINTWISE_OPS = frozenset(
-    """identity add sub mul truediv truncdiv floordiv remainder fmod neg abs exp exp2 expm1 log
+    """identity add sub mul truediv div_rn truncdiv floordiv remainder fmod neg abs exp exp2 expm1 log
     log2 log10 log1p sqrt rsqrt sin cos tan sinh cosh tanh sigmoid erf erfc reciprocal floor ceil
     trunc round sign relu bitwise_not logical_not isnan isinf isfinite signbit maximum minimum
     fmax fmin hypot copysign bitwise_and bitwise_or bitwise_xor lshift rshift logical_and

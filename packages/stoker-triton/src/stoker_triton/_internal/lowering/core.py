@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -308,6 +309,27 @@ def const_value(py: bool | int | float, dtype: torch.dtype) -> bool | int | floa
     info = torch.iinfo(dtype)
     wrapped = int(py) & ((1 << info.bits) - 1)
     return wrapped - (1 << info.bits) if info.min < 0 and wrapped > info.max else wrapped
+
+
+def scalar_bound(py: bool | int | float, dtype: torch.dtype) -> bool | int | float:
+    """A Python number converted to `dtype` as c10's `Scalar::to<T>()` does it
+    (clamp's bounds): checked, where `const_value` wraps. A negative integer
+    wraps into an unsigned dtype (`clamp(uint8, -2)` bounds at 254) when its
+    magnitude fits; any other value outside the dtype's range is an error in
+    eager, and so `LoweringError` (the op then runs through aten, which raises
+    eager's error). Infinities and NaN pass to floating dtypes."""
+    if dtype.is_floating_point and isinstance(py, float) and (py != py or abs(py) == math.inf):
+        return py
+    if dtype.is_floating_point:
+        bad = abs(float(py)) > torch.finfo(dtype).max
+    elif dtype != torch.bool and not isinstance(py, float):
+        info = torch.iinfo(dtype)
+        bad = py > info.max or (py < -info.max if info.min == 0 else py < info.min)
+    else:
+        bad = False
+    if bad:
+        raise LoweringError(f"the scalar {py!r} cannot be converted to {dtype} without overflow")
+    return const_value(py, dtype)
 
 
 def symbolic_value(e: Expr, dtype: torch.dtype) -> Value:

@@ -7,6 +7,8 @@ semantics); indices are not bounds-checked (an out-of-range index is
 undefined behaviour, as in a CUDA kernel). A scatter writes into a fresh
 copy of its base (never into an input); `accumulate=True` and scatter_add
 use atomic adds; plain stores with duplicate indices keep one of the values.
+An accumulating scatter into a dtype `tl.atomic_add` lacks on sm_90 (int8,
+uint8, int16, bool) runs as an aten call in the graph (`_aten_accumulate`).
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from .core import (
     LoweringError,
     TensorValue,
     cast,
+    const_value,
     contiguous_strides,
     product,
     register,
 )
+from .extern import extern_call
 from .pointwise import broadcast_load, meta_val, out_size
 
 aten = torch.ops.aten
@@ -174,6 +178,25 @@ def _scatter(
     return ctx.buffer_value(buf)
 
 
+# dtypes tl.atomic_add has on sm_90 (Triton refuses 8- and 16-bit integers)
+ATOMIC_ADD_DTYPES = frozenset(
+    {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64}
+)
+
+
+def _aten_accumulate(
+    ctx: LoweringContext, node: Any, dtype: torch.dtype, args: Sequence[Any], kwargs: Any
+) -> TensorValue | None:
+    """An accumulating scatter into `dtype` with no atomic add: aten runs it
+    within the compiled graph (an extern call by design, not a fallback; its
+    integer sums wrap as eager's). None where a kernel can do it."""
+    if dtype in ATOMIC_ADD_DTYPES:
+        return None
+    out = extern_call(ctx, node, args, kwargs, None)
+    assert isinstance(out, TensorValue)
+    return out
+
+
 @register("indexing", aten.index_put, aten._unsafe_index_put)
 def index_put(
     ctx: LoweringContext,
@@ -183,6 +206,10 @@ def index_put(
     values: TensorValue | Any,
     accumulate: bool = False,
 ) -> TensorValue:
+    if accumulate:
+        done = _aten_accumulate(ctx, node, x.dtype, (x, indices, values, accumulate), {})
+        if done is not None:
+            return done
     indices = list(indices) + [None] * (x.ndim - len(indices))
     if any(t is not None and t.dtype == torch.bool for t in indices):
         raise LoweringError("boolean mask index_put")
@@ -205,7 +232,7 @@ def index_put(
     def value_fn(idx: Sequence[Expr]) -> Value:
         if isinstance(values, TensorValue):
             return broadcast_load(values, idx)
-        return Const(values, x.dtype)
+        return Const(const_value(values, x.dtype), x.dtype)
 
     return _scatter(
         ctx, target, size, source_index, value_fn, "add" if accumulate else "store", x.dtype
@@ -226,6 +253,11 @@ def scatter_add(
     if reduce is not None and reduce != "add":
         raise LoweringError(f"scatter reduce={reduce}")
     mode = "add" if node.target == aten.scatter_add.default or reduce == "add" else "store"
+    if mode == "add":
+        kw = {} if reduce is None else {"reduce": reduce}
+        done = _aten_accumulate(ctx, node, x.dtype, (x, dim, index, src), kw)
+        if done is not None:
+            return done
     dim = dim + x.ndim if dim < 0 else dim
     target = _fresh_copy(ctx, x)
 
@@ -238,7 +270,7 @@ def scatter_add(
     def value_fn(idx: Sequence[Expr]) -> Value:
         if isinstance(src, TensorValue):
             return src.load(tuple(idx))
-        return Const(src, x.dtype)
+        return Const(const_value(src, x.dtype), x.dtype)
 
     return _scatter(ctx, target, index.size, index_fn, value_fn, mode, x.dtype)
 

@@ -10,6 +10,7 @@ rounds it once, where eager rounds (see precision.py).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from .core import (
     cast,
     const_value,
     register,
+    scalar_bound,
     symbolic_value,
 )
 from .precision import HALF, cuda_scalar_reciprocal, opmath, scalar_operand
@@ -53,11 +55,13 @@ def broadcast_load(tv: TensorValue, idx: Sequence[Expr]) -> Value:
 def to_value(ctx: LoweringContext, a: Any, idx: Sequence[Expr], dtype: torch.dtype) -> Value:
     if isinstance(a, TensorValue):
         return cast(broadcast_load(a, idx), dtype)
+    # a Python number as the kernel's dtype holds it (eager casts the scalar to
+    # the op's dtype: `uint8 < -1` compares with 255, `uint8 + -1` adds 255)
     if isinstance(a, bool | int | float):
-        return Const(a, dtype) if dtype != torch.bool else Const(bool(a), dtype)
+        return Const(const_value(a, dtype), dtype)
     if isinstance(a, sympy.Basic):
         if a.is_number:
-            return Const(int(a) if a.is_integer else float(a), dtype)
+            return Const(const_value(int(a) if a.is_integer else float(a), dtype), dtype)
         return symbolic_value(a, dtype)
     raise LoweringError(f"unsupported pointwise argument {a!r}")
 
@@ -274,6 +278,35 @@ for _aten_op, (_op, _kind) in BINARY.items():
     register("pointwise", _aten_op)(_binary_rule(_op, _kind))
 
 
+@register("pointwise", aten.round)
+def round_(ctx: LoweringContext, node: Any, x: Any, *, decimals: int = 0) -> TensorValue:
+    """`round(x, decimals=d)` as ATen's round_decimals kernel computes it, in
+    the op math dtype (float32 for half): `nearbyint(x * 10**d) / 10**d` for
+    d > 0, `nearbyint(x / 10**-d) * 10**-d` for d < 0, with `10**|d|` the
+    double `std::pow(10, |d|)` cast to that dtype; d == 0 is plain round. The
+    division is IEEE (`div_rn`), as eager's compiled kernel divides."""
+    dtype = meta_val(node).dtype
+    if decimals == 0:
+        if not dtype.is_floating_point:
+            return make_pointwise(ctx, node, [x], "identity")
+        return make_pointwise(ctx, node, [x], "round")
+    if not dtype.is_floating_point:  # eager: "round_cpu" not implemented for 'Long'
+        raise LoweringError(f"round(decimals={decimals}) of {dtype}: eager has no kernel")
+    cdt = promote(node, "default")
+    try:
+        p = math.pow(10.0, abs(decimals))
+    except OverflowError:
+        p = math.inf
+    scale = Const(float(torch.tensor(p, dtype=torch.float64).to(cdt)), cdt)
+    first, then = ("mul", "div_rn") if decimals > 0 else ("div_rn", "mul")
+
+    def loader(idx: tuple[Expr, ...]) -> Value:
+        v = Op(first, (to_value(ctx, x, idx, cdt), scale), cdt)
+        return cast(Op(then, (Op("round", (v,), cdt), scale), cdt), dtype)
+
+    return TensorValue(out_size(ctx, node), dtype, ctx.device, loader)
+
+
 @register("pointwise", aten.add, aten.sub)
 def add_sub(ctx: LoweringContext, node: Any, a: Any, b: Any, alpha: Any = 1) -> TensorValue:
     op = "add" if node.target in (aten.add.Tensor, aten.add.Scalar) else "sub"
@@ -337,19 +370,33 @@ def where(ctx: LoweringContext, node: Any, c: Any, a: Any, b: Any) -> TensorValu
 
 @register("pointwise", aten.clamp, aten.clamp_min, aten.clamp_max)
 def clamp(ctx: LoweringContext, node: Any, x: Any, lo: Any = None, hi: Any = None) -> TensorValue:
+    """`max(x, lo)` then `min(.., hi)` (so `lo > hi` gives `hi`); NaN in `x`
+    stays NaN. A Python bound is converted to the result dtype as eager's
+    kernel converts it (`core.scalar_bound`: checked, a negative one wraps
+    into an unsigned dtype); a NaN one makes every element NaN, as eager."""
     if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
         lo, hi = None, lo
     val = meta_val(node)
     size = out_size(ctx, node)
     cdt = promote(node, "default")
+    lo, hi = (
+        Const(scalar_bound(b, val.dtype), val.dtype) if isinstance(b, int | float) else b
+        for b in (lo, hi)
+    )
+    if any(isinstance(b, Const) and b.value != b.value for b in (lo, hi)):
+        nan = Const(math.nan, val.dtype)
+        return TensorValue(size, val.dtype, ctx.device, lambda idx: nan)
+
+    def bound(b: Any, idx: tuple[Expr, ...]) -> Value:
+        return cast(b, cdt) if isinstance(b, Const) else to_value(ctx, b, idx, cdt)
 
     def loader(idx: tuple[Expr, ...]) -> Value:
         v = to_value(ctx, x, idx, cdt)
         if lo is not None:
-            vl = to_value(ctx, lo, idx, cdt)
+            vl = bound(lo, idx)
             v = Op("where", (Op("lt", (v, vl), torch.bool), vl, v), cdt)
         if hi is not None:
-            vh = to_value(ctx, hi, idx, cdt)
+            vh = bound(hi, idx)
             v = Op("where", (Op("gt", (v, vh), torch.bool), vh, v), cdt)
         return cast(v, val.dtype)
 
