@@ -193,3 +193,35 @@ def test_queue_callback_runs_at_the_end_of_a_compiled_backward() -> None:
             events.clear()
     assert torch.autograd.variable.Variable._execution_engine is engine
     assert stoker_autograd.stats()["captures"] == 1
+
+
+def test_on_backward_start_runs_before_each_compiled_backward_and_cuts_nothing() -> None:
+    """Called once per compiled backward, in its graph task, before any gradient is
+    accumulated; a callback it queues runs at the graph's end; no segment added."""
+    m = _mlp()
+    x = torch.randn(3, 4)
+    events: list[tuple[str, bool]] = []
+
+    def start() -> None:
+        task = torch._C._current_graph_task_id()
+        events.append(("start", task != -1 and all(p.grad is None for p in m.parameters())))
+        torch.autograd.variable.Variable._execution_engine.queue_callback(
+            lambda: events.append(("end", all(p.grad is not None for p in m.parameters())))
+        )
+
+    handle = stoker_autograd.on_backward_start(start)
+    try:
+        with stoker_autograd.enable(compiler=lambda gm, ex: gm):
+            for _ in range(3):
+                m.zero_grad(set_to_none=True)
+                m(x).sum().backward()
+                assert events == [("start", True), ("end", True)], events
+                events.clear()
+            handle.remove()
+            m.zero_grad(set_to_none=True)
+            m(x).sum().backward()
+        assert events == []
+    finally:
+        handle.remove()
+    st = stoker_autograd.stats()
+    assert st["captures"] == 1 and st["segments"] == st["compiles"] == 1

@@ -12,11 +12,15 @@ for that backward's graph task only, the callbacks in a list; the graph's last
 node (`ops.exec_final_callbacks_stub`) runs them, in order, including those that
 callbacks queue.  A nested eager backward that a hook runs has its own graph
 task: its callbacks go to the real engine, which runs them itself.
+
+`on_backward_start` is the other end: callables the runtime wrapper runs at the
+start of every compiled backward, inside `collecting()`.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,6 +37,27 @@ class _Collecting:
 
 
 _ACTIVE: list[_Collecting] = []  # innermost compiled backward last
+# `on_backward_start` callables by handle id (an OrderedDict: the handle holds a weakref)
+_ON_START: OrderedDict[int, Callable[[], None]] = OrderedDict()
+
+
+def on_backward_start(fn: Callable[[], None]) -> torch.utils.hooks.RemovableHandle:
+    """Call ``fn()`` at the start of every compiled backward, before its graph runs.
+
+    It runs in the backward's graph task (``torch._C._current_graph_task_id()``
+    names that backward) and a callback it queues with ``queue_callback`` runs at
+    the graph's end.  Being no node of the graph, it cuts no segment (stoker's DDP
+    reducer takes its picture of ``.grad`` before the backward here).  Returns a
+    handle whose ``remove()`` stops it.
+    """
+    handle = torch.utils.hooks.RemovableHandle(_ON_START)
+    _ON_START[handle.id] = fn
+    return handle
+
+
+def run_start_callbacks() -> None:
+    for fn in list(_ON_START.values()):
+        fn()
 
 
 class _EngineProxy:

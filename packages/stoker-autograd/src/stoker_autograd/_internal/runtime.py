@@ -44,8 +44,10 @@ def runtime_wrapper(
 ) -> Any:
     # hooks may call backward; the graph is retraced and run as eager runs a backward
     # called outside autocast (a backward inside an autocast region must not cast again);
-    # callbacks queued during the backward (FSDP2, the DDP reducer) run at its end
+    # callbacks queued during the backward (FSDP2, the DDP reducer) run at its end;
+    # the `on_backward_start` callables run first
     with eager_autograd_engine(), autocast_off(), final_callbacks.collecting():
+        final_callbacks.run_start_callbacks()
         out = compiled_fn(inputs, sizes, scalars, hooks, packed_data)
     return out if type(out) is list else list(out)  # the engine wants exactly a list
 
