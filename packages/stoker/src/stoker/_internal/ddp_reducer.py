@@ -184,8 +184,10 @@ class BucketReducer:
         self.before: _Picture | None = None  # .grad when this compiled backward started
         self.handles: list[Any] = []
         self._hook(range(len(self.params)))
-        start = stoker_autograd.on_backward_start(functools.partial(_on_start, weakref.ref(self)))
-        weakref.finalize(self, start.remove)
+        self.start = stoker_autograd.on_backward_start(
+            functools.partial(_on_start, weakref.ref(self))
+        )
+        weakref.finalize(self, self.start.remove)
 
     def _set_buckets(self, buckets: list[list[int]]) -> None:
         self.buckets = buckets
@@ -230,13 +232,13 @@ class BucketReducer:
             [g._version if g is not None else -1 for g in grads],
         )
 
-    def _accumulated(self, i: int) -> bool:
+    def _accumulated(self, i: int, pic: _Picture | None) -> bool:
         """Parameter ``i``'s gradient was accumulated in this backward: its ``.grad`` is
-        another tensor, or the same one written since the picture (the engine adds in
-        place).  Without a picture of this backward, only that ``.grad`` exists."""
-        g, pic = self.params[i].grad, self._picture()
+        another tensor, or the same one written since ``pic`` (the engine adds in
+        place).  Without a picture of this backward (None), only that ``.grad`` exists."""
+        g = self.params[i].grad
         if g is None or pic is None:
-            return False
+            return g is not None
         return id(g) != pic.ids[i] or g._version != pic.versions[i]
 
     def _picture(self) -> _Picture | None:
@@ -265,11 +267,13 @@ class BucketReducer:
             self.pending[b].discard(i)
             if not self.pending[b]:
                 self._launch(b)
-        elif all(self._accumulated(j) for j in self.buckets[b]):
+            return
+        pic = self._picture()
+        if pic is not None and all(self._accumulated(j, pic) for j in self.buckets[b]):
             self.ready += len(self.buckets[b])
             self._launch(b)
         else:  # the final callback starts it, once every gradient is in
-            self.out_of_order = self._picture() is not None
+            self.out_of_order = pic is not None
 
     def _launch(self, b: int) -> None:
         grads = [self.params[i].grad for i in self.buckets[b]]
@@ -291,13 +295,9 @@ class BucketReducer:
         """The parameters that got no gradient in this backward (registration order)."""
         if self.counting:
             return [self.names[i] for i in sorted(i for s in self.pending for i in s)]
-        known = self._picture() is not None
+        pic = self._picture()
         waiting = [i for b, done in enumerate(self.launched) if not done for i in self.buckets[b]]
-        return [
-            self.names[i]
-            for i in sorted(waiting)
-            if not (self._accumulated(i) if known else self.params[i].grad is not None)
-        ]
+        return [self.names[i] for i in sorted(waiting) if not self._accumulated(i, pic)]
 
     def _finalize(self) -> None:
         self.active = False
@@ -344,6 +344,7 @@ class BucketReducer:
         for h in self.handles:
             h.remove()
         self.handles = []
+        self.start.remove()
 
 
 @dataclass
