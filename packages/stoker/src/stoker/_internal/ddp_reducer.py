@@ -43,7 +43,10 @@ class Collective:
     bucket: int  # index in launch order of DDP's buckets (0: the last parameters)
     params: list[str]  # parameter names, in bucket order
     nbytes: int
-    ready: int  # gradients ready (of all the DDP's) when it was started
+    # gradients known ready (of all the DDP's) when it was started: counted one by one
+    # while every parameter is hooked; after the rebuild, those of the buckets started
+    # so far, this one included (all of them from the final callback)
+    ready: int
 
 
 @dataclass
@@ -154,7 +157,9 @@ class BucketReducer:
       bucket that is not complete (another graph order, a parameter without gradient,
       a backward not compiled) waits for the final callback, which starts it when all
       its gradients are in (or names the missing ones); after such a compiled
-      backward the reducer goes back to counting.
+      backward the reducer goes back to counting.  A backward stoker-autograd does
+      not run (``stoker.autograd_enabled(False)``) has no picture: every bucket leaves
+      from the final callback, and a gradient counts as there when ``.grad`` exists.
     """
 
     def __init__(self, ddp: DDP, record: DDPRecord) -> None:
