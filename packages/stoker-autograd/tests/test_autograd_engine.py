@@ -225,3 +225,29 @@ def test_on_backward_start_runs_before_each_compiled_backward_and_cuts_nothing()
         handle.remove()
     st = stoker_autograd.stats()
     assert st["captures"] == 1 and st["segments"] == st["compiles"] == 1
+
+
+def test_skip_compile_leaves_the_graph_uncompiled_until_it_is_replayed() -> None:
+    """A hook that asks `skip_compile` in the first run: nothing is compiled after it;
+    the graph replayed anyway runs uncompiled once more and is compiled then."""
+    m = _mlp()
+    x = torch.randn(3, 4)
+    expected = torch.autograd.grad(m(x).sum(), list(m.parameters()))
+    skip = [True]
+
+    def hook(p: torch.Tensor) -> None:
+        if skip[0]:
+            stoker_autograd.skip_compile()
+
+    m[0].weight.register_post_accumulate_grad_hook(hook)
+    counts = []
+    with stoker_autograd.enable(compiler=lambda gm, ex: gm):
+        for _ in range(3):
+            m.zero_grad(set_to_none=True)
+            m(x).sum().backward()
+            for p, e in zip(m.parameters(), expected, strict=True):
+                torch.testing.assert_close(p.grad, e)
+            st = stoker_autograd.stats()
+            counts.append((st["captures"], st["eager_runs"], st["compiles"]))
+            skip[0] = False
+    assert counts == [(1, 1, 0), (1, 2, 1), (1, 2, 1)]

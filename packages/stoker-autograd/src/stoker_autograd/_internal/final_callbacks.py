@@ -14,7 +14,8 @@ callbacks queue.  A nested eager backward that a hook runs has its own graph
 task: its callbacks go to the real engine, which runs them itself.
 
 `on_backward_start` is the other end: callables the runtime wrapper runs at the
-start of every compiled backward, inside `collecting()`.
+start of every compiled backward, inside `collecting()`.  `skip_compile` lets such
+a caller say that the graph now running will not be replayed.
 """
 
 from __future__ import annotations
@@ -58,6 +59,30 @@ def on_backward_start(fn: Callable[[], None]) -> torch.utils.hooks.RemovableHand
 def run_start_callbacks() -> None:
     for fn in list(_ON_START.values()):
         fn()
+
+
+_SKIP_COMPILE: list[int] = [-1]  # the graph task whose captured graph is not to be compiled
+
+
+def skip_compile() -> None:
+    """Within a compiled backward: do not compile its captured graph after this run.
+
+    For a caller that, during the backward, changed what the engine will capture
+    next time (stoker's DDP reducer removes hooks after its first backward): the
+    compile of a graph that will not be replayed is wasted.  Only the first,
+    uncompiled run of a captured graph compiles, so elsewhere this does nothing; a
+    graph that is replayed after all is compiled after that run.
+    """
+    _SKIP_COMPILE[0] = int(torch._C._current_graph_task_id())
+
+
+def take_skip_compile() -> bool:
+    """Whether the current backward asked `skip_compile` (and forget that it did)."""
+    task = int(torch._C._current_graph_task_id())
+    if task != -1 and _SKIP_COMPILE[0] == task:
+        _SKIP_COMPILE[0] = -1
+        return True
+    return False
 
 
 class _EngineProxy:

@@ -138,6 +138,8 @@ class CompiledBackward:
         rec = _Recorder(self.gm)
         stats.eager_runs += 1
         out = rec.run(inputs, sizes, scalars, hooks, packed)
+        if final_callbacks.take_skip_compile():  # the engine will capture another graph
+            return out
         # Automatic dynamic: a size that changed since the last compile becomes symbolic.
         now = concrete_values(inputs, sizes, scalars, rec.unpack_meta, unpack_index(self.gm))
         if self.variants and self.session.dynamic:

@@ -221,6 +221,7 @@ class BucketReducer:
         self._set_buckets([list(b) for b in indices])
         pos = {i: k for k, i in enumerate(order)}
         self._hook(max(b, key=pos.__getitem__) for b in self.buckets)
+        stoker_autograd.skip_compile()  # this graph (a cut per parameter) is not run again
         self.counting = False
         _LOG.info("DDP buckets rebuilt in gradient-ready order: %s", self.record.buckets)
 
@@ -344,6 +345,7 @@ class BucketReducer:
             )
             self.counting = True
             self._hook(range(len(self.params)))
+            stoker_autograd.skip_compile()
 
     def remove(self) -> None:
         for h in self.handles:
