@@ -132,3 +132,29 @@ def test_gpu_suite_is_the_h100_findings_configurations():
     }
     assert all(e.optimizer for e in models.values())
     assert {e.name for e in SUITE if e.table == "small"} == {"tiny-gpt", "small-cnn", "tiny-llama"}
+
+
+def test_bench_ddp_smoke_counts_a_segment_per_bucket(tmp_path):
+    """``tools/bench_ddp.py``: 2 gloo ranks, eager DDP and stoker's reducer; after the
+    bucket rebuild the backward has a hook (a cut) per bucket, not per parameter."""
+    import re
+
+    env = {**os.environ, "STOKER_CACHE_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    args = ["--bucket-mb", "0.01", "--steps", "5"]
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", str(ROOT / "tools" / "bench_ddp.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    m = re.search(
+        r"(\d+) buckets, (\d+) params; the newest backward: (\d+) segments, (\d+) post-acc",
+        proc.stdout,
+    )
+    assert m is not None, proc.stdout
+    buckets, params, segments, hooks = map(int, m.groups())
+    assert 1 < buckets < params and hooks == buckets, proc.stdout
+    assert segments in (buckets, buckets + 1), proc.stdout
+    assert "stoker " in proc.stdout and "eager DDP " in proc.stdout

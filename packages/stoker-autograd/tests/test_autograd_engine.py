@@ -193,3 +193,61 @@ def test_queue_callback_runs_at_the_end_of_a_compiled_backward() -> None:
             events.clear()
     assert torch.autograd.variable.Variable._execution_engine is engine
     assert stoker_autograd.stats()["captures"] == 1
+
+
+def test_on_backward_start_runs_before_each_compiled_backward_and_cuts_nothing() -> None:
+    """Called once per compiled backward, in its graph task, before any gradient is
+    accumulated; a callback it queues runs at the graph's end; no segment added."""
+    m = _mlp()
+    x = torch.randn(3, 4)
+    events: list[tuple[str, bool]] = []
+
+    def start() -> None:
+        task = torch._C._current_graph_task_id()
+        events.append(("start", task != -1 and all(p.grad is None for p in m.parameters())))
+        torch.autograd.variable.Variable._execution_engine.queue_callback(
+            lambda: events.append(("end", all(p.grad is not None for p in m.parameters())))
+        )
+
+    handle = stoker_autograd.on_backward_start(start)
+    try:
+        with stoker_autograd.enable(compiler=lambda gm, ex: gm):
+            for _ in range(3):
+                m.zero_grad(set_to_none=True)
+                m(x).sum().backward()
+                assert events == [("start", True), ("end", True)], events
+                events.clear()
+            handle.remove()
+            m.zero_grad(set_to_none=True)
+            m(x).sum().backward()
+        assert events == []
+    finally:
+        handle.remove()
+    st = stoker_autograd.stats()
+    assert st["captures"] == 1 and st["segments"] == st["compiles"] == 1
+
+
+def test_skip_compile_leaves_the_graph_uncompiled_until_it_is_replayed() -> None:
+    """A hook that asks `skip_compile` in the first run: nothing is compiled after it;
+    the graph replayed anyway runs uncompiled once more and is compiled then."""
+    m = _mlp()
+    x = torch.randn(3, 4)
+    expected = torch.autograd.grad(m(x).sum(), list(m.parameters()))
+    skip = [True]
+
+    def hook(p: torch.Tensor) -> None:
+        if skip[0]:
+            stoker_autograd.skip_compile()
+
+    m[0].weight.register_post_accumulate_grad_hook(hook)
+    counts = []
+    with stoker_autograd.enable(compiler=lambda gm, ex: gm):
+        for _ in range(3):
+            m.zero_grad(set_to_none=True)
+            m(x).sum().backward()
+            for p, e in zip(m.parameters(), expected, strict=True):
+                torch.testing.assert_close(p.grad, e)
+            st = stoker_autograd.stats()
+            counts.append((st["captures"], st["eager_runs"], st["compiles"]))
+            skip[0] = False
+    assert counts == [(1, 1, 0), (1, 2, 1), (1, 2, 1)]

@@ -7,6 +7,7 @@ import copy
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -101,7 +102,7 @@ def test_stoker_reducer_trains_like_eager_ddp_with_no_sync(order: str) -> None:
     info = distributed.summary()
     assert info["ddp"][-1]["mode"] == "stoker_reducer"
     hooks = [s for s in info["backward_sites"] if s["kind"] == "post_acc_grad_hook"]
-    assert len(hooks) == 6 and hooks[0]["compute_after"] > 0
+    assert len(hooks) == len(rec.buckets) and hooks[0]["compute_after"] > 0  # one per bucket
 
 
 @pytest.mark.parametrize("setting", ["static_graph", "gradient_as_bucket_view"])
@@ -165,6 +166,120 @@ def test_a_parameter_without_gradient_is_an_error_not_a_hang() -> None:
     distributed.adopt(d, compiled_autograd=True)
     with pytest.raises(stoker.StokerConfigError, match=r"unused\.weight, unused\.bias"):
         compiled(torch.randn(2, 4)).sum().backward()
+
+
+def _newest_graph() -> Any:
+    from stoker._internal.backend import SWITCH
+
+    assert SWITCH.session is not None
+    return SWITCH.session.graphs[-1]
+
+
+def _newest_segments() -> int:
+    return len(_newest_graph().variants[-1].fn.segments)
+
+
+def _sites() -> list[dict[str, Any]]:
+    return distributed.summary()["backward_sites"]  # type: ignore[no-any-return]
+
+
+def _assert_grads_equal(m: nn.Module, ref: nn.Module) -> None:
+    for p, q in zip(m.parameters(), ref.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_after_the_rebuild_the_backward_is_cut_once_per_bucket_not_per_parameter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first backward hooks every parameter (one segment each); after the rebuild only
+    each bucket's last gradient is hooked, so the backward has a segment per bucket (one
+    more if compute follows the last hook).  An eager backward in between (no picture of
+    .grad to check against) reduces every bucket from the final callback.  The graph
+    with a hook per parameter is not compiled (an empty disk cache: none is loaded)."""
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    eager = _mlp()
+    ref = _ddp(copy.deepcopy(eager), bucket_cap_mb=0.0002)
+    m = copy.deepcopy(eager)
+    d = _ddp(m, bucket_cap_mb=0.0002)
+    compiled = stoker.compile(d)
+    n_params = len(list(m.parameters()))
+    for step in range(4):
+        x = torch.randn(5, 4)
+        with stoker.autograd_enabled(step != 2):
+            compiled(x).pow(2).mean().backward()
+        with stoker.autograd_enabled(False):
+            ref(x).pow(2).mean().backward()
+        _assert_grads_equal(m, ref.module)
+        buckets = len(d._stoker_ddp.buckets)  # type: ignore[attr-defined]
+        if step == 0:  # a hook per parameter, a graph not compiled: the hooks changed
+            assert not _newest_graph().variants
+            assert sum(s["kind"] == "post_acc_grad_hook" for s in _sites()) == n_params
+        else:
+            assert _newest_segments() in (buckets, buckets + 1), (step, buckets)
+        m.zero_grad(set_to_none=step % 2 == 0)
+        ref.zero_grad(set_to_none=step % 2 == 0)
+    assert 1 < buckets < n_params
+    assert len(d._stoker_reducer.handles) == buckets  # type: ignore[attr-defined]
+    assert sum(s["kind"] == "post_acc_grad_hook" for s in _sites()) == buckets
+    steps = d._stoker_ddp.steps  # type: ignore[attr-defined]
+    assert [c.ready for c in steps[-1]][-1] == n_params and len(steps) == 4
+
+
+class _Two(nn.Module):
+    """Two Linears in one bucket whose gradients arrive in the order opposite to their
+    use (the engine runs the later node first): ``flip`` swaps them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.p, self.q = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, flip: bool = False, use_q: bool = True) -> torch.Tensor:
+        if not use_q:
+            return self.p(x).sum()
+        if flip:
+            b = self.q(x)
+            a = self.p(x)
+        else:
+            a = self.p(x)
+            b = self.q(x)
+        return (a * b).sum()
+
+
+def test_a_bucket_hooked_before_its_other_gradients_waits_for_the_final_callback() -> None:
+    """Another graph order after the rebuild: the bucket's hooked gradient comes first.
+    Its hook sees the others not accumulated yet (grads zeroed in place: a premature
+    reduction would write back stale values) and leaves the bucket to the final
+    callback; the reducer then hooks every parameter again."""
+    m = _Two()
+    ref = _ddp(copy.deepcopy(m))
+    d = _ddp(m)
+    compiled = stoker.compile(d)
+    params = [*m.parameters(), *ref.module.parameters()]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    for step, flip in enumerate([False, False, True, True]):
+        x = torch.randn(3, 4)
+        for p in params:
+            assert p.grad is not None
+            p.grad.zero_()
+        compiled(x, flip).backward()
+        with stoker.autograd_enabled(False):
+            ref(x, flip).backward()
+        _assert_grads_equal(m, ref.module)
+        reducer = d._stoker_reducer  # type: ignore[attr-defined]
+        assert reducer.counting == (step >= 2), step
+        assert len(reducer.handles) == (4 if step >= 2 else 1)
+
+
+def test_a_parameter_without_gradient_after_the_rebuild_is_an_error() -> None:
+    m = _Two()
+    compiled = stoker.compile(_ddp(m))
+    for _ in range(2):
+        compiled(torch.randn(3, 4)).backward()
+    with pytest.raises(stoker.StokerConfigError, match=r"q\.weight, q\.bias"):
+        compiled(torch.randn(3, 4), use_q=False).backward()
 
 
 def test_without_compiled_autograd_the_graph_splits_at_small_buckets() -> None:

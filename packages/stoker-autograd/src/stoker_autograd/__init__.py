@@ -19,6 +19,7 @@ from ._internal.engine import (
     reset_stats,
     stats,
 )
+from ._internal.final_callbacks import on_backward_start, skip_compile
 from ._internal.ops import OPAQUE_TARGETS, BoundBackward, accumulate_grad, call_backward, call_hook
 from ._internal.session import Session, Stats, aten_executor
 
@@ -38,7 +39,9 @@ __all__ = [
     "is_enabled",
     "off",
     "on",
+    "on_backward_start",
     "passes",
     "reset_stats",
+    "skip_compile",
     "stats",
 ]

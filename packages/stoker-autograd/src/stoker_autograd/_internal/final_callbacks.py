@@ -12,11 +12,16 @@ for that backward's graph task only, the callbacks in a list; the graph's last
 node (`ops.exec_final_callbacks_stub`) runs them, in order, including those that
 callbacks queue.  A nested eager backward that a hook runs has its own graph
 task: its callbacks go to the real engine, which runs them itself.
+
+`on_backward_start` is the other end: callables the runtime wrapper runs at the
+start of every compiled backward, inside `collecting()`.  `skip_compile` lets such
+a caller say that the graph now running will not be replayed.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,6 +38,51 @@ class _Collecting:
 
 
 _ACTIVE: list[_Collecting] = []  # innermost compiled backward last
+# `on_backward_start` callables by handle id (an OrderedDict: the handle holds a weakref)
+_ON_START: OrderedDict[int, Callable[[], None]] = OrderedDict()
+
+
+def on_backward_start(fn: Callable[[], None]) -> torch.utils.hooks.RemovableHandle:
+    """Call ``fn()`` at the start of every compiled backward, before its graph runs.
+
+    It runs in the backward's graph task (``torch._C._current_graph_task_id()``
+    names that backward) and a callback it queues with ``queue_callback`` runs at
+    the graph's end.  Being no node of the graph, it cuts no segment (stoker's DDP
+    reducer takes its picture of ``.grad`` before the backward here).  Returns a
+    handle whose ``remove()`` stops it.
+    """
+    handle = torch.utils.hooks.RemovableHandle(_ON_START)
+    _ON_START[handle.id] = fn
+    return handle
+
+
+def run_start_callbacks() -> None:
+    for fn in list(_ON_START.values()):
+        fn()
+
+
+_SKIP_COMPILE: list[int] = [-1]  # the graph task whose captured graph is not to be compiled
+
+
+def skip_compile() -> None:
+    """Within a compiled backward: do not compile its captured graph after this run.
+
+    For a caller that, during the backward, changed what the engine will capture
+    next time (stoker's DDP reducer removes hooks after its first backward): the
+    compile of a graph that will not be replayed is wasted.  Only the first,
+    uncompiled run of a captured graph compiles, so elsewhere this does nothing; a
+    graph that is replayed after all is compiled after that run.
+    """
+    _SKIP_COMPILE[0] = int(torch._C._current_graph_task_id())
+
+
+def take_skip_compile() -> bool:
+    """Whether the current backward asked `skip_compile` (and forget that it did)."""
+    task = int(torch._C._current_graph_task_id())
+    if task != -1 and _SKIP_COMPILE[0] == task:
+        _SKIP_COMPILE[0] = -1
+        return True
+    return False
 
 
 class _EngineProxy:

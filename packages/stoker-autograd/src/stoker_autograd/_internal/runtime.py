@@ -44,8 +44,10 @@ def runtime_wrapper(
 ) -> Any:
     # hooks may call backward; the graph is retraced and run as eager runs a backward
     # called outside autocast (a backward inside an autocast region must not cast again);
-    # callbacks queued during the backward (FSDP2, the DDP reducer) run at its end
+    # callbacks queued during the backward (FSDP2, the DDP reducer) run at its end;
+    # the `on_backward_start` callables run first
     with eager_autograd_engine(), autocast_off(), final_callbacks.collecting():
+        final_callbacks.run_start_callbacks()
         out = compiled_fn(inputs, sizes, scalars, hooks, packed_data)
     return out if type(out) is list else list(out)  # the engine wants exactly a list
 
@@ -136,6 +138,8 @@ class CompiledBackward:
         rec = _Recorder(self.gm)
         stats.eager_runs += 1
         out = rec.run(inputs, sizes, scalars, hooks, packed)
+        if final_callbacks.take_skip_compile():  # the engine will capture another graph
+            return out
         # Automatic dynamic: a size that changed since the last compile becomes symbolic.
         now = concrete_values(inputs, sizes, scalars, rec.unpack_meta, unpack_index(self.gm))
         if self.variants and self.session.dynamic:

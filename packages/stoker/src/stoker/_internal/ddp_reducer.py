@@ -1,9 +1,10 @@
 """stoker's bucketed reducer for a DDP module (the ``stoker_reducer`` mode).
 
 DDP's buckets (same caps, same first-bucket cap; rebuilt after the first
-synchronised backward in the order the gradients became ready, as DDP does), a
-post-accumulate-grad hook per parameter, an async all-reduce per bucket started
-by the hook of its last gradient, and a wait in the backward's final callback.
+synchronised backward in the order the gradients became ready, as DDP does), an
+async all-reduce per bucket started by the post-accumulate-grad hook of its last
+gradient (a hook per parameter until the rebuild, then one per bucket: each hook
+cuts the compiled backward), and a wait in the backward's final callback.
 Numerics as DDP's reducer: each gradient times ``1/world_size``, then a summing
 all-reduce.  ``no_sync()``: gradients accumulate locally.  `check_supported`
 refuses what it does not do, saying what to change.
@@ -12,7 +13,8 @@ refuses what it does not do, saying what to change.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +22,8 @@ import torch
 import torch.distributed as dist
 from torch.autograd.variable import Variable
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+import stoker_autograd
 
 from . import logs
 from .config import StokerConfigError
@@ -39,7 +43,10 @@ class Collective:
     bucket: int  # index in launch order of DDP's buckets (0: the last parameters)
     params: list[str]  # parameter names, in bucket order
     nbytes: int
-    ready: int  # gradients ready (of all the DDP's) when it was started
+    # gradients known ready (of all the DDP's) when it was started: counted one by one
+    # while every parameter is hooked; after the rebuild, those of the buckets started
+    # so far, this one included (all of them from the final callback)
+    ready: int
 
 
 @dataclass
@@ -135,7 +142,25 @@ def first_bucket_bytes(ddp: DDP) -> int:
 
 
 class BucketReducer:
-    """Reduces a DDP module's gradients bucket by bucket as they become ready."""
+    """Reduces a DDP module's gradients bucket by bucket as they become ready.
+
+    Two ways to know that a bucket is ready, one at a time:
+
+    * counting (the first synchronised backward, and for good after an out-of-order
+      one): a hook on every parameter; the bucket leaves when its last one fires.
+      Every hook is a Python call, so the compiled backward is cut once per parameter.
+    * one hook per bucket (after the rebuild): only the bucket's last parameter in
+      gradient-ready order is hooked, so the compiled backward is cut once per bucket.
+      Its hook checks, against a picture of ``.grad`` taken when the compiled backward
+      started (`stoker_autograd.on_backward_start`: no cut), that every gradient of the
+      bucket was accumulated in this backward, and only then starts the all-reduce.  A
+      bucket that is not complete (another graph order, a parameter without gradient,
+      a backward not compiled) waits for the final callback, which starts it when all
+      its gradients are in (or names the missing ones); after such a compiled
+      backward the reducer goes back to counting.  A backward stoker-autograd does
+      not run (``stoker.autograd_enabled(False)``) has no picture: every bucket leaves
+      from the final callback, and a gradient counts as there when ``.grad`` exists.
+    """
 
     def __init__(self, ddp: DDP, record: DDPRecord) -> None:
         self.ddp = ddp
@@ -154,30 +179,80 @@ class BucketReducer:
         # first synchronised backward in the order the gradients became ready.
         self._set_buckets([list(b) for b in reversed(indices)])
         self.order: list[int] | None = []  # ready order in the first backward; None: rebuilt
-        self.pending: list[set[int]] = []
+        self.counting = True  # a hook per parameter (else: one per bucket)
+        self.pending: list[set[int]] = []  # counting: the gradients each bucket waits for
+        self.launched: list[bool] = []
         self.works: list[tuple[int, Any, torch.Tensor]] = []  # (bucket, work, flat)
         self.ready = 0
         self.active = False
-        self.handles = [
-            p.register_post_accumulate_grad_hook(functools.partial(self._on_ready, i))
-            for i, p in enumerate(self.params)
-        ]
+        self.out_of_order = False  # a bucket's hook found a gradient missing
+        self.before: _Picture | None = None  # .grad when this compiled backward started
+        self.handles: list[Any] = []
+        self._hook(range(len(self.params)))
+        self.start = stoker_autograd.on_backward_start(
+            functools.partial(_on_start, weakref.ref(self))
+        )
+        weakref.finalize(self, self.start.remove)
 
     def _set_buckets(self, buckets: list[list[int]]) -> None:
         self.buckets = buckets
         self.record.buckets = [[self.names[i] for i in b] for b in buckets]
         self.bucket_of = {i: b for b, idx in enumerate(buckets) for i in idx}
 
+    def _hook(self, indices: Iterable[int]) -> None:
+        """Post-accumulate-grad hooks on these parameters only (each one cuts the
+        compiled backward; the engine captures again when they change)."""
+        for h in self.handles:
+            h.remove()
+        self.handles = [
+            self.params[i].register_post_accumulate_grad_hook(functools.partial(self._on_ready, i))
+            for i in indices
+        ]
+
     def _rebuild(self, order: list[int]) -> None:
         """Buckets in the order the first backward made the gradients ready (DDP does
-        the same after its first iteration), so each leaves as early as it can."""
+        the same after its first iteration), so each leaves as early as it can; from
+        now on only each bucket's last gradient is hooked."""
         if sorted(order) != list(range(len(self.params))):
             return  # some gradient missing: _finalize raises
         indices, _limits = _C10D._compute_bucket_assignment_by_size(
             [self.params[i] for i in order], self.caps, [False] * len(order), order
         )
         self._set_buckets([list(b) for b in indices])
+        pos = {i: k for k, i in enumerate(order)}
+        self._hook(max(b, key=pos.__getitem__) for b in self.buckets)
+        stoker_autograd.skip_compile()  # this graph (a cut per parameter) is not run again
+        self.counting = False
         _LOG.info("DDP buckets rebuilt in gradient-ready order: %s", self.record.buckets)
+
+    def _start_backward(self) -> None:
+        """At a compiled backward's start: the picture of ``.grad`` a bucket's hook
+        compares with (one hook per bucket, synchronised backwards only)."""
+        self.before = None
+        if self.counting or not self.ddp.require_backward_grad_sync:
+            return
+        grads = [p.grad for p in self.params]
+        self.before = _Picture(
+            int(torch._C._current_graph_task_id()),
+            [id(g) if g is not None else 0 for g in grads],
+            [g._version if g is not None else -1 for g in grads],
+        )
+
+    def _accumulated(self, i: int, pic: _Picture | None) -> bool:
+        """Parameter ``i``'s gradient was accumulated in this backward: its ``.grad`` is
+        another tensor, or the same one written since ``pic`` (the engine adds in
+        place).  Without a picture of this backward (None), only that ``.grad`` exists."""
+        g = self.params[i].grad
+        if g is None or pic is None:
+            return g is not None
+        return id(g) != pic.ids[i] or g._version != pic.versions[i]
+
+    def _picture(self) -> _Picture | None:
+        """The picture taken when this backward started (None: none, it is eager)."""
+        pic = self.before
+        if pic is None or pic.task != int(torch._C._current_graph_task_id()):
+            return None
+        return pic
 
     def _on_ready(self, i: int, param: torch.Tensor) -> None:
         if not self.ddp.require_backward_grad_sync:  # no_sync(): accumulate locally
@@ -185,17 +260,26 @@ class BucketReducer:
         if not self.active:
             self.active = True
             self.pending = [set(b) for b in self.buckets]
-            self.works, self.ready = [], 0
+            self.launched = [False] * len(self.buckets)
+            self.works, self.ready, self.out_of_order = [], 0, False
             self.record.steps.append([])
             del self.record.steps[: -self.record.max_steps]
             Variable._execution_engine.queue_callback(self._finalize)
-        self.ready += 1
-        if self.order is not None:
-            self.order.append(i)
         b = self.bucket_of[i]
-        self.pending[b].discard(i)
-        if not self.pending[b]:
+        if self.counting:
+            self.ready += 1
+            if self.order is not None:
+                self.order.append(i)
+            self.pending[b].discard(i)
+            if not self.pending[b]:
+                self._launch(b)
+            return
+        pic = self._picture()
+        if pic is not None and all(self._accumulated(j, pic) for j in self.buckets[b]):
+            self.ready += len(self.buckets[b])
             self._launch(b)
+        else:  # the final callback starts it, once every gradient is in
+            self.out_of_order = pic is not None
 
     def _launch(self, b: int) -> None:
         grads = [self.params[i].grad for i in self.buckets[b]]
@@ -206,24 +290,39 @@ class BucketReducer:
             flat = torch.cat([g.reshape(-1) for g in grads if g is not None])
             flat.mul_(1.0 / world)  # as DDP's reducer: scale, then a summing all-reduce
             work = dist.all_reduce(flat, group=self.ddp.process_group, async_op=True)
+        self.launched[b] = True
         self.works.append((b, work, flat))
         names = [self.names[i] for i in self.buckets[b]]
         self.record.steps[-1].append(
             Collective(b, names, flat.numel() * flat.element_size(), self.ready)
         )
 
+    def _missing(self) -> list[str]:
+        """The parameters that got no gradient in this backward (registration order)."""
+        if self.counting:
+            return [self.names[i] for i in sorted(i for s in self.pending for i in s)]
+        pic = self._picture()
+        waiting = [i for b, done in enumerate(self.launched) if not done for i in self.buckets[b]]
+        return [self.names[i] for i in sorted(waiting) if not self._accumulated(i, pic)]
+
     def _finalize(self) -> None:
         self.active = False
-        missing = [self.names[i] for s in self.pending for i in sorted(s)]
+        missing = self._missing()
         if missing:
             for _b, work, _flat in self.works:
                 work.wait()
+            self.before = None
             raise DistributedConfigError(
                 f"stoker: DDP parameters got no gradient in this backward: {', '.join(missing)}. "
                 "stoker's reducer needs every parameter in the loss (find_unused_parameters is "
                 "not supported with compiled autograd); set requires_grad=False on unused ones "
                 "or pass compiled_autograd=False to stoker.compile."
             )
+        self.before = None
+        self.ready = len(self.params)
+        for b, done in enumerate(self.launched):  # out of order, or no compiled backward
+            if not done:
+                self._launch(b)
         with torch.no_grad():
             for b, work, flat in self.works:
                 work.wait()
@@ -238,8 +337,33 @@ class BucketReducer:
         if self.order is not None:
             order, self.order = self.order, None
             self._rebuild(order)
+        elif self.out_of_order and not self.counting:
+            _LOG.warning(
+                "DDP: a bucket's last gradient came before others of the bucket in this "
+                "compiled backward (another graph order than the first backward's); the "
+                "bucket left from the final callback; hooking every parameter from now on"
+            )
+            self.counting = True
+            self._hook(range(len(self.params)))
+            stoker_autograd.skip_compile()
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles = []
+        self.start.remove()
+
+
+@dataclass
+class _Picture:
+    """Each parameter's ``.grad`` (``id``, version counter) when a compiled backward started."""
+
+    task: int  # the backward's autograd graph task
+    ids: list[int]  # 0: no .grad
+    versions: list[int]
+
+
+def _on_start(ref: weakref.ref[BucketReducer]) -> None:
+    reducer = ref()
+    if reducer is not None:
+        reducer._start_backward()

@@ -11,12 +11,13 @@ mode                what reduces the gradients
 ==================  ====================================================================
 ``stoker_reducer``  compiled autograd on (the default).  DDP's reducer hooks are removed
                     and `BucketReducer` takes over: DDP's buckets (same sizes, same
-                    order); a post-accumulate-grad hook per parameter; the hook of a
-                    bucket's last gradient starts its all-reduce (async), so buckets are
-                    reduced during the backward, in the captured graph right after their
-                    gradients; the backward's final callback waits and writes ``.grad``.
-                    After the first backward the buckets are rebuilt in the order the
-                    gradients became ready, as DDP rebuilds its own.
+                    order); the post-accumulate-grad hook of a bucket's last gradient
+                    starts its all-reduce (async), so buckets are reduced during the
+                    backward, in the captured graph right after their gradients; the
+                    backward's final callback waits and writes ``.grad``.  After the
+                    first backward (a hook per parameter) the buckets are rebuilt in
+                    the order the gradients became ready, as DDP rebuilds its own, and
+                    only each bucket's last gradient stays hooked (a cut per bucket).
 ``ddp_optimizer``   compiled autograd off.  DDP's C++ reducer stays; Dynamo's graph is
                     split at bucket boundaries (torch's DDPOptimizer, with DDP's own
                     first-bucket size), each piece compiled by stoker, so its backward
