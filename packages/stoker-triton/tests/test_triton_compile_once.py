@@ -10,7 +10,9 @@ Then one configuration per kernel (heuristics) unless ``max_autotune``.
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -167,3 +169,51 @@ def test_no_compile_at_the_launch_on_a_gpu(tmp_path: Path, monkeypatch) -> None:
     assert events.count(False) == 0 and events.count(True) == len(fn.report.kernels), events
     xcompile._executor().shutdown(wait=True)
     xcompile._pool = None
+
+
+class _Recorded(Future):  # type: ignore[type-arg]
+    """A compile job's future that records whether a launch waited for it."""
+
+    waited = False
+
+    def result(self, timeout: float | None = None) -> Any:
+        self.waited = True
+        return super().result(timeout)
+
+
+def test_compiling_a_graph_does_not_wait_for_its_precompile(monkeypatch) -> None:
+    # Found reading a cold start: `compile_graph` waited for every kernel of the graph
+    # to compile in the workers, so a forward's compiles held up the lowering of its
+    # backward, and the first launch waited for the last kernel. Now it queues them
+    # and returns; each kernel's first launch waits for its own compiles only.
+    from torch._decomp import core_aten_decompositions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from stoker_triton import compile_graph
+
+    queued: list[tuple[str, _Recorded]] = []
+
+    def submit(work: Any, target: Any) -> dict[str, list[Future[Any]]]:
+        out: dict[str, list[Future[Any]]] = {}
+        for path, _args, configs in work:
+            for _cfg in configs:
+                fut = _Recorded()
+                queued.append((path, fut))
+                out.setdefault(path, []).append(fut)
+        return out
+
+    monkeypatch.setattr(runtime, "native_target", lambda device: ("cuda", 90, 32))
+    monkeypatch.setattr(xcompile, "submit_precompile", submit)
+
+    def f(x: torch.Tensor) -> Any:
+        return torch.softmax(x * 2, -1), (x + 1).sum(0)
+
+    x = torch.randn(8, 16)
+    fn = compile_graph(make_fx(f, decomposition_table=core_aten_decompositions())(x), [x])
+    assert len({p for p, _ in queued}) >= 2 and not any(q.done() for _, q in queued)
+    for _, q in queued:
+        q.set_result(None)  # the workers finish
+    out = fn(x)
+    torch.testing.assert_close(out[0], f(x)[0])
+    torch.testing.assert_close(out[1], f(x)[1])
+    assert all(q.waited for _, q in queued)  # each launch waited for its kernel's compile

@@ -126,6 +126,7 @@ class Pool:
         self.started = 0  # worker processes started (tests read it)
         self.ready = threading.Condition()
         self.n_ready = 0  # workers that said hello (imported the compiler)
+        self.pids: list[int] = []  # their process ids, in that order
         for t in self.threads:
             t.start()
 
@@ -170,12 +171,13 @@ class Pool:
             assert proc.stdin is not None and proc.stdout is not None
             worker = _Worker(proc.stdout, proc.stdin, err, proc=proc)
         try:
-            recv_msg(worker.inp)  # its hello: the compiler is imported
+            _ok, pid = recv_msg(worker.inp)  # its hello: the compiler is imported
         except (EOFError, OSError) as e:
             tail = worker.stderr()
             worker.end()
             raise EOFError(tail) from e
         with self.ready:
+            self.pids.append(pid)
             self.n_ready += 1
             self.ready.notify_all()
         return worker
