@@ -34,22 +34,29 @@ import time
 from typing import Any
 
 
-def _cpu_of(pid: int) -> float:
-    """User + system CPU seconds of a live process and of the children it waited
-    for (ptxas), 0 when it is gone."""
+def _stat(pid: str) -> list[str] | None:
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:  # gone
+        return None
 
 
-def _pool_cpu(pool: Any) -> float:
-    pids = list(pool.pids)
-    if pool.zygote is not None and pool.zygote.proc is not None:
-        pids.append(pool.zygote.proc.pid)
-    return sum(_cpu_of(p) for p in pids)
+def _tree_cpu() -> float:
+    """CPU seconds of this process and every live descendant (the zygote, the
+    workers), each with the children it waited for (ptxas, workers replaced)."""
+    kids: dict[int, list[tuple[int, float]]] = {}
+    for d in os.listdir("/proc"):
+        fields = _stat(d) if d.isdigit() else None
+        if fields is not None:
+            cpu = sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+            kids.setdefault(int(fields[1]), []).append((int(d), cpu))
+    total, todo = time.process_time(), [os.getpid()]
+    while todo:
+        for pid, cpu in kids.get(todo.pop(), []):
+            total += cpu
+            todo.append(pid)
+    return total
 
 
 def _block(x: Any, w: Any, b: Any, w1: Any, w2: Any) -> Any:
@@ -98,6 +105,12 @@ def _jobs() -> list[tuple[str, list[Any], list[tuple[int, int, int]]]]:
     return work
 
 
+def _mode(pool: Any) -> str:
+    if not hasattr(pool, "mode"):
+        return "subprocess (before the zygote)"
+    return str(pool.mode) if pool.fallback is None else f"subprocess ({pool.fallback})"
+
+
 def one(n: int) -> dict[str, Any]:
     """In a new process: the pool's start and a cold batch compile (see the module doc)."""
     work = _jobs()
@@ -105,12 +118,15 @@ def one(n: int) -> dict[str, Any]:
     from stoker_triton._internal import xcompile
     from stoker_triton._internal.workers import Pool
 
-    cpu0, t0 = time.process_time(), time.perf_counter()
+    cpu0, t0 = _tree_cpu(), time.perf_counter()
     pool = Pool(n, start=True)
     xcompile._pool = pool
-    pool.wait_ready(timeout=600)
-    ready = time.perf_counter() - t0
-    ready_cpu = time.process_time() - cpu0 + _pool_cpu(pool)
+    if hasattr(pool, "wait_ready"):
+        pool.wait_ready(timeout=600)
+        ready: float | None = time.perf_counter() - t0
+    else:  # a tree from before the workers said when they are ready (`--tree`)
+        ready = None
+    ready_cpu = _tree_cpu() - cpu0
     first: list[float] = []
     orig = xcompile._finish
 
@@ -121,14 +137,14 @@ def one(n: int) -> dict[str, Any]:
     xcompile._finish = finish
     ok, errors = xcompile.precompile(work, ("cuda", 90, 32))
     batch = time.perf_counter() - t0
-    batch_cpu = time.process_time() - cpu0 + _pool_cpu(pool)
+    batch_cpu = _tree_cpu() - cpu0
     out = {
-        "mode": pool.mode if pool.fallback is None else f"subprocess ({pool.fallback})",
+        "mode": _mode(pool),
         "n": n,
         "kernels": len(work),
         "compiled": ok,
         "errors": errors[:3],
-        "ready_s": round(ready, 2),
+        "ready_s": None if ready is None else round(ready, 2),
         "ready_cpu_s": round(ready_cpu, 2),
         "first_s": round(min(first), 2) if first else None,
         "batch_s": round(batch, 2),
@@ -138,6 +154,67 @@ def one(n: int) -> dict[str, Any]:
     return out
 
 
+def cold_start(n: int) -> dict[str, Any]:
+    """In a new process: a cold first step's compile as stoker runs it on a GPU,
+    on the CPU: Triton's real launch path on a stand-in sm_90 driver
+    (`fakegpu`), the workers started before capture, the forward graph and its
+    gradient graph compiled, then the forward's and the gradient's launches.
+    Seconds since the start at each point, and CPU summed over processes."""
+    t0, cpu0 = time.perf_counter(), _tree_cpu()
+    os.environ["TRITON_INTERPRET"] = "0"
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    import torch
+    from torch._decomp import core_aten_decompositions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from stoker_triton import compile_graph
+    from stoker_triton._internal import runtime, xcompile
+    from stoker_triton._internal.fakegpu import install
+
+    install()
+    runtime.native_target = lambda device: ("cuda", 90, 32)  # CPU tensors stand in
+    xcompile.cpu_count = lambda: n
+    marks: dict[str, float] = {"imports": time.perf_counter() - t0}
+    xcompile.start_workers()  # as stoker's backend does before capture
+    launched: list[float] = []
+    call = runtime.Launcher.__call__
+
+    def timed(self: Any, *a: Any) -> None:
+        call(self, *a)
+        launched.append(time.perf_counter() - t0)
+
+    runtime.Launcher.__call__ = timed  # type: ignore[method-assign]
+    args = [torch.randn(64, 128), torch.randn(128), torch.randn(128)]
+    args += [torch.randn(128, 256), torch.randn(256, 128)]
+    grads_of = [a.clone().requires_grad_() for a in args]
+
+    def grads(*a: Any) -> Any:
+        return torch.autograd.grad(sum(o.float().sum() for o in _block(*a)), a)
+
+    decomp = core_aten_decompositions()
+    gm_fw = make_fx(_block, decomposition_table=decomp)(*args)
+    gm_bw = make_fx(grads, decomposition_table=decomp)(*grads_of)
+    marks["capture"] = time.perf_counter() - t0
+    fw = compile_graph(gm_fw, args)
+    marks["forward compiled"] = time.perf_counter() - t0
+    bw = compile_graph(gm_bw, [a.detach() for a in grads_of])
+    marks["gradient compiled"] = time.perf_counter() - t0
+    fw(*args)
+    marks["first launch"] = launched[0]
+    marks["forward launched"] = time.perf_counter() - t0
+    bw(*grads_of)
+    marks["step launched"] = time.perf_counter() - t0
+    cpu = _tree_cpu() - cpu0
+    xcompile._executor().shutdown(wait=True)
+    return {
+        "mode": _mode(xcompile._executor()),
+        "n": n,
+        "kernels": len(fw.report.kernels) + len(bw.report.kernels),
+        **{k: round(v, 2) for k, v in marks.items()},
+        "cpu_s": round(cpu, 2),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -145,16 +222,36 @@ def main() -> int:
     ap.add_argument("--n", type=int, action="append", help="pool sizes (default 2 and 16)")
     ap.add_argument("--mode", action="append", choices=["fork", "subprocess"])
     ap.add_argument("--cache", action="append", choices=["pyc", "no-pyc"])
+    ap.add_argument(
+        "--cold-start",
+        action="store_true",
+        help="time a cold first step's compile to its launches instead (fakegpu)",
+    )
+    ap.add_argument(
+        "--tree",
+        help="measure the stoker sources of another checkout (e.g. a worktree of an "
+        "earlier commit: 'before')",
+    )
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the measuring process
     args = ap.parse_args()
     if args.one is not None:
-        print("RESULT " + json.dumps(one(args.one)))
+        print("RESULT " + json.dumps((cold_start if args.cold_start else one)(args.one)))
         return 0
+    if args.cold_start:
+        return _table(args, cold=True)
+    return _table(args, cold=False)
+
+
+def _table(args: Any, cold: bool) -> int:
     print(f"{os.cpu_count()} cores here ({len(os.sched_getaffinity(0))} usable)")
-    print(
-        "| start | N | bytecode | kernels | ready s | ready CPU s | first s | batch s | batch CPU s |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
+    if cold:
+        cols = "capture | fw compiled | grad compiled | first launch | fw launched | step launched"
+        print(f"| start | N | bytecode | kernels | {cols} | CPU s |")
+        print("|---" * 11 + "|")
+    else:
+        cols = "ready s | ready CPU s | first s | batch s | batch CPU s"
+        print(f"| start | N | bytecode | kernels | {cols} |")
+        print("|---" * 9 + "|")
     for cache in args.cache or ["pyc", "no-pyc"]:
         for n in args.n or [2, 16]:
             for mode in args.mode or ["subprocess", "fork"]:
@@ -163,8 +260,14 @@ def main() -> int:
                 if cache == "no-pyc":
                     env["PYTHONDONTWRITEBYTECODE"] = "1"
                     env["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="empty-pycache-")
+                if args.tree:
+                    env["PYTHONPATH"] = os.pathsep.join(
+                        os.path.join(args.tree, "packages", p, "src")
+                        for p in os.listdir(os.path.join(args.tree, "packages"))
+                    )
+                cmd = [sys.executable, __file__, "--one", str(n)]
                 proc = subprocess.run(
-                    [sys.executable, __file__, "--one", str(n)],
+                    cmd + (["--cold-start"] if cold else []),
                     capture_output=True,
                     text=True,
                     env=env,
@@ -175,6 +278,16 @@ def main() -> int:
                     print(f"| {mode} | {n} | {cache} | failed: {proc.stderr[-500:]!r} |")
                     continue
                 r = json.loads(line[0][7:])
+                if cold:
+                    keys = ["capture", "forward compiled", "gradient compiled", "first launch"]
+                    keys += ["forward launched", "step launched", "cpu_s"]
+                    print(
+                        f"| {r['mode']} | {n} | {cache} | {r['kernels']} | "
+                        + " | ".join(str(r[c]) for c in keys)
+                        + " |",
+                        flush=True,
+                    )
+                    continue
                 print(
                     f"| {r['mode']} | {n} | {cache} | {r['compiled']}/{r['kernels']} "
                     f"| {r['ready_s']} | {r['ready_cpu_s']} | {r['first_s']} "

@@ -69,6 +69,9 @@ for _ in range(3):  # new random seeds each call: still one binary per kernel
 assert len(runs) == len(fn.report.kernels), runs  # later calls launch without the binder
 from stoker_triton._internal import xcompile
 started = int(xcompile._pool is not None)
+if started:  # forked from the zygote, not one interpreter per worker
+    assert xcompile._pool.mode == "fork" and xcompile._pool.fallback is None, xcompile._pool.fallback
+    assert xcompile._pool.zygote.forks >= 1
 print("RESULT", len(fn.report.kernels), events.count(False), events.count(True), started)
 """
 
@@ -167,6 +170,9 @@ def test_no_compile_at_the_launch_on_a_gpu(tmp_path: Path, monkeypatch) -> None:
     out = fn(*args)
     torch.testing.assert_close(out[0], f(*args)[0], rtol=1e-4, atol=1e-5)
     assert events.count(False) == 0 and events.count(True) == len(fn.report.kernels), events
+    # this process has CUDA up: the workers were forked by the zygote, a fresh interpreter
+    pool = xcompile._executor()
+    assert pool.mode == "fork" and pool.fallback is None and pool.zygote.forks >= 1
     xcompile._executor().shutdown(wait=True)
     xcompile._pool = None
 

@@ -257,11 +257,31 @@ def _gpu_source_of(path: str) -> str:
 
 
 def cpu_count() -> int:
-    """The cores this process may run on (every one compiles: one worker each)."""
+    """The cores this process may run on (every one compiles: one worker each),
+    at most its container's CPU quota (cgroups) where one is set."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        n = max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # not Linux
-        return max(1, os.cpu_count() or 1)
+        n = max(1, os.cpu_count() or 1)
+    quota = cgroup_cpus()
+    return min(n, quota) if quota is not None else n
+
+
+def cgroup_cpus(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """The CPUs a cgroup quota allows (rounded up), None without one: cgroup v2's
+    `cpu.max` ("200000 100000": two CPUs; "max 100000": none), else v1's
+    `cpu.cfs_quota_us` / `cpu.cfs_period_us` (-1: none)."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        try:
+            quota = (root / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (root / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    if quota == "max" or not quota.lstrip("-").isdigit() or int(quota) <= 0:
+        return None
+    return max(1, -(-int(quota) // max(1, int(period))))
 
 
 def gpu_source(source: str) -> str:
@@ -289,10 +309,29 @@ def _executor(start: bool = False) -> Any:
 
 
 def start_workers() -> None:
-    """Start the compile workers now, so that their start (each imports Triton's
-    compiler: seconds on a host without bytecode caches) overlaps the lowering
-    and code generation of the graph whose kernels they will compile."""
+    """Start the compile workers now, so that their start (the zygote imports
+    Triton's compiler: seconds on a host without bytecode caches) overlaps the
+    lowering and code generation of the graph whose kernels they will compile.
+    A thread of this process computes, meanwhile, what its first launch would:
+    Triton's key of itself (a hash of its sources and libraries, which mostly
+    releases the GIL; 0.4-1.7 s here) and the Gluon modules."""
     _executor(start=True)
+    with _lock:
+        if _warming:
+            return
+        _warming.append(threading.Thread(target=_warm_launch, daemon=True, name="stoker-warm"))
+    _warming[0].start()
+
+
+_warming: list[threading.Thread] = []
+
+
+def _warm_launch() -> None:
+    try:
+        import triton.experimental.gluon.language  # noqa: F401
+    except Exception:  # a Triton without Gluon
+        pass
+    warm_triton_key()
 
 
 def import_compiler() -> None:

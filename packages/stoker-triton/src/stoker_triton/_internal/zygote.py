@@ -77,6 +77,8 @@ class Zygote:
                 raise ZygoteError(self.failed)
             try:
                 if self.ctl is None:
+                    if not hasattr(os, "fork") or not hasattr(socket, "send_fds"):
+                        raise ZygoteError("this platform has no os.fork")
                     self._start()
                 mine, theirs = socket.socketpair()
                 try:
@@ -113,7 +115,7 @@ class Zygote:
                 stdin=subprocess.DEVNULL,
                 stdout=self.err,
                 stderr=self.err,
-                env=self.env,
+                env={**self.env, "TRITON_INTERPRET": "0"},  # before the package's imports
                 pass_fds=[theirs.fileno()],
             )
         finally:
