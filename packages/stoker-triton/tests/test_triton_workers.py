@@ -214,3 +214,32 @@ def test_workers_use_every_core_up_to_a_cgroup_quota(tmp_path: Path) -> None:
 def test_a_bad_worker_mode_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match=r"STOKER_TRITON_WORKERS='threads'.*'fork'"):
         Pool(1, env={workers.MODE_ENV: "threads"})
+
+
+_WARM = """
+import os
+os.environ["TRITON_INTERPRET"] = "0"
+from triton.runtime.cache import triton_key
+from stoker_triton._internal import xcompile
+
+xcompile.cpu_count = lambda: 1
+assert triton_key.cache_info().currsize == 0
+xcompile.start_workers()
+xcompile._warming[0].join(timeout=300)
+print("warm", triton_key.cache_info().currsize, xcompile._warming[0].name)
+xcompile._executor().shutdown(wait=True)
+"""
+
+
+def test_starting_the_workers_warms_the_first_launch() -> None:
+    # Found in a cold start's profile: the first launch in the main process computed
+    # Triton's key of itself (a hash of its sources and libraries: 0.4-1.7 s here)
+    # after every compile was done; now a thread computes it while the graph lowers.
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _WARM], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-3:] == ["warm", "1", "stoker-warm"], proc.stdout

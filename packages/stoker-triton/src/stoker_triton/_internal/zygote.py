@@ -179,6 +179,11 @@ def _child(fds: list[int]) -> None:
 
 
 def _main(fd: int) -> None:
+    import signal
+
+    # Ctrl-C in a terminal reaches the whole process group: the pool ends the zygote
+    # and its workers (EOF on their channels), a KeyboardInterrupt the caller survives must not
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctl = socket.socket(fileno=fd)
     out = ctl.makefile("wb")
     os.environ["TRITON_INTERPRET"] = "0"
