@@ -28,9 +28,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .zygote import Zygote
 
 _LEN = struct.Struct("<Q")
 MODE_ENV = "STOKER_TRITON_WORKERS"  # "fork" (default: from the zygote) or "subprocess"
@@ -64,7 +68,7 @@ class _Worker:
         err: IO[bytes],
         proc: subprocess.Popen[bytes] | None = None,
         sock: socket.socket | None = None,
-        kill: Any = None,
+        kill: Callable[[], None] | None = None,
     ) -> None:
         self.inp, self.out, self.err = inp, out, err
         self.proc, self.sock, self._kill = proc, sock, kill
@@ -111,7 +115,7 @@ class Pool:
         self.mode = self.env.get(MODE_ENV, "fork") or "fork"
         if self.mode not in ("fork", "subprocess"):
             raise ValueError(f"{MODE_ENV}={self.mode!r}: use 'fork' (default) or 'subprocess'")
-        self.zygote: Any = None
+        self.zygote: Zygote | None = None
         self.fallback: str | None = None  # why workers are plain subprocesses, if they are
         if self.mode == "fork":
             from .zygote import Zygote
@@ -185,8 +189,10 @@ class Pool:
     def _fork(self, err: IO[bytes]) -> _Worker | None:
         from .zygote import ZygoteError
 
+        zygote = self.zygote
+        assert zygote is not None
         try:
-            sock, pid = self.zygote.fork(err)
+            sock, pid = zygote.fork(err)
         except ZygoteError as e:
             if self.fallback is None:
                 self.fallback = str(e)
@@ -197,7 +203,7 @@ class Pool:
             sock.makefile("wb"),
             err,
             sock=sock,
-            kill=lambda: self.zygote.kill(pid),
+            kill=lambda: zygote.kill(pid),
         )
 
     def _serve(self) -> None:
