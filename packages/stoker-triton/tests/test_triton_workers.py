@@ -243,3 +243,22 @@ def test_starting_the_workers_warms_the_first_launch() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split()[-3:] == ["warm", "1", "stoker-warm"], proc.stdout
+
+
+def test_a_kernel_repeated_in_a_graph_compiles_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_pool: Any
+) -> None:
+    # A model's layers repeat their kernels (one module path, one specialization):
+    # each was queued again while the first was still compiling (the workers'
+    # "done" set is filled only when a compile ends), so identical compiles ran
+    # side by side. Now the second launcher waits for the first one's job.
+    (work,) = _kernels(tmp_path, 1)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    pool = own_pool(Pool(1))
+    sent: list[str] = []
+    submit = pool.submit
+    monkeypatch.setattr(pool, "submit", lambda name, *a: sent.append(name) or submit(name, *a))
+    before = xcompile.compiled_count
+    pending = xcompile.submit_precompile([work, work, work], ("cuda", 90, 32))
+    assert [f.result(timeout=300) for f in pending[work[0]]] == [None] * 3
+    assert sent == ["_compile_job"] and xcompile.compiled_count == before + 1

@@ -72,6 +72,9 @@ def targets() -> list[tuple[str, int]]:
 
 _lock = threading.Lock()
 _done: set[tuple[Any, ...]] = set()
+# compiles in the workers now, by key: a graph whose layers repeat a kernel (one
+# module path, one specialization) queues it once, and every launcher waits for it
+_queued: dict[tuple[Any, ...], Future[Any]] = {}
 _pool: Any = None
 compiled_count = 0  # compiles run by this process's workers (tests read it)
 
@@ -417,6 +420,10 @@ def _submit(
             with _lock:
                 if key in _done:
                     continue
+                running = _queued.get(key)
+            if running is not None and not running.done():  # queued for an identical kernel
+                jobs.append((key, running))
+                continue
             if _built_before(key):  # by an earlier process: no worker needed
                 with _lock:
                     _done.add(key)
@@ -424,6 +431,9 @@ def _submit(
             kw = {"XBLOCK": xb, "RBLOCK": rb, "num_warps": w}
             source = source or _gpu_source_of(path)
             fut = _executor().submit("_compile_job", path, source, specs, kw, tgt, launcher)
+            with _lock:
+                _queued[key] = fut
+            fut.add_done_callback(lambda f, key=key: _queued.pop(key, None))
             jobs.append((key, fut))
     return jobs
 
@@ -431,6 +441,8 @@ def _submit(
 def _finish(key: tuple[Any, ...]) -> None:
     global compiled_count
     with _lock:
+        if key in _done:  # a second waiter on one job
+            return
         _done.add(key)
         compiled_count += 1
     _markers().put(_marker_key(key), b"built\n")
