@@ -72,7 +72,8 @@ def precompile(
     make_jobs: Callable[[], list[tuple[Launcher, list[Any], int, int]]], device: torch.device
 ) -> int:
     """Start compiling kernels ahead of their first launch, in parallel worker
-    processes (GPU only), and return without waiting for them.
+    processes (GPU only), and return without waiting for them. `compile_graph`
+    calls it for each kernel as soon as its module is loaded.
 
     `make_jobs()`: (launcher, example arguments, xnumel, rnumel) with the static
     sizes the wrapper will pass. Each configuration the launch will use (one, or
@@ -88,9 +89,8 @@ def precompile(
     target = native_target(device)
     if target is None:
         return 0
+    # (a graph of one kernel too: its compile overlaps what the caller does next)
     jobs = make_jobs()
-    if len(jobs) < 2:  # one kernel compiles as fast at its launch as in a worker
-        return 0
     work = [
         (lau.path, args, lau.candidates(x, r, native=True)) for lau, args, x, r in jobs if lau.path
     ]
