@@ -43,6 +43,29 @@ def test_bench_triton_smoke_prints_every_case(tmp_path):
     assert 2 <= kernels["layernorm backward"] <= 3, proc.stdout
 
 
+def test_bench_workers_compiles_the_batch_through_forked_workers(tmp_path):
+    # the compile workers' benchmark (docs/benchmarks.md): every kernel of its batch
+    # compiles for sm_90 through the zygote's forks, and the cold start reaches its launches
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    cmd = [sys.executable, str(ROOT / "tools" / "bench_workers.py"), "--n", "2", "--mode", "fork"]
+    for extra in ([], ["--cold-start"]):
+        proc = subprocess.run(
+            [*cmd, "--cache", "pyc", *extra],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        row = [ln for ln in proc.stdout.splitlines() if ln.startswith("| fork | 2 | pyc |")]
+        assert len(row) == 1, proc.stdout
+        cells = [c.strip() for c in row[0].strip("|").split("|")]
+        if extra:
+            assert int(cells[3]) >= 20 and all(float(c) > 0 for c in cells[4:]), row
+        else:
+            assert cells[3] == "25/25", row
+
+
 def test_bench_capture_pipeline_smoke_times_every_stage(tmp_path):
     """``tools/bench_capture.py --pipeline``: issue 12's per-stage compile times, here on
     the tiny GPT so the mode cannot rot."""

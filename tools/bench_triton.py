@@ -7,6 +7,8 @@ device-to-device copy, and cold compile times.
                                             # the script runs; its numbers mean nothing
     python tools/bench_triton.py --launch-overhead   # CPU time per launch and per graph
                                             # call; on the CPU with a stand-in driver
+    python tools/bench_triton.py --workers  # compile workers' start and a cold batch compile
+                                            # (tools/bench_workers.py), on the CPU
 
 On a machine without CUDA (and no --smoke) it says so and exits 0.
 """
@@ -43,7 +45,20 @@ def main() -> int:
         help="CPU time per kernel launch (lean path vs JITFunction.run) and fixed overhead "
         "per compiled graph call; without CUDA, Triton's real launch path on a stub driver",
     )
+    ap.add_argument(
+        "--workers",
+        action="store_true",
+        help="the compile workers' start and a cold sm_90 batch compile through them, then "
+        "a cold start to the first launches (tools/bench_workers.py; on the CPU)",
+    )
     args = ap.parse_args()
+    if args.workers:
+        import bench_workers
+
+        sys.argv = sys.argv[:1]
+        bench_workers.main()
+        sys.argv.append("--cold-start")
+        return bench_workers.main()
     if args.launch_overhead:
         from bench_launch import launch_overhead
 

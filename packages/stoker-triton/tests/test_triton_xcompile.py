@@ -318,6 +318,7 @@ x = torch.randn(8, 16)
 gm = make_fx(lambda x: torch.softmax(x * 2, -1), decomposition_table=core_aten_decompositions())(x)
 out = compile_graph(gm, [x])(x)
 torch.testing.assert_close(out, torch.softmax(x * 2, -1))
+print("workers:", xcompile._pool.mode, xcompile._pool.fallback, xcompile._pool.zygote.forks)
 print("script body ran; cross-compiles:", xcompile.compiled_count)
 """
 
@@ -336,3 +337,6 @@ def test_workers_do_not_rerun_a_script_without_a_main_guard(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("script body ran")]
     assert len(lines) == 1 and int(lines[0].rsplit(" ", 1)[1]) >= 1, proc.stdout
+    # the workers were forked from the zygote (a fresh interpreter: no script there either)
+    mode = next(ln for ln in proc.stdout.splitlines() if ln.startswith("workers:")).split()
+    assert mode[1:3] == ["fork", "None"] and int(mode[3]) >= 1, proc.stdout

@@ -17,7 +17,7 @@ import logging
 import operator
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sympy
@@ -129,14 +129,18 @@ def compile_graph_impl(
         }
         out_kind, out_spec = _output_kind(gm)
         wrapper_src, consts = generate_wrapper(program, sched, kernels, out_kind)
-    # 4. load: kernel modules and wrapper from the on-disk cache, launchers
+
+    # 4. load: kernel modules and wrapper from the on-disk cache, launchers; on a GPU
+    #    each kernel's compiles (each configuration its launch will use) are queued in
+    #    the worker processes as soon as its module is loaded, and run in parallel
+    def queue(name: str, lau: Launcher) -> None:
+        one = {name: kernels[name]}
+        precompile(lambda: _precompile_jobs(one, {name: lau}, program, shape_env), device)
+
     with report.stage("load"):
-        launchers, paths = load_kernels(kernels, autotune)
+        launchers, paths = load_kernels(kernels, autotune, on_load=queue)
         mod, wpath = load_module("wrappers", wrapper_src)
         call = mod.make_call(launchers, consts)
-    # 5. on a GPU, compile every kernel (each configuration its launch will use) in parallel now
-    with report.stage("precompile"):
-        precompile(lambda: _precompile_jobs(kernels, launchers, program, shape_env), device)
 
     _fill_report(report, program, sched, kernels, paths, str(wpath), ctx, shape_env, n_guards)
     if key is not None:
@@ -582,8 +586,11 @@ def kernel_module_source(ks: KernelSource) -> str:
 
 
 def load_kernels(
-    kernels: dict[str, KernelSource], autotune: bool = False
+    kernels: dict[str, KernelSource],
+    autotune: bool = False,
+    on_load: Callable[[str, Launcher], None] | None = None,
 ) -> tuple[dict[str, Launcher], dict[str, str]]:
+    """Each kernel's module and launcher; `on_load(name, launcher)` as each is ready."""
     import hashlib
 
     launchers: dict[str, Launcher] = {}
@@ -603,6 +610,8 @@ def load_kernels(
             autotune,
         )
         paths[name] = str(path)
+        if on_load is not None:
+            on_load(name, launchers[name])
     return launchers, paths
 
 

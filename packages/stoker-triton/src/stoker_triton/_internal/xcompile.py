@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -71,6 +72,9 @@ def targets() -> list[tuple[str, int]]:
 
 _lock = threading.Lock()
 _done: set[tuple[Any, ...]] = set()
+# compiles in the workers now, by key: a graph whose layers repeat a kernel (one
+# module path, one specialization) queues it once, and every launcher waits for it
+_queued: dict[tuple[Any, ...], Future[Any]] = {}
 _pool: Any = None
 compiled_count = 0  # compiles run by this process's workers (tests read it)
 
@@ -256,11 +260,31 @@ def _gpu_source_of(path: str) -> str:
 
 
 def cpu_count() -> int:
-    """The cores this process may run on (every one compiles: one worker each)."""
+    """The cores this process may run on (every one compiles: one worker each),
+    at most its container's CPU quota (cgroups) where one is set."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        n = max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # not Linux
-        return max(1, os.cpu_count() or 1)
+        n = max(1, os.cpu_count() or 1)
+    quota = cgroup_cpus()
+    return min(n, quota) if quota is not None else n
+
+
+def cgroup_cpus(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """The CPUs a cgroup quota allows (rounded up), None without one: cgroup v2's
+    `cpu.max` ("200000 100000": two CPUs; "max 100000": none), else v1's
+    `cpu.cfs_quota_us` / `cpu.cfs_period_us` (-1: none)."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        try:
+            quota = (root / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (root / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    if quota == "max" or not quota.lstrip("-").isdigit() or int(quota) <= 0:
+        return None
+    return max(1, -(-int(quota) // max(1, int(period))))
 
 
 def gpu_source(source: str) -> str:
@@ -288,19 +312,60 @@ def _executor(start: bool = False) -> Any:
 
 
 def start_workers() -> None:
-    """Start the compile workers now, so that their start (each imports Triton's
-    compiler: seconds on a host without bytecode caches) overlaps the lowering
-    and code generation of the graph whose kernels they will compile."""
+    """Start the compile workers now, so that their start (the zygote imports
+    Triton's compiler: seconds on a host without bytecode caches) overlaps the
+    lowering and code generation of the graph whose kernels they will compile.
+    A thread of this process computes, meanwhile, what its first launch would:
+    Triton's key of itself (a hash of its sources and libraries, which mostly
+    releases the GIL; 0.4-1.7 s here) and the Gluon modules."""
     _executor(start=True)
+    with _lock:
+        if _warming:
+            return
+        _warming.append(threading.Thread(target=_warm_launch, daemon=True, name="stoker-warm"))
+    _warming[0].start()
+
+
+_warming: list[threading.Thread] = []
+
+
+def _warm_launch() -> None:
+    try:
+        import triton.experimental.gluon.language  # noqa: F401
+    except Exception:  # a Triton without Gluon
+        pass
+    warm_triton_key()
 
 
 def import_compiler() -> None:
-    """In a worker: import what every compile job needs, before the first one."""
+    """In a worker, or once in the zygote for every worker it forks: import what
+    every compile job needs and do what each worker's first job did (Triton's
+    own cache key, a hash of its sources and libraries: 0.38 s here; the Gluon
+    modules its code generator imports: 0.08 s), before the first job."""
     try:
         import triton
-        import triton.compiler  # noqa: F401
+        import triton.compiler
+        import triton.experimental.gluon.language  # noqa: F401
         from triton.backends.nvidia import compiler, driver  # noqa: F401
+
+        _launcher_builder()
     except Exception:  # a Triton without them: the job reports what is missing
+        pass
+    warm_triton_key()
+
+
+def warm_triton_key() -> None:
+    """Compute Triton's key of itself (cached per process), best effort."""
+    try:
+        from triton.runtime.cache import triton_key
+    except ImportError:  # older Tritons keep it beside the compiler
+        try:
+            from triton.compiler.compiler import triton_key  # type: ignore[attr-defined,no-redef]
+        except ImportError:
+            return
+    try:
+        triton_key()
+    except Exception:  # the first compile computes it, and reports what fails
         pass
 
 
@@ -355,6 +420,10 @@ def _submit(
             with _lock:
                 if key in _done:
                     continue
+                running = _queued.get(key)
+            if running is not None and not running.done():  # queued for an identical kernel
+                jobs.append((key, running))
+                continue
             if _built_before(key):  # by an earlier process: no worker needed
                 with _lock:
                     _done.add(key)
@@ -362,6 +431,9 @@ def _submit(
             kw = {"XBLOCK": xb, "RBLOCK": rb, "num_warps": w}
             source = source or _gpu_source_of(path)
             fut = _executor().submit("_compile_job", path, source, specs, kw, tgt, launcher)
+            with _lock:
+                _queued[key] = fut
+            fut.add_done_callback(lambda f, key=key: _queued.pop(key, None))
             jobs.append((key, fut))
     return jobs
 
@@ -369,6 +441,8 @@ def _submit(
 def _finish(key: tuple[Any, ...]) -> None:
     global compiled_count
     with _lock:
+        if key in _done:  # a second waiter on one job
+            return
         _done.add(key)
         compiled_count += 1
     _markers().put(_marker_key(key), b"built\n")
@@ -443,19 +517,50 @@ def check(path: str, args: Sequence[Any], configs: Sequence[tuple[int, int, int]
     return len(jobs)
 
 
+def submit_precompile(
+    work: Sequence[tuple[str, Sequence[Any], Sequence[tuple[int, int, int]]]], target: Target
+) -> dict[str, list[Future[str | None]]]:
+    """Start compiling kernels for the GPU at hand in the worker processes and
+    return at once: per kernel module path, a future per compile that gives
+    None once it succeeded and its marker is written, or the error. Jobs are
+    queued in the order of `work`: the kernel launched first compiles first."""
+    out: dict[str, list[Future[str | None]]] = {}
+    for path, args, configs in work:
+        for key, fut in _submit(path, args, configs, [target], True):
+            out.setdefault(path, []).append(_marked(key, fut))
+    return out
+
+
+def _marked(key: tuple[Any, ...], job: Future[Any]) -> Future[str | None]:
+    """`job`'s outcome (None or the error), set after a success's `_finish`."""
+    out: Future[str | None] = Future()
+    out.set_running_or_notify_cancel()
+
+    def done(f: Future[Any]) -> None:
+        try:
+            err = f.result()
+        except Exception as e:  # the worker died
+            err = describe(e)
+        if err is None:
+            _finish(key)
+        _, _, _, (xb, rb, w) = key
+        out.set_result(None if err is None else f"XBLOCK={xb} RBLOCK={rb} num_warps={w}: {err}")
+
+    job.add_done_callback(done)
+    return out
+
+
 def precompile(
     work: Sequence[tuple[str, Sequence[Any], Sequence[tuple[int, int, int]]]], target: Target
 ) -> tuple[int, list[str]]:
     """Compile kernels for the GPU at hand in parallel worker processes, ahead of
-    their first launch, which then finds each binary in Triton's disk cache.
-    `work`: (kernel module path, launch arguments, configs). Returns (compiles
-    that succeeded, errors): a failure only costs the head start."""
-    jobs = [j for path, args, configs in work for j in _submit(path, args, configs, [target], True)]
-    errors = []
-    for key, fut in jobs:
-        err = fut.result()
-        if err is None:
-            _finish(key)
-        else:
-            errors.append(f"{key[0]} {key[3]}: {err}")
-    return len(jobs) - len(errors), errors
+    their first launch, which then finds each binary in Triton's disk cache, and
+    wait for them. `work`: (kernel module path, launch arguments, configs).
+    Returns (compiles that succeeded, errors): a failure only costs the head start."""
+    results = [
+        (path, fut.result())
+        for path, futs in submit_precompile(work, target).items()
+        for fut in futs
+    ]
+    errors = [f"{path} {err}" for path, err in results if err is not None]
+    return len(results) - len(errors), errors

@@ -71,32 +71,36 @@ def native_target(device: torch.device) -> tuple[str, Any, int] | None:
 def precompile(
     make_jobs: Callable[[], list[tuple[Launcher, list[Any], int, int]]], device: torch.device
 ) -> int:
-    """Compile kernels ahead of their first launch, in parallel worker processes (GPU only).
+    """Start compiling kernels ahead of their first launch, in parallel worker
+    processes (GPU only), and return without waiting for them. `compile_graph`
+    calls it for each kernel as soon as its module is loaded.
 
     `make_jobs()`: (launcher, example arguments, xnumel, rnumel) with the static
     sizes the wrapper will pass. Each configuration the launch will use (one, or
     the autotuner's under max-autotune) is compiled for this GPU through
     Triton's own binder, so the launch computes the same key and loads the
-    binary from Triton's disk cache without compiling (`xcompile.precompile`).
-    Returns how many compiles succeeded; a failure only costs the head start
-    (the launch compiles, and reports errors, as usual)."""
+    binary from Triton's disk cache without compiling (`xcompile.submit_precompile`).
+    Each launcher keeps its compiles' futures (`Launcher.pending`) and its first
+    launch waits for them only: the caller goes on (a backward graph is lowered
+    while the forward's kernels compile) and the first kernel waits for its own
+    compile, not the whole graph's. Returns how many compiles were queued; a
+    failure only costs the head start (the launch compiles, and reports errors,
+    as usual)."""
     target = native_target(device)
     if target is None:
         return 0
+    # (a graph of one kernel too: its compile overlaps what the caller does next)
     jobs = make_jobs()
-    if len(jobs) < 2:  # one kernel compiles as fast at its launch as in a worker
-        return 0
-    log = logging.getLogger("stoker.kernels")
     work = [
         (lau.path, args, lau.candidates(x, r, native=True)) for lau, args, x, r in jobs if lau.path
     ]
     try:
-        from ..xcompile import precompile as in_workers
+        from ..xcompile import submit_precompile
 
-        ok, errors = in_workers(work, target)
+        pending = submit_precompile(work, target)
     except Exception as e:  # no worker processes here: the launches compile
-        log.info("precompile skipped (the launches compile): %s", e)
+        logging.getLogger("stoker.kernels").info("precompile skipped (the launches compile): %s", e)
         return 0
-    for err in errors:
-        log.debug("precompile failed: %s", err)
-    return ok
+    for lau, *_ in jobs:
+        lau.pending = pending.get(lau.path or "", [])
+    return sum(len(futs) for futs in pending.values())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from concurrent.futures import Future
 from typing import Any
 
 from .autotune import _Tuned
@@ -68,6 +70,8 @@ class Launcher:
         self.configs: dict[tuple[int, int], tuple[int, int, int]] = {}
         self.path: str | None = None  # the kernel module's file (set by the loader)
         self.check_gpu = False  # cross-compile for STOKER_TRITON_CHECK_TARGETS (set by the loader)
+        # its compiles queued in the workers (`runtime.precompile`): the first launch waits
+        self.pending: list[Future[str | None]] = []
         # compiled binaries launched without Triton's binder (none under the interpreter)
         self.fast: FastPath | None = None if self.interpret else fast_path_for(fn)
 
@@ -146,6 +150,8 @@ class Launcher:
             return
         cfg = self.configs.get((xnumel, rnumel))
         if cfg is None:
+            if self.pending:
+                self._await_precompile()
             if self.check_gpu and self.path is not None:
                 from ..xcompile import check
 
@@ -172,6 +178,17 @@ class Launcher:
             fast.keep(key, args, self.n_ptrs, kernel, grid, xb, rb)
 
     n_ptrs = 0
+
+    def _await_precompile(self) -> None:
+        """Wait for this kernel's compiles in the workers, so that its launch loads
+        the binary instead of compiling it again (a failed one: the launch compiles)."""
+        pending, self.pending = self.pending, []
+        for fut in pending:
+            err = fut.result()
+            if err is not None:
+                logging.getLogger("stoker.kernels").debug(
+                    "precompile of %s failed (the launch compiles it): %s", self.path, err
+                )
 
     def _numels(self, args: tuple[Any, ...]) -> tuple[int, int]:
         return int(args[self.n_ptrs]), int(args[self.n_ptrs + 1])
