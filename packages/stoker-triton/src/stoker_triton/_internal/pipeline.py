@@ -17,7 +17,7 @@ import logging
 import operator
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sympy
@@ -167,9 +167,17 @@ def _load_cached(
     entry = got.entry
     launchers = {
         name: _launcher(
-            mod, k.sha, k.is_reduction, k.persistent, k.has_atomics, k.n_ptrs, path, autotune
+            _importer(k.sha, path, src),
+            k.sha,
+            k.is_reduction,
+            k.persistent,
+            k.has_atomics,
+            k.n_ptrs,
+            path,
+            autotune,
+            outer=_OUTER in src,
         )
-        for name, (mod, path), k in ((n, got.kernels[n], entry.kernels[n]) for n in entry.kernels)
+        for name, (src, path), k in ((n, got.kernels[n], entry.kernels[n]) for n in entry.kernels)
     }
     call = got.wrapper.make_call(launchers, got.consts)
     added = [str(g.expr) for g in shape_env.guards[n_guards:]] if shape_env is not None else []
@@ -178,6 +186,18 @@ def _load_cached(
     report.cache = "hit"
     log_cache.info("compiled-graph cache hit: %s (%d kernels)", key, len(launchers))
     return CompiledGraph(call, report, _source_of(got.wrapper_path), entry.out_spec)
+
+
+_OUTER = "\nREDUCTION_HINT = 'outer'\n"  # as `kernel_module_source` writes it
+
+
+def _importer(sha: str, path: str, source: str) -> Callable[[], Any]:
+    """Imports a cached kernel module and returns its kernel (a warm launcher's `fn`)."""
+    from pathlib import Path
+
+    from .runtime.modules import import_stored
+
+    return lambda: import_stored("kernels", sha, Path(path), source).kernel
 
 
 def _source_of(path: str) -> str:
@@ -615,12 +635,18 @@ def _launcher(
     n_ptrs: int,
     path: str,
     autotune: bool,
+    outer: bool | None = None,
 ) -> Launcher:
-    """The launcher of one loaded kernel module (compiled now, or found in the cache)."""
+    """The launcher of one loaded kernel module (compiled now, or found in the cache),
+    or (``outer`` given) of one to import at need: ``mod`` is then its importer."""
     from .xcompile import targets
 
-    lau = Launcher(mod.kernel, sha, is_reduction, persistent, has_atomics, autotune)
-    lau.outer = getattr(mod, "REDUCTION_HINT", "inner") == "outer"
+    if outer is None:  # an imported module
+        lau = Launcher(mod.kernel, sha, is_reduction, persistent, has_atomics, autotune)
+        lau.outer = getattr(mod, "REDUCTION_HINT", "inner") == "outer"
+    else:  # `mod`: what imports it (a warm start: only if a launch needs Triton's binder)
+        lau = Launcher(mod, sha, is_reduction, persistent, has_atomics, autotune, lazy=True)
+        lau.outer = outer
     lau.n_ptrs = n_ptrs
     lau.path = path
     lau.check_gpu = interpreting() and bool(targets())
