@@ -49,7 +49,7 @@ STAGES: dict[str, tuple[str, str]] = {
 }
 
 
-def _worker(model: str, batch: int, profile_out: str | None) -> dict[str, Any]:
+def _worker(model: str, batch: int, profile_out: str | None, steps: int) -> dict[str, Any]:
     t_start = time.process_time()
     os.environ["TRITON_INTERPRET"] = "0"
     import torch
@@ -87,6 +87,7 @@ def _worker(model: str, batch: int, profile_out: str | None) -> dict[str, Any]:
     import cProfile
     import pstats
 
+    before = dict(counts)
     prof = cProfile.Profile(time.process_time)
     t0 = time.process_time()
     prof.runcall(step)
@@ -100,6 +101,12 @@ def _worker(model: str, batch: int, profile_out: str | None) -> dict[str, Any]:
             if func == fname and file.replace(os.sep, "/").endswith(suffix):
                 stages[name] += row[3]  # cumulative
     stages["first step (all)"] = first
+    for _ in range(steps - 1):  # the cold process: later steps compile what the first ran eagerly
+        step()
+    modules: dict[str, int] = {}
+    for name in list(sys.modules):
+        top = name.split(".")[0]
+        modules[top] = modules.get(top, 0) + 1
     rep = getattr(fn, "stoker_report", None)
     import stoker_autograd
 
@@ -107,7 +114,10 @@ def _worker(model: str, batch: int, profile_out: str | None) -> dict[str, Any]:
         "imports: torch": t_torch - t_start,
         "imports: stoker (+ triton)": t_stoker - t_torch,
         "stages": stages,
-        "counts": dict(counts),
+        "counts": {k: v - before[k] for k, v in counts.items()},  # in the first step
+        "counts before": before,
+        "modules": dict(sorted(modules.items(), key=lambda kv: -kv[1])[:12]),
+        "stoker modules": sorted(m for m in sys.modules if m.startswith("stoker")),
         "summary": rep.summary() if rep is not None else {},
         "autograd": stoker_autograd.stats(),
     }
@@ -133,6 +143,10 @@ def _count_calls() -> dict[str, int]:
 
     def counted_init(self: Any, *a: Any, **k: Any) -> None:
         counts["JITFunction"] += 1
+        if os.environ.get("BENCH_WARM_WHO") and counts["JITFunction"] == 1:
+            import traceback
+
+            traceback.print_stack(file=sys.stderr)
         init(self, *a, **k)
 
     jit.JITFunction.__init__ = counted_init  # type: ignore[method-assign]
@@ -208,9 +222,10 @@ def main() -> int:
     ap.add_argument("--warm-only", action="store_true", help="reuse the filled --keep directory")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--profile-out", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=1, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        print(json.dumps(_worker(a.model, a.batch, a.profile_out)))
+        print(json.dumps(_worker(a.model, a.batch, a.profile_out, a.steps)))
         return 0
     root = a.keep or tempfile.mkdtemp(prefix="stoker-warm-")
     env = {
@@ -222,7 +237,12 @@ def main() -> int:
     }
     wargs = ["--model", a.model, "--batch", str(a.batch)]
     t0 = time.perf_counter()
-    cold = _run(env, wargs, 1800) if not a.warm_only else {"stages": {}, "counts": {}}
+    # two steps: the first backward runs the captured graph eagerly, the second compiles it
+    cold = (
+        _run(env, [*wargs, "--steps", "2"], 1800)
+        if not a.warm_only
+        else {"stages": {}, "counts": {}}
+    )
     print(f"cold process: {time.perf_counter() - t0:.1f} s wall; caches in {root}")
     warms = [_run(env, wargs, 900) for _ in range(a.repeat)]
     rows: dict[str, list[float]] = {}
@@ -238,6 +258,7 @@ def main() -> int:
         print(f"  {k:40s} {c:8.2f} {min(vs):8.2f}")
     print(f"  counts cold: {cold['counts']}")
     print(f"  counts warm: {warms[0]['counts']}")
+    print(f"  modules of a warm process: {warms[0]['modules']}")
     s = warms[0]["summary"]
     print(
         "  warm caches: graphs",
