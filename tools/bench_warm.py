@@ -32,6 +32,7 @@ from typing import Any
 
 # stage -> (module file suffix, function name) whose cumulative time is the stage
 STAGES: dict[str, tuple[str, str]] = {
+    "process to end of first step": ("", "-"),  # CPU time of the whole process
     "first step (all)": ("bench_warm.py", "step"),
     "Dynamo (convert_frame)": ("convert_frame.py", "_compile"),
     "stoker backend": ("stoker/_internal/backend.py", "__call__"),
@@ -45,7 +46,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "  autograd cache key": ("stoker_autograd/_internal/graphstore.py", "key"),
     "  autograd graph text": ("stoker_autograd/_internal/graphstore.py", "graph_text"),
     "backward (all)": ("torch/_tensor.py", "backward"),
-    "optimizer step": ("torch/optim/adamw.py", "step"),
+    "optimizer step": ("torch/optim/optimizer.py", "wrapper"),
 }
 
 
@@ -101,6 +102,7 @@ def _worker(model: str, batch: int, profile_out: str | None, steps: int) -> dict
             if func == fname and file.replace(os.sep, "/").endswith(suffix):
                 stages[name] += row[3]  # cumulative
     stages["first step (all)"] = first
+    stages["process to end of first step"] = time.process_time()
     for _ in range(steps - 1):  # the cold process: later steps compile what the first ran eagerly
         step()
     modules: dict[str, int] = {}
@@ -177,9 +179,11 @@ def _count_calls() -> dict[str, int]:
     return counts
 
 
-def _run(env: dict[str, str], args: list[str], timeout: float) -> dict[str, Any]:
+def _run(
+    env: dict[str, str], args: list[str], timeout: float, flags: tuple[str, ...] = ()
+) -> dict[str, Any]:
     p = subprocess.run(
-        [sys.executable, "-W", "ignore", __file__, "--worker", *args],
+        [sys.executable, *flags, "-W", "ignore", __file__, "--worker", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -220,6 +224,11 @@ def main() -> int:
     ap.add_argument("--imports", type=int, default=15, help="slowest imports to list (0: none)")
     ap.add_argument("--json", help="write the raw results here")
     ap.add_argument("--warm-only", action="store_true", help="reuse the filled --keep directory")
+    ap.add_argument(
+        "--no-pyc",
+        action="store_true",
+        help="warm processes read no bytecode cache (as on the GPU image): imports compile sources",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--profile-out", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=1, help=argparse.SUPPRESS)
@@ -244,14 +253,19 @@ def main() -> int:
         else {"stages": {}, "counts": {}}
     )
     print(f"cold process: {time.perf_counter() - t0:.1f} s wall; caches in {root}")
-    warms = [_run(env, wargs, 900) for _ in range(a.repeat)]
+    flags: tuple[str, ...] = ()
+    if a.no_pyc:  # the GPU image: every module compiled from source in every process
+        flags = ("-X", f"pycache_prefix={tempfile.mkdtemp(prefix='stoker-nopyc-')}")
+    wenv = {**env, "PYTHONDONTWRITEBYTECODE": "1"} if a.no_pyc else env
+    warms = [_run(wenv, wargs, 900, flags) for _ in range(a.repeat)]
     rows: dict[str, list[float]] = {}
     for w in warms:
         for k in ("imports: torch", "imports: stoker (+ triton)"):
             rows.setdefault(k, []).append(w[k])
         for k, v in w["stages"].items():
             rows.setdefault(k, []).append(v)
-    print(f"\nwarm first step of {a.model} (batch {a.batch}), CPU s, min of {a.repeat}:")
+    pyc = ", no bytecode cache" if a.no_pyc else ""
+    print(f"\nwarm first step of {a.model} (batch {a.batch}{pyc}), CPU s, min of {a.repeat}:")
     print(f"  {'stage':40s} {'cold':>8s} {'warm':>8s}")
     for k, vs in rows.items():
         c = cold.get(k, cold["stages"].get(k, 0.0))

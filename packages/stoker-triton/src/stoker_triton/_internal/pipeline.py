@@ -18,17 +18,13 @@ import operator
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sympy
 import torch
 import torch.fx
 
 from . import graphcache
-from .codegen_kernel import KernelSource, generate_kernel
-from .codegen_ops import PRELUDE, PRELUDE_BF16
-from .codegen_wrapper import generate_wrapper
-from .lowering import lower_graph
 from .report import CompileReport, KernelInfo
 from .runtime import (
     PRECOMPILE_SEED,
@@ -38,8 +34,12 @@ from .runtime import (
     native_target,
     precompile,
 )
-from .scheduler import PERSISTENT_RNUMEL_MAX, Kernel, schedule
-from .verify import verify_program, verify_schedule
+
+if TYPE_CHECKING:
+    from .codegen_kernel import KernelSource
+
+# Code generation (lowering, scheduler, codegen, verify: sympy-heavy) is imported by
+# the cold path only: a warm process that hits the compiled-graph cache never needs it.
 
 log = logging.getLogger("stoker.kernels")
 log_cache = logging.getLogger("stoker.cache")
@@ -73,7 +73,7 @@ def compile_graph_impl(
     options: dict[str, Any] | None = None,
 ) -> CompiledGraph:
     options = dict(options or {})
-    persistent_max = int(options.pop("persistent_rnumel_max", PERSISTENT_RNUMEL_MAX))
+    persistent_opt = options.pop("persistent_rnumel_max", None)  # None: the scheduler's default
     autotune = bool(options.pop("max_autotune", False))
     if options:
         raise TypeError(
@@ -92,12 +92,19 @@ def compile_graph_impl(
     if graphcache.enabled() and not debug:  # debug prints the IR: compile it
         with report.stage("cache"):
             key = graphcache.graph_key(
-                gm, fake_inputs, shape_env, {"prm": persistent_max, "at": autotune}, debug
+                gm, fake_inputs, shape_env, {"prm": persistent_opt, "at": autotune}, debug
             )
             hit = _load_cached(key, gm, shape_env, n_guards, autotune, report)
         if hit is not None:
             return hit
     caller_gm = gm  # get_attr constants are read from the caller's module on a hit
+    from .codegen_kernel import generate_kernel
+    from .codegen_wrapper import generate_wrapper
+    from .lowering import lower_graph
+    from .scheduler import PERSISTENT_RNUMEL_MAX, Kernel, schedule
+    from .verify import verify_program, verify_schedule
+
+    persistent_max = int(PERSISTENT_RNUMEL_MAX if persistent_opt is None else persistent_opt)
     with report.stage("prepare"):
         device = _device(fake_inputs)
         if native_target(device) is not None:  # a GPU: workers start while we lower
@@ -591,6 +598,8 @@ def _output_kind(gm: torch.fx.GraphModule) -> tuple[str, Any]:
 
 
 def kernel_module_source(ks: KernelSource) -> str:
+    from .codegen_ops import PRELUDE, PRELUDE_BF16
+
     body = ks.source.replace(f"def {ks.name}(", "def kernel(", 1)
     return (
         "# stoker-triton kernel\nimport triton\nimport triton.language as tl\n"
@@ -699,6 +708,8 @@ def _fill_report(
     shape_env: Any,
     n_guards: int,
 ) -> None:
+    from .scheduler import Kernel
+
     for step in sched.steps:
         if isinstance(step, Kernel):
             ks = kernels[step.name]
