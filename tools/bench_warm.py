@@ -68,7 +68,7 @@ def _worker(model: str, batch: int, profile_out: str | None, steps: int) -> dict
     from stoker._internal import backend as _backend
 
     if hasattr(_backend, "resolve_backend"):
-        _backend.resolve_backend = config.resolve_backend  # type: ignore[attr-defined]
+        _backend.resolve_backend = config.resolve_backend
 
     counts = _count_calls()
     entry = get_entry(model)
@@ -151,7 +151,7 @@ def _count_calls() -> dict[str, int]:
             traceback.print_stack(file=sys.stderr)
         init(self, *a, **k)
 
-    jit.JITFunction.__init__ = counted_init  # type: ignore[method-assign]
+    jit.JITFunction.__init__ = counted_init
     import triton.compiler.compiler as tcc
 
     comp = tcc.compile
@@ -163,7 +163,7 @@ def _count_calls() -> dict[str, int]:
     tcc.compile = counted_compile
     triton.compile = counted_compile
     triton.compiler.compile = counted_compile  # what JITFunction's binder imports
-    jit.compile = counted_compile  # type: ignore[attr-defined]
+    jit.compile = counted_compile
     try:
         from stoker_autograd._internal import capture
 
