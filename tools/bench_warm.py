@@ -50,7 +50,9 @@ STAGES: dict[str, tuple[str, str]] = {
 }
 
 
-def _worker(model: str, batch: int, profile_out: str | None, steps: int) -> dict[str, Any]:
+def _worker(
+    model: str, batch: int | None, profile_out: str | None, steps: int, smoke: bool
+) -> dict[str, Any]:
     t_start = time.process_time()
     os.environ["TRITON_INTERPRET"] = "0"
     import torch
@@ -72,7 +74,9 @@ def _worker(model: str, batch: int, profile_out: str | None, steps: int) -> dict
 
     counts = _count_calls()
     entry = get_entry(model)
-    size = dict(entry.size, batch=batch)
+    size = dict(entry.sized(smoke))
+    if batch is not None:
+        size["batch"] = batch
     torch.manual_seed(0)
     net = entry.build(size)
     inputs, target = entry.batch(size, torch.Generator().manual_seed(0))
@@ -219,6 +223,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="gpt-m")
     ap.add_argument("--batch", type=int, default=2, help="batch size (kernels do not change)")
+    ap.add_argument("--smoke", action="store_true", help="the model at its tiny smoke size")
     ap.add_argument("--repeat", type=int, default=3, help="warm processes; the min is reported")
     ap.add_argument("--keep", help="cache directory to use and keep (default: a temp dir)")
     ap.add_argument("--imports", type=int, default=15, help="slowest imports to list (0: none)")
@@ -234,7 +239,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=1, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        print(json.dumps(_worker(a.model, a.batch, a.profile_out, a.steps)))
+        print(json.dumps(_worker(a.model, a.batch, a.profile_out, a.steps, a.smoke)))
         return 0
     root = a.keep or tempfile.mkdtemp(prefix="stoker-warm-")
     env = {
@@ -244,7 +249,7 @@ def main() -> int:
         "TRITON_CACHE_DIR": os.path.join(root, "triton"),
         "STOKER_TRITON_CHECK_TARGETS": "",
     }
-    wargs = ["--model", a.model, "--batch", str(a.batch)]
+    wargs = ["--model", a.model, "--batch", str(a.batch), *(["--smoke"] if a.smoke else [])]
     t0 = time.perf_counter()
     # two steps: the first backward runs the captured graph eagerly, the second compiles it
     cold = (
