@@ -144,7 +144,11 @@ def options_hash(env: dict[str, Any], cfg: tuple[int, int, int]) -> str:
     for knob in ("instrumentation_mode", "fpsan_homomorphic_casts"):  # 3.6: the first; 3.9: both
         if hasattr(knobs.compilation, knob):
             kwargs[knob] = getattr(knobs.compilation, knob)
-    h: str = env["_backend"].parse_options(kwargs).hash()
+    memo: dict[str, str] = env.setdefault("_options", {})
+    key = repr(sorted(kwargs.items()))
+    h = memo.get(key)
+    if h is None:  # parsing the options: a millisecond, once per configuration and knobs
+        h = memo[key] = env["_backend"].parse_options(kwargs).hash()
     return h
 
 
