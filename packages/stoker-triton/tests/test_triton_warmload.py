@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from triton_helpers import run_on_fake_gpu
 
 from stoker_triton._internal.runtime import warmload
@@ -107,3 +108,19 @@ def test_records_of_another_environment_are_not_used(
     # the plain path: kernel modules imported, Triton's binder finds its cached binaries
     assert warm["counts"]["jit"] > 0 and warm["counts"]["run"] == n, warm
     assert warm["launches"] == cold["launches"]
+
+
+def test_a_record_s_launch_kind_separates_what_spec_key_separates() -> None:
+    t = torch.empty(64)
+    args = [
+        *((v,) for v in (1, 16, 17, 2**31, 2**31 + 1, 2**63, 2**63 + 1, True, 1.0)),
+        (t,),
+        (t[1:],),
+        (t.half(),),
+    ]
+    cfg = (1024, 1, 4)
+    texts = {warmload.spec_text(a, cfg) for a in args}
+    assert len(texts) == len(args) and None not in texts, texts
+    assert warmload.spec_text((t,), cfg) != warmload.spec_text((t,), (512, 1, 4))  # the config
+    assert warmload.spec_text((t,), cfg) == warmload.spec_text((torch.empty(8),), cfg)
+    assert warmload.spec_text((None,), cfg) is None  # no record: the plain path decides
