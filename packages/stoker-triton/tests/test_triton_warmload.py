@@ -124,3 +124,18 @@ def test_a_record_s_launch_kind_separates_what_spec_key_separates() -> None:
     assert warmload.spec_text((t,), cfg) != warmload.spec_text((t,), (512, 1, 4))  # the config
     assert warmload.spec_text((t,), cfg) == warmload.spec_text((torch.empty(8),), cfg)
     assert warmload.spec_text((None,), cfg) is None  # no record: the plain path decides
+
+
+def test_a_binary_gone_from_triton_s_cache_is_compiled_again(tmp_path: Path) -> None:
+    import shutil
+
+    cold = _run(tmp_path, "cold")
+    n = cold["kernels"]
+    shutil.rmtree(tmp_path / "triton")  # Triton's cache emptied; stoker's records remain
+    warm = _run(tmp_path, "warm")
+    assert warm["cache"] == "hit" and "hits" not in warm["warm"], warm
+    assert warm["warm"]["misses: binary not in Triton's cache"] == n, warm
+    # the plain path: modules imported, every kernel compiled again (and recorded again)
+    assert warm["counts"]["jit"] > 0 and warm["counts"]["compile"] == n, warm
+    assert warm["warm"]["records"] == n, warm
+    assert warm["launches"] == cold["launches"]

@@ -78,7 +78,7 @@ class Launcher:
         self.check_gpu = False  # cross-compile for STOKER_TRITON_CHECK_TARGETS (set by the loader)
         # compiled binaries launched without Triton's binder (none under the interpreter)
         self.fast: FastPath | None = None if self.interpret else fast_path_for(self._fn, lazy)
-        # binaries a earlier process launched, by `warmload.spec_text` (read at the first launch)
+        # binaries an earlier process launched, by `warmload.spec_text` (read at the first launch)
         self.binaries: dict[str, Any] | None = None
 
     @property

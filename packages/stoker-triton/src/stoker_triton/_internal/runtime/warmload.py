@@ -237,7 +237,12 @@ def compiled_kernel(rec: dict[str, Any], cfg: tuple[int, int, int]) -> Any:
     if not group or rec["metadata"] not in group:
         count("misses: binary not in Triton's cache")
         return None
-    kernel = CompiledKernel(_Source(rec), group, rec["hash"])
+    try:
+        kernel = CompiledKernel(_Source(rec), group, rec["hash"])
+    except Exception as e:  # a file gone or broken since: Triton's own path decides
+        log.info("stoker-triton: warm load of %s failed (%s: %s)", rec["hash"], type(e).__name__, e)
+        count("misses: unreadable binary")
+        return None
     count("hits")
     return kernel
 
