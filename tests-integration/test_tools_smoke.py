@@ -181,3 +181,38 @@ def test_bench_ddp_smoke_counts_a_segment_per_bucket(tmp_path):
     assert 1 < buckets < params and hooks == buckets, proc.stdout
     assert segments in (buckets, buckets + 1), proc.stdout
     assert "stoker " in proc.stdout and "eager DDP " in proc.stdout
+
+
+def test_bench_warm_smoke_loads_every_kernel_without_triton_jit(tmp_path):
+    """``tools/bench_warm.py``: issue 12's warm start on Triton's real launch path (the
+    stand-in sm_90 driver), here on the tiny GPT: the warm process hits every cache and
+    launches every kernel from a recorded binary, with no JITFunction and no compile."""
+    import json
+
+    out = tmp_path / "warm.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "bench_warm.py"),
+            "--smoke",
+            "--repeat",
+            "1",
+            "--imports",
+            "0",
+            "--keep",
+            str(tmp_path / "cache"),
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "kernel modules load" in proc.stdout, proc.stdout
+    res = json.loads(out.read_text())
+    cold, (warm,) = res["cold"], res["warm"]
+    assert cold["counts"]["JITFunction"] > 0 and cold["counts"]["triton.compile"] > 0, cold
+    assert warm["counts"]["JITFunction"] == 0 and warm["counts"]["triton.compile"] == 0, warm
+    assert warm["summary"]["cache_misses"] == 0 and warm["summary"]["cache_hits"] >= 2, warm
+    assert warm["autograd"]["disk_hits"] >= 1 and warm["autograd"]["compiles"] == 0, warm

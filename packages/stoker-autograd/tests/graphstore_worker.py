@@ -64,8 +64,30 @@ def build(name: str, seen: list[str], scale: float) -> nn.Module:
     raise SystemExit(f"unknown model {name}")
 
 
+def count_passes() -> dict[str, int]:
+    """How often the reordering passes ran and a captured graph became a module."""
+    from stoker_autograd import passes
+    from stoker_autograd._internal import capture
+
+    counts = {"passes": 0, "captured graph modules": 0}
+    run_all, graph_module = passes.run_all, capture.graph_module
+
+    def counted_run_all(*a: Any, **k: Any) -> Any:
+        counts["passes"] += 1
+        return run_all(*a, **k)
+
+    def counted_graph_module(*a: Any, **k: Any) -> Any:
+        counts["captured graph modules"] += 1
+        return graph_module(*a, **k)
+
+    passes.run_all = counted_run_all  # type: ignore[assignment]
+    capture.graph_module = counted_graph_module  # type: ignore[assignment]
+    return counts
+
+
 def main() -> None:
     name, seed = sys.argv[1], int(sys.argv[2])
+    counts = count_passes()
     scale = 1.0 + seed  # another float on ctx in every process
     seen_eager: list[str] = []
     seen: list[str] = []
@@ -89,6 +111,7 @@ def main() -> None:
         "diff": diff,
         "seen": seen,
         "seen_eager": seen_eager,
+        "counts": counts,
     }
     print(json.dumps(out))
 

@@ -54,6 +54,9 @@ def test_second_process_loads_the_backward(model: str, tmp_path: Path) -> None:
     assert warm["outcomes"] == {"hit": 1}, warm
     assert warm["diff"] < 1e-5, warm
     assert warm["seen"] == warm["seen_eager"], warm  # post-accumulate-grad hooks, eager order
+    # keyed on the graph as captured: a hit runs no reordering pass and makes no module of it
+    assert cold["counts"]["passes"] >= 1 and cold["counts"]["captured graph modules"] == 1, cold
+    assert warm["counts"] == {"passes": 0, "captured graph modules": 0}, warm
 
 
 def test_a_changed_model_misses(tmp_path: Path) -> None:

@@ -66,21 +66,25 @@ else:  # a symbolic batch: precompiled at the shape env's hints
 assert not events, events  # compiling the graph compiled nothing in this process
 for _ in range(3):  # new random seeds each call: still one binary per kernel
     fn(*args)
-assert len(runs) == len(fn.report.kernels), runs  # later calls launch without the binder
+# later calls launch without the binder; binaries recorded by an earlier process, never
+from stoker_triton._internal.runtime import warmload
+warm = warmload.stats.get("hits", 0)
+assert len(runs) == len(fn.report.kernels) - warm, (runs, warmload.stats)
 from stoker_triton._internal import xcompile
 started = int(xcompile._pool is not None)
 if started:  # forked from the zygote, not one interpreter per worker
     assert xcompile._pool.mode == "fork" and xcompile._pool.fallback is None, xcompile._pool.fallback
     assert xcompile._pool.zygote.forks >= 1
-print("RESULT", len(fn.report.kernels), events.count(False), events.count(True), started)
+print("RESULT", len(fn.report.kernels), events.count(False), events.count(True), started, warm)
 """
 
 
-def _run_full(tmp_path: Path, mode: str, shapes: str) -> tuple[int, int, int, int]:
+def _run_full(tmp_path: Path, mode: str, shapes: str) -> tuple[int, int, int, int, int]:
+    """(kernels, Triton compiles, Triton cache loads, workers started, warm-loaded binaries)."""
     out = run_on_fake_gpu(tmp_path, _SCRIPT, mode, shapes, name="launch")
     line = next(ln for ln in out.splitlines() if ln.startswith("RESULT"))
-    kernels, compiled, loaded, started = (int(v) for v in line.split()[1:])
-    return kernels, compiled, loaded, started
+    kernels, compiled, loaded, started, warm = (int(v) for v in line.split()[1:])
+    return kernels, compiled, loaded, started, warm
 
 
 def _run(tmp_path: Path, mode: str, shapes: str) -> tuple[int, int, int]:
@@ -89,14 +93,15 @@ def _run(tmp_path: Path, mode: str, shapes: str) -> tuple[int, int, int]:
 
 @pytest.mark.parametrize("shapes", ["static", "dynamic"])
 def test_the_launch_loads_what_the_precompile_built(tmp_path: Path, shapes: str) -> None:
-    kernels, compiled, loaded, started = _run_full(tmp_path, "precompile", shapes)
-    assert kernels >= 3 and started
+    kernels, compiled, loaded, started, warm = _run_full(tmp_path, "precompile", shapes)
+    assert kernels >= 3 and started and warm == 0
     assert compiled == 0 and loaded == kernels, (kernels, compiled, loaded)
     if shapes == "static":
         # a second process with the same caches (a warm start) starts no compile workers:
-        # on an H100 that start cost a warm gpt-m many seconds before these markers
+        # on an H100 that start cost a warm gpt-m many seconds before these markers;
+        # and it launches the binaries the first one recorded, asking Triton for none
         again = _run_full(tmp_path, "precompile", shapes)
-        assert again == (kernels, 0, kernels, 0), again
+        assert again == (kernels, 0, 0, 0, kernels), again
 
 
 def test_without_the_precompile_the_launch_compiles(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from stoker_shapes import Dim
 from stoker_shapes._internal import diskcache
 from stoker_triton import compile_graph
 from stoker_triton._internal import graphcache
-from stoker_triton._internal import pipeline as pipeline_mod
+from stoker_triton._internal import lowering as lowering_mod
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -35,13 +35,13 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("STOKER_TRITON_GRAPH_CACHE", "1")
     monkeypatch.setattr(diskcache, "_warned", set())
     lowered = []
-    real = pipeline_mod.lower_graph
+    real = lowering_mod.lower_graph  # imported by the cold path only
 
     def counting(*a, **k):
         lowered.append(1)
         return real(*a, **k)
 
-    monkeypatch.setattr(pipeline_mod, "lower_graph", counting)
+    monkeypatch.setattr(lowering_mod, "lower_graph", counting)
     return lowered
 
 
@@ -149,10 +149,10 @@ import json, os, sys
 sys.path.insert(0, {here!r})
 import torch
 import test_triton_graph_cache as t
-from stoker_triton._internal import graphcache, pipeline
+from stoker_triton._internal import graphcache, lowering
 lowered = []
-real = pipeline.lower_graph
-pipeline.lower_graph = lambda *a, **k: (lowered.append(1), real(*a, **k))[1]
+real = lowering.lower_graph
+lowering.lower_graph = lambda *a, **k: (lowered.append(1), real(*a, **k))[1]
 torch.manual_seed(0)
 static = t._static(t._mlp, torch.randn(4, 8), torch.randn(8, 16), torch.randn(16))
 dyn, guards = t._dynamic(t._softmax, [torch.randn(4, 24)], [{{1: t.Dim("row", max=100000)}}])

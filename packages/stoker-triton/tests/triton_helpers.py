@@ -92,9 +92,12 @@ def check(
     return fn
 
 
-def run_on_fake_gpu(tmp_path: Any, script: str, *argv: str, name: str = "script") -> str:
+def run_on_fake_gpu(
+    tmp_path: Any, script: str, *argv: str, name: str = "script", triton_cache: str = ""
+) -> str:
     """Run `script` in a new process with ``TRITON_INTERPRET=0``, fresh stoker and
-    Triton caches under `tmp_path`, and return its stdout. The script installs
+    Triton caches under `tmp_path` (``triton_cache``: the Triton cache's name there,
+    to share it between processes), and return its stdout. The script installs
     `stoker_triton._internal.fakegpu` (a stand-in sm_90 driver) before launching."""
     import os
     import subprocess
@@ -106,7 +109,7 @@ def run_on_fake_gpu(tmp_path: Any, script: str, *argv: str, name: str = "script"
         **os.environ,
         "TRITON_INTERPRET": "0",
         "STOKER_CACHE_DIR": str(tmp_path / "stoker"),
-        "TRITON_CACHE_DIR": str(tmp_path / f"triton-{name}-{'-'.join(argv)}"),
+        "TRITON_CACHE_DIR": str(tmp_path / (triton_cache or f"triton-{name}-{'-'.join(argv)}")),
         "TRITON_DEFAULT_FP_FUSION": "1",
     }
     proc = subprocess.run(

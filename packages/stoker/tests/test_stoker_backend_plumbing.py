@@ -40,8 +40,13 @@ def _model() -> torch.nn.Module:
 
 
 def test_report_guards_recompiles_and_autograd(
-    stub_capture: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    stub_capture: None,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # a cache of its own: it counts compiles, which an earlier run's disk hits would skip
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "cache"))
     path = tmp_path / "r.html"
     stoker.set_logs("recompiles,guards")
     try:

@@ -24,6 +24,7 @@ from stoker._internal.report import (
     GuardRecord,
     KernelRecord,
     PartitionRecord,
+    ReadableCode,
     RecompileRecord,
     Report,
     SavedValue,
@@ -170,6 +171,25 @@ def _sample_report(path: str | None = None) -> Report:
     )
     r.autograd = {"captures": 1, "cache_hits": 3}
     return r
+
+
+def test_a_graph_s_code_is_printed_only_when_a_report_shows_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gm = torch.fx.symbolic_trace(lambda x: torch.relu(x) + 1)
+    printed = []
+    real = type(gm).print_readable
+    monkeypatch.setattr(
+        type(gm), "print_readable", lambda self, **k: printed.append(1) or real(self, **k)
+    )
+    r = Report()
+    r.new_compile("f #0/0", "aten").graphs.append(GraphRecord("dynamo", ReadableCode(gm), 2))
+    assert printed == []  # recorded, not printed
+    code = gm.print_readable(print_output=False)
+    printed.clear()
+    assert json.loads(r.to_json())["compiles"][0]["graphs"][0]["code"] == code
+    assert html.escape(code).split("\n")[0] in r.to_html()
+    assert printed == [1]  # once, then kept
 
 
 class _Collect(html.parser.HTMLParser):

@@ -20,6 +20,18 @@ from stoker._internal.report import Report
 _TRAIN = """
 import json, os, torch, torch.nn as nn, stoker
 dev, backend = os.environ["TRAIN_DEVICE"], os.environ["TRAIN_BACKEND"]
+jit = {"JITFunctions made": 0, "Triton compiles": 0}
+if backend == "triton":  # count Triton's front end: a warm process should not reach it
+    import triton.compiler
+    from triton.runtime.jit import JITFunction
+    _init, _compile = JITFunction.__init__, triton.compiler.compile
+    def _counted_init(self, *a, **k):
+        jit["JITFunctions made"] += 1
+        _init(self, *a, **k)
+    def _counted_compile(*a, **k):
+        jit["Triton compiles"] += 1
+        return _compile(*a, **k)
+    JITFunction.__init__, triton.compiler.compile = _counted_init, _counted_compile
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).to(dev)
 ref = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).to(dev)
@@ -37,8 +49,13 @@ for step in range(2):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
 import stoker_autograd
+warm = {}
+if backend == "triton":
+    from stoker_triton._internal.runtime import warmload
+    warm = dict(warmload.stats)
 print(json.dumps(cm.stoker_report.summary() | {"outcomes": cm.stoker_report.graph_cache,
-                                               "autograd": stoker_autograd.stats()}))
+                                               "autograd": stoker_autograd.stats(),
+                                               "jit": jit, "warmload": warm}))
 """
 
 
@@ -130,3 +147,9 @@ def test_a_second_gpu_process_skips_capture_partition_and_codegen(tmp_path: Path
         tmp_path, TRAIN_DEVICE="cuda", TRAIN_BACKEND="triton", TRITON_INTERPRET="0"
     )
     _check_every_graph_loaded(runs, logs)
+    # every kernel launched from the binary the cold process recorded (runtime/warmload.py):
+    # no kernel module imported, no JITFunction made, no Triton compile or cache lookup
+    cold, warm = runs
+    assert cold["jit"]["Triton compiles"] > 0 and cold["warmload"].get("records", 0) > 0, cold
+    assert warm["jit"] == {"JITFunctions made": 0, "Triton compiles": 0}, warm
+    assert warm["warmload"].get("hits") == cold["warmload"]["records"], warm["warmload"]

@@ -431,12 +431,11 @@ class CaptureInstance:
         for node in graph.nodes:
             for key in ("tensor_meta", "example_value", "val"):
                 node.meta.pop(key, None)
-        from ..passes import run_all
-
-        graph = run_all(graph)
+        # the reordering passes and the graph module: at the first use of `gm`, which a
+        # warm-start cache hit never makes (its key is the captured graph's text)
         compiled = CompiledBackward(
             self.session,
-            graph_module(self.tracer.root, graph, f"StokerBackward{self.id}"),
+            (self.tracer.root, graph, f"StokerBackward{self.id}"),
             self.sym_sources,
             self.id,
         )

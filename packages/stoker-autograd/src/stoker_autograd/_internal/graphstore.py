@@ -11,7 +11,7 @@ stoker-triton's compiled-graph cache finds its segments.
 
 | what decides the key | how |
 |---|---|
-| the captured graph | after the reordering passes, every node: op, target (a functional backward by the engine's name, functions by qualified name), arguments (nodes by position, so an inlined AOT backward is keyed by its content, not by its id), the output metadata a custom backward promised |
+| the captured graph | as captured, before the reordering passes (pure functions of it, and of stoker-autograd's sources, which the key hashes; a hit never runs them), every node: op, target (a functional backward by the engine's name, functions by qualified name), arguments (nodes by position, so an inlined AOT backward is keyed by its content, not by its id), the output metadata a custom backward promised |
 | the inputs | each tensor's sizes, strides, offset, dtype, device, requires_grad, type; the sizes and scalars the engine lifted, by value and type |
 | the shape state | the positions already seen to change (symbolic from now on), how capture symbols map to sizes and scalars |
 | the session | dynamic or not, the compiler's qualified name, grad mode (``create_graph``) |
@@ -162,14 +162,21 @@ def _arg_text(a: Any, index: dict[fx.Node, int]) -> str:
     raise Uncacheable(f"a captured-graph argument of type {type(a).__qualname__}")
 
 
-def graph_text(gm: fx.GraphModule, sym_sources: dict[sympy.Symbol, tuple[str, int]]) -> str:
-    """The captured graph as text that names no node and no object id (the key's part)."""
+def graph_text(
+    gm: fx.GraphModule | fx.Graph,
+    sym_sources: dict[sympy.Symbol, tuple[str, int]],
+    root: torch.nn.Module | None = None,
+) -> str:
+    """The captured graph as text that names no node and no object id (the key's part).
+    ``gm``: a graph module, or a graph whose constants are attributes of ``root``."""
+    graph = gm if isinstance(gm, fx.Graph) else gm.graph
+    owner = gm if root is None else root
     index: dict[fx.Node, int] = {}
     lines: list[str] = []
-    for i, n in enumerate(gm.graph.nodes):
+    for i, n in enumerate(graph.nodes):
         index[n] = i
         if n.op == "get_attr":  # a constant of an inlined AOT backward: by its values
-            lines.append(f"get_attr {_const_digest(getattr(gm, str(n.target)))}")
+            lines.append(f"get_attr {_const_digest(getattr(owner, str(n.target)))}")
             continue
         if n.op == "call_function" and n.target is ops.call_hook:
             if n.kwargs.get("hook_type") == "unpack_hook":

@@ -86,12 +86,15 @@ class CompiledBackward:
     def __init__(
         self,
         session: Session,
-        gm: fx.GraphModule,
+        gm: fx.GraphModule | tuple[torch.nn.Module, fx.Graph, str],
         sym_sources: dict[sympy.Symbol, tuple[str, int]],
         capture_id: int,
     ) -> None:
         self.session = session
-        self.gm = gm  # the captured graph, after the reordering passes
+        # the captured graph after the reordering passes, or (root, the graph as captured,
+        # name): passed and made a module at the first use of `gm`
+        self._gm = gm if isinstance(gm, fx.GraphModule) else None
+        self._captured = None if isinstance(gm, fx.GraphModule) else gm
         self.sym_sources = sym_sources
         self.capture_id = capture_id
         self.variants: list[Variant] = []
@@ -103,6 +106,18 @@ class CompiledBackward:
         self._graph_text: str | None = None  # the disk-cache key's graph part ("": uncacheable)
         self._key: str | None = None  # the disk-cache key of the compile under way
         self._entry: list[dict[str, Any]] | None = None  # its retraced graph, serialized
+
+    @property
+    def gm(self) -> fx.GraphModule:
+        """The captured graph after the reordering passes (run now if not yet)."""
+        if self._gm is None:
+            from ..passes import run_all
+            from .capture import graph_module
+
+            assert self._captured is not None
+            root, graph, name = self._captured
+            self._gm = graph_module(root, run_all(graph), name)
+        return self._gm
 
     def __call__(
         self,
@@ -214,7 +229,11 @@ class CompiledBackward:
             if not graphstore.enabled():
                 return None
             try:
-                self._graph_text = graphstore.graph_text(self.gm, self.sym_sources)
+                if self._captured is not None:  # keyed as captured: no passes run for a hit
+                    root, graph, _ = self._captured
+                    self._graph_text = graphstore.graph_text(graph, self.sym_sources, root)
+                else:
+                    self._graph_text = graphstore.graph_text(self.gm, self.sym_sources)
             except graphstore.Uncacheable as e:
                 self._uncacheable(str(e))
                 return None

@@ -50,7 +50,7 @@ from stoker_shapes._internal.cachekey import shape_env_text as _shape_env_text
 from stoker_shapes._internal.cachekey import val_text as _val_text
 
 from .report import CompileReport, KernelInfo
-from .runtime.modules import MODULE_FORMAT, cache_dir, interpreting, load_stored
+from .runtime.modules import MODULE_FORMAT, cache_dir, interpreting, load_stored, read_stored
 
 log = logging.getLogger("stoker.cache")
 
@@ -219,11 +219,12 @@ def _read(key: str) -> tuple[list[Entry], str]:
 
 @dataclasses.dataclass
 class Loaded:
-    """A hit: the wrapper module, kernel modules and their files, the consts."""
+    """A hit: the wrapper module, the kernel modules' sources and files (imported
+    only when a launch needs Triton's binder: `runtime.warmload`), the consts."""
 
     wrapper: Any
     wrapper_path: str
-    kernels: dict[str, tuple[Any, str]]  # name -> (module, path)
+    kernels: dict[str, tuple[str, str]]  # name -> (source, path)
     consts: dict[str, Any]
     entry: Entry
 
@@ -242,14 +243,14 @@ def load(key: str, gm: torch.fx.GraphModule, shape_env: Any) -> Loaded | str:
             log.warning("stoker cache: ignoring an entry of %s (%s)", store().path(key), e)
             return "corrupt entry"
         wrapper = load_stored("wrappers", entry.wrapper)
-        kernels = {name: load_stored("kernels", k.sha) for name, k in entry.kernels.items()}
+        kernels = {name: read_stored("kernels", k.sha) for name, k in entry.kernels.items()}
         if wrapper is None or any(v is None for v in kernels.values()):
             return "missing module"
         replay(entry.guards, shape_env)
         return Loaded(
             wrapper[0],
             str(wrapper[1]),
-            {n: (m[0], str(m[1])) for n, m in kernels.items() if m is not None},
+            {n: (m[1], str(m[0])) for n, m in kernels.items() if m is not None},
             consts,
             entry,
         )

@@ -18,17 +18,13 @@ import operator
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sympy
 import torch
 import torch.fx
 
 from . import graphcache
-from .codegen_kernel import KernelSource, generate_kernel
-from .codegen_ops import PRELUDE, PRELUDE_BF16
-from .codegen_wrapper import generate_wrapper
-from .lowering import lower_graph
 from .report import CompileReport, KernelInfo
 from .runtime import (
     PRECOMPILE_SEED,
@@ -38,8 +34,12 @@ from .runtime import (
     native_target,
     precompile,
 )
-from .scheduler import PERSISTENT_RNUMEL_MAX, Kernel, schedule
-from .verify import verify_program, verify_schedule
+
+if TYPE_CHECKING:
+    from .codegen_kernel import KernelSource
+
+# Code generation (lowering, scheduler, codegen, verify: sympy-heavy) is imported by
+# the cold path only: a warm process that hits the compiled-graph cache never needs it.
 
 log = logging.getLogger("stoker.kernels")
 log_cache = logging.getLogger("stoker.cache")
@@ -73,7 +73,7 @@ def compile_graph_impl(
     options: dict[str, Any] | None = None,
 ) -> CompiledGraph:
     options = dict(options or {})
-    persistent_max = int(options.pop("persistent_rnumel_max", PERSISTENT_RNUMEL_MAX))
+    persistent_opt = options.pop("persistent_rnumel_max", None)  # None: the scheduler's default
     autotune = bool(options.pop("max_autotune", False))
     if options:
         raise TypeError(
@@ -92,12 +92,19 @@ def compile_graph_impl(
     if graphcache.enabled() and not debug:  # debug prints the IR: compile it
         with report.stage("cache"):
             key = graphcache.graph_key(
-                gm, fake_inputs, shape_env, {"prm": persistent_max, "at": autotune}, debug
+                gm, fake_inputs, shape_env, {"prm": persistent_opt, "at": autotune}, debug
             )
             hit = _load_cached(key, gm, shape_env, n_guards, autotune, report)
         if hit is not None:
             return hit
     caller_gm = gm  # get_attr constants are read from the caller's module on a hit
+    from .codegen_kernel import generate_kernel
+    from .codegen_wrapper import generate_wrapper
+    from .lowering import lower_graph
+    from .scheduler import PERSISTENT_RNUMEL_MAX, Kernel, schedule
+    from .verify import verify_program, verify_schedule
+
+    persistent_max = int(PERSISTENT_RNUMEL_MAX if persistent_opt is None else persistent_opt)
     with report.stage("prepare"):
         device = _device(fake_inputs)
         if native_target(device) is not None:  # a GPU: workers start while we lower
@@ -171,9 +178,17 @@ def _load_cached(
     entry = got.entry
     launchers = {
         name: _launcher(
-            mod, k.sha, k.is_reduction, k.persistent, k.has_atomics, k.n_ptrs, path, autotune
+            _importer(k.sha, path, src),
+            k.sha,
+            k.is_reduction,
+            k.persistent,
+            k.has_atomics,
+            k.n_ptrs,
+            path,
+            autotune,
+            outer=_OUTER in src,
         )
-        for name, (mod, path), k in ((n, got.kernels[n], entry.kernels[n]) for n in entry.kernels)
+        for name, (src, path), k in ((n, got.kernels[n], entry.kernels[n]) for n in entry.kernels)
     }
     call = got.wrapper.make_call(launchers, got.consts)
     added = [str(g.expr) for g in shape_env.guards[n_guards:]] if shape_env is not None else []
@@ -182,6 +197,18 @@ def _load_cached(
     report.cache = "hit"
     log_cache.info("compiled-graph cache hit: %s (%d kernels)", key, len(launchers))
     return CompiledGraph(call, report, _source_of(got.wrapper_path), entry.out_spec)
+
+
+_OUTER = "\nREDUCTION_HINT = 'outer'\n"  # as `kernel_module_source` writes it
+
+
+def _importer(sha: str, path: str, source: str) -> Callable[[], Any]:
+    """Imports a cached kernel module and returns its kernel (a warm launcher's `fn`)."""
+    from pathlib import Path
+
+    from .runtime.modules import import_stored
+
+    return lambda: import_stored("kernels", sha, Path(path), source).kernel
 
 
 def _source_of(path: str) -> str:
@@ -575,6 +602,8 @@ def _output_kind(gm: torch.fx.GraphModule) -> tuple[str, Any]:
 
 
 def kernel_module_source(ks: KernelSource) -> str:
+    from .codegen_ops import PRELUDE, PRELUDE_BF16
+
     body = ks.source.replace(f"def {ks.name}(", "def kernel(", 1)
     return (
         "# stoker-triton kernel\nimport triton\nimport triton.language as tl\n"
@@ -624,12 +653,18 @@ def _launcher(
     n_ptrs: int,
     path: str,
     autotune: bool,
+    outer: bool | None = None,
 ) -> Launcher:
-    """The launcher of one loaded kernel module (compiled now, or found in the cache)."""
+    """The launcher of one loaded kernel module (compiled now, or found in the cache),
+    or (``outer`` given) of one to import at need: ``mod`` is then its importer."""
     from .xcompile import targets
 
-    lau = Launcher(mod.kernel, sha, is_reduction, persistent, has_atomics, autotune)
-    lau.outer = getattr(mod, "REDUCTION_HINT", "inner") == "outer"
+    if outer is None:  # an imported module
+        lau = Launcher(mod.kernel, sha, is_reduction, persistent, has_atomics, autotune)
+        lau.outer = getattr(mod, "REDUCTION_HINT", "inner") == "outer"
+    else:  # `mod`: what imports it (a warm start: only if a launch needs Triton's binder)
+        lau = Launcher(mod, sha, is_reduction, persistent, has_atomics, autotune, lazy=True)
+        lau.outer = outer
     lau.n_ptrs = n_ptrs
     lau.path = path
     lau.check_gpu = interpreting() and bool(targets())
@@ -682,6 +717,8 @@ def _fill_report(
     shape_env: Any,
     n_guards: int,
 ) -> None:
+    from .scheduler import Kernel
+
     for step in sched.steps:
         if isinstance(step, Kernel):
             ks = kernels[step.name]

@@ -35,6 +35,7 @@ from .report import (
     GuardRecord,
     KernelRecord,
     PartitionRecord,
+    ReadableCode,
     RecompileRecord,
     Report,
     SavedValue,
@@ -238,11 +239,7 @@ class StokerBackend:
         self._seen_failures = now
 
     def _log_graph(self, rec: CompileRecord, stage: str, gm: fx.GraphModule) -> None:
-        code = (
-            gm.print_readable(print_output=False)
-            if hasattr(gm, "print_readable")
-            else str(gm.graph)
-        )
+        code = ReadableCode(gm)  # printed when a report or the log shows it
         nodes = sum(1 for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr"))
         rec.graphs.append(GraphRecord(stage, code, nodes))
         logs.logger("graphs").info("%s, %s graph (%d nodes):\n%s", _label(rec), stage, nodes, code)
@@ -351,11 +348,7 @@ def autograd_compiler(opts: CompileOptions, first_report: Report) -> Callable[..
         executor = resolve_backend(opts.backend, _devices(gm, example_inputs))
         report = _CURRENT_REPORT[0] if _CURRENT_REPORT else first_report
         nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
-        code = (
-            gm.print_readable(print_output=False)
-            if hasattr(gm, "print_readable")
-            else str(gm.graph)
-        )
+        code = ReadableCode(gm)  # printed when a report or the log shows it
         stage = f"compiled autograd graph {len(report.autograd_graphs)} [{executor}]"
         report.autograd_graphs.append(GraphRecord(stage, code, nodes))
         logs.logger("graphs").info("%s (%d ops):\n%s", stage, nodes, code)

@@ -3,7 +3,7 @@
 stoker's own cache is ``$STOKER_CACHE_DIR`` (default ``~/.cache/stoker``): one
 folder per kind of entry (``capture/graphs``: stoker-capture's partitioned
 forward and backward per Dynamo graph; ``triton/graphs``: compiled graphs, each naming its
-modules in ``triton/kernels`` and ``triton/wrappers``; ``triton/autotune``;
+modules in ``triton/kernels`` and ``triton/wrappers``; ``triton/autotune``; ``triton/binaries``: per kernel, the Triton binaries it launched;
 ``autograd/graphs``: compiled autograd's retraced backward graphs),
 each file a checked `stoker_shapes.DiskCache` entry.
 Triton keeps the compiled binaries in its own cache (``$TRITON_CACHE_DIR``,
@@ -27,6 +27,7 @@ KINDS: dict[str, str] = {
     "triton/kernels": "generated Triton kernel modules",
     "triton/wrappers": "generated wrapper modules",
     "triton/autotune": "max-autotune choices",
+    "triton/binaries": "the Triton binary each kernel launched: a warm process loads it directly",
     "autograd/graphs": "compiled autograd's retraced backwards: a warm process skips the retrace",
 }
 

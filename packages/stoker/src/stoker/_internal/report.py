@@ -33,10 +33,36 @@ SECTIONS: tuple[tuple[str, str], ...] = (
 )
 
 
+class ReadableCode:
+    """A graph module's readable code, made when first read (`str`; the graph as it is
+    then, or at once where `STOKER_LOGS=graphs` logs it): printing every
+    compiled graph cost 0.5 s of a warm gpt-m start, and most reports never show it.
+    A copy (`dataclasses.asdict`, hence `Report.to_json`) is the text."""
+
+    __slots__ = ("_gm", "_text")
+
+    def __init__(self, gm: Any) -> None:
+        self._gm: Any = gm
+        self._text: str | None = None
+
+    def __str__(self) -> str:
+        if self._text is None:
+            gm, self._gm = self._gm, None
+            self._text = (
+                gm.print_readable(print_output=False)
+                if hasattr(gm, "print_readable")
+                else str(gm.graph)
+            )
+        return self._text
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> str:
+        return str(self)
+
+
 @dataclass
 class GraphRecord:
     stage: str  # e.g. "dynamo", "forward", "backward"
-    code: str  # readable FX code
+    code: str | ReadableCode  # readable FX code (`str(code)`)
     nodes: int  # number of call nodes
 
 
@@ -292,7 +318,7 @@ def _render(r: Report) -> str:
         for gr in c.graphs:
             g.append(
                 f"<details><summary>{_e(gr.stage)} <span class=muted>({gr.nodes} nodes)</span>"
-                f"</summary><pre>{_e(gr.code)}</pre></details>"
+                f"</summary><pre>{_e(str(gr.code))}</pre></details>"
             )
     parts.append("".join(g) or '<p class="muted">none recorded</p>')
     # guards
@@ -361,7 +387,7 @@ def _render(r: Report) -> str:
     for gr in r.autograd_graphs:
         ag += (
             f"<details><summary>{_e(gr.stage)} <span class=muted>({gr.nodes} nodes)</span>"
-            f"</summary><pre>{_e(gr.code)}</pre></details>"
+            f"</summary><pre>{_e(str(gr.code))}</pre></details>"
         )
     parts.append(ag)
     parts.append(_render_cudagraphs(r.cudagraphs, r.options.get("mode")))

@@ -4,6 +4,7 @@ small autotuner, and helpers the generated wrapper calls. One file per job:
 - `modules.py`: generated modules in the disk cache, imported from memory;
 - `launcher.py`: `Launcher`, what the wrapper calls per kernel launch;
 - `fastlaunch.py`: the lean launch path (compiled binaries called directly);
+- `warmload.py`: a warm process launches the binaries an earlier one recorded;
 - `autotune.py`: autotune results on disk;
 - `layout.py`: input layouts and random seeds for the wrapper;
 - here: the parallel precompile, and the names the wrappers import.
@@ -11,7 +12,8 @@ small autotuner, and helpers the generated wrapper calls. One file per job:
 Cache layout under `$STOKER_CACHE_DIR` (default `~/.cache/stoker`):
 `triton/kernels/<sha>.py` (kernel source, keyed by its content),
 `triton/wrappers/<sha>.py` (wrapper source), `triton/autotune/<sha>.json`
-(best config per size for one kernel). Every file is a `stoker_shapes.DiskCache`
+(best config per size for one kernel), `triton/binaries/<sha>.json` (per kernel
+and launch kind, the Triton binary an earlier process launched). Every file is a `stoker_shapes.DiskCache`
 entry: written atomically, checked on read (a broken one is a miss, rewritten).
 Triton keeps the compiled binaries in its own cache, keyed by the same source
 and the launch options.

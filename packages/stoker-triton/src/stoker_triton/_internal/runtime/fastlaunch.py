@@ -188,7 +188,7 @@ class FastPath:
     __slots__ = ("abi", "entries", "fn", "keyfns")
 
     def __init__(self, fn: Any, adapter: Abi) -> None:
-        self.fn = fn
+        self.fn = fn  # the JITFunction (None until a warm launcher imports its module)
         self.abi = adapter
         self.entries: dict[tuple[Any, ...], Entry] = {}
         self.keyfns: dict[tuple[int, int], Callable[..., tuple[Any, ...]]] = {}
@@ -199,7 +199,7 @@ class FastPath:
         """The launch key of `args` (pointers first, then xnumel, rnumel, ...) and
         the arguments to launch with (tensors as addresses where the straight-line
         key read them), or None when the lean path cannot serve these arguments now."""
-        if not self.abi.hooks_off() or self.fn.pre_run_hooks:
+        if not self.abi.hooks_off() or (self.fn is not None and self.fn.pre_run_hooks):
             return None
         shape = (len(args), n_ptrs)
         keyfn = self.keyfns.get(shape)
@@ -243,25 +243,30 @@ class FastPath:
         grid: int,
         xb: int,
         rb: int,
-    ) -> None:
-        """Keep what `JITFunction.run` returned for `key` (after it launched it):
-        only for tensors and Python scalars, the kinds `spec_key` is written for."""
+    ) -> bool:
+        """Keep what `JITFunction.run` returned for `key` (after it launched it), or
+        a warm-loaded binary: only for tensors and Python scalars, the kinds
+        `spec_key` is written for. True when kept."""
         if kernel is None or hasattr(kernel, "result"):  # warmup / asynchronous compile
-            return
+            return False
         if not all(isinstance(a, _Tensor) for a in args[:n_ptrs]):
-            return
+            return False
         if not all(type(a) in _PLAIN_TYPES for a in args[n_ptrs:]):
-            return
-        self.entries[key] = (kernel.run, kernel.function, kernel.packed_metadata, grid, xb, rb)
+            return False
+        run = kernel.run  # loads the binary (a warm-loaded one: now)
+        self.entries[key] = (run, kernel.function, kernel.packed_metadata, grid, xb, rb)
+        return True
 
 
-def fast_path_for(fn: Any) -> FastPath | None:
-    """A `FastPath` for `fn` when it is a real `JITFunction` and the adapter applies."""
-    try:
-        from triton.runtime.jit import JITFunction
-    except ImportError:
-        return None
-    if not isinstance(fn, JITFunction):
-        return None
+def fast_path_for(fn: Any, lazy: bool = False) -> FastPath | None:
+    """A `FastPath` for `fn` when it is a real `JITFunction` (or, `lazy`, one to
+    come: a warm launcher's) and the adapter applies."""
+    if not lazy:
+        try:
+            from triton.runtime.jit import JITFunction
+        except ImportError:
+            return None
+        if not isinstance(fn, JITFunction):
+            return None
     adapter = abi()
     return FastPath(fn, adapter) if adapter is not None else None

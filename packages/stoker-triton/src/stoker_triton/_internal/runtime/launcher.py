@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from . import warmload
 from .autotune import _Tuned
 from .fastlaunch import FastPath, fast_path_for
 from .modules import interpreting
@@ -48,7 +50,11 @@ class Launcher:
     """Launches one generated kernel with XBLOCK/RBLOCK/num_warps for the sizes
     at hand (cached per size): one configuration chosen by `heuristic`, or, with
     ``autotune`` (``mode="max-autotune"``), the fastest of `candidates` on a GPU,
-    remembered on disk."""
+    remembered on disk.
+
+    ``fn``: the kernel's `JITFunction`, or a function that imports the kernel
+    module and returns it (a warm launcher: the module is imported only when a
+    launch needs Triton's binder; `warmload` serves the others)."""
 
     def __init__(
         self,
@@ -58,8 +64,10 @@ class Launcher:
         persistent: bool,
         has_atomics: bool,
         autotune: bool = False,
+        lazy: bool = False,
     ) -> None:
-        self.fn = fn
+        self._fn: Any = None if lazy else fn
+        self._load_fn: Callable[[], Any] | None = fn if lazy else None
         self.sha = sha
         self.is_reduction = is_reduction
         self.persistent = persistent
@@ -73,7 +81,18 @@ class Launcher:
         # its compiles queued in the workers (`runtime.precompile`): the first launch waits
         self.pending: list[Future[str | None]] = []
         # compiled binaries launched without Triton's binder (none under the interpreter)
-        self.fast: FastPath | None = None if self.interpret else fast_path_for(fn)
+        self.fast: FastPath | None = None if self.interpret else fast_path_for(self._fn, lazy)
+        # binaries an earlier process launched, by `warmload.spec_text` (read at the first launch)
+        self.binaries: dict[str, Any] | None = None
+
+    @property
+    def fn(self) -> Any:
+        """The kernel's `JITFunction` (a warm launcher imports its module now)."""
+        if self._fn is None and self._load_fn is not None:
+            self._fn, self._load_fn = self._load_fn(), None
+            if self.fast is not None:
+                self.fast.fn = self._fn
+        return self._fn
 
     def heuristic(self, xnumel: int, rnumel: int) -> tuple[int, int, int]:
         """The one GPU configuration used without autotuning (Inductor's rules,
@@ -136,7 +155,7 @@ class Launcher:
 
     def __call__(self, *args: Any) -> None:
         # args: pointers..., xnumel, rnumel, sizes..., [seed]; xnumel/rnumel are found by position
-        fast, key = self.fast, None
+        fast, key, launch_args = self.fast, None, args
         if fast is not None:
             got = fast.key(args, self.n_ptrs)
             if got is not None:
@@ -160,6 +179,11 @@ class Launcher:
             self.configs[(xnumel, rnumel)] = cfg
         xb, rb, w = cfg
         grid = cdiv(xnumel, xb)
+        spec = None
+        if key is not None and fast is not None:
+            spec = warmload.spec_text(args, cfg)
+            if spec is not None and self._warm(spec, key, args, launch_args, cfg, grid):
+                return
         try:
             kernel = self.fn[(grid,)](*args, XBLOCK=xb, RBLOCK=rb, num_warps=w)
         except Exception as e:
@@ -175,7 +199,30 @@ class Launcher:
                 ) from e
             raise
         if key is not None and fast is not None:
-            fast.keep(key, args, self.n_ptrs, kernel, grid, xb, rb)
+            if fast.keep(key, args, self.n_ptrs, kernel, grid, xb, rb) and spec is not None:
+                warmload.record(self.sha, spec, cfg, kernel)
+
+    def _warm(
+        self,
+        spec: str,
+        key: tuple[Any, ...],
+        args: tuple[Any, ...],
+        launch_args: tuple[Any, ...],
+        cfg: tuple[int, int, int],
+        grid: int,
+    ) -> bool:
+        """Launch the binary an earlier process recorded for `spec` (False: none usable)."""
+        fast = self.fast
+        if self.binaries is None:
+            self.binaries = warmload.read(self.sha)
+        rec = self.binaries.get(spec)
+        if rec is None or fast is None:
+            return False
+        kernel = warmload.compiled_kernel(rec, cfg)
+        if kernel is None or not fast.keep(key, args, self.n_ptrs, kernel, grid, cfg[0], cfg[1]):
+            return False
+        fast.launch(fast.entries[key], key[0], launch_args)
+        return True
 
     n_ptrs = 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import linecache
 import os
 import sys
 from pathlib import Path
@@ -46,13 +47,35 @@ def load_module(kind: str, source: str) -> tuple[ModuleType, Path]:
     return exec_module(name, path, source), path
 
 
+def read_stored(kind: str, sha: str) -> tuple[Path, str] | None:
+    """The file and source stored under content key ``sha``, checked (None: missing or
+    broken); a module this process imported already is found as `load_stored` finds it."""
+    mod = sys.modules.get(f"stoker_triton_{kind}_{sha}")
+    if mod is not None and mod.__file__ is not None:
+        entry = linecache.cache.get(mod.__file__)  # `exec_module` registered its source
+        if entry is not None and len(entry) == 4:
+            return Path(mod.__file__), "".join(entry[2])
+    found = module_store(kind).get_entry(sha)
+    if found is None or hashlib.sha256(found[1]).hexdigest()[:24] != sha:
+        return None
+    return found[0], found[1].decode()
+
+
+def import_stored(kind: str, sha: str, path: Path, source: str) -> ModuleType:
+    """Import a module `read_stored` returned (once per process)."""
+    mod = sys.modules.get(f"stoker_triton_{kind}_{sha}")
+    if mod is not None:
+        return mod
+    return exec_module(f"stoker_triton_{kind}_{sha}", path, source)
+
+
 def load_stored(kind: str, sha: str) -> tuple[ModuleType, Path] | None:
     """Import the module stored under content key ``sha`` (None: missing or broken)."""
     name = f"stoker_triton_{kind}_{sha}"
     mod = sys.modules.get(name)
     if mod is not None and mod.__file__ is not None:
         return mod, Path(mod.__file__)
-    found = module_store(kind).get_entry(sha)
-    if found is None or hashlib.sha256(found[1]).hexdigest()[:24] != sha:
+    found = read_stored(kind, sha)
+    if found is None:
         return None
-    return exec_module(name, found[0], found[1].decode()), found[0]
+    return import_stored(kind, sha, *found), found[0]
