@@ -1,9 +1,15 @@
 """Shared fixtures: every test starts with no compiled graphs and compiled autograd off;
-`train_and_compare` trains eager and compiled copies of a zoo model side by side."""
+`train_and_compare` trains eager and compiled copies of a zoo model side by side.
+
+Every run gets its own cache directory: entries an earlier run left in the default
+one (``~/.cache/stoker``) would make cold compiles warm hits and change what the
+tests count (compiled-autograd compiles, recompiles)."""
 
 from __future__ import annotations
 
 import copy
+import os
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -12,6 +18,8 @@ import torch
 
 import stoker
 from stoker._internal.models import get_model
+
+os.environ["STOKER_CACHE_DIR"] = tempfile.mkdtemp(prefix="stoker-integration-tests-")
 
 
 @pytest.fixture(autouse=True)
