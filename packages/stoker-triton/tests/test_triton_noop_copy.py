@@ -96,3 +96,25 @@ def test_clone_with_another_layout_still_copies():
     assert not noop_copies(trace(f, x, w))  # the transpose's clone is contiguous
     fn = check(f, x, w)
     assert "as_strided(arg0" not in fn.wrapper_source  # mm reads a contiguous copy
+
+
+class _WritesItsInput(torch._ops.HigherOrderOperator):
+    def __call__(self, x):
+        return super().__call__(x)
+
+
+def test_a_higher_order_op_counts_as_writing_its_tensors():
+    """A higher-order op (a user Triton kernel, `auto_functionalized`) states
+    no writes in a schema: the clone of a tensor it takes stays a copy."""
+
+    def f(x):
+        return x.clone() * 2, x + 1
+
+    x = torch.randn(3, 4)
+    gm = trace(f, x)
+    assert noop_copies(gm)  # x is not written: the clone reads x
+    hop = _WritesItsInput("stoker_test_writes_its_input")
+    add = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.add.Tensor)
+    with gm.graph.inserting_after(add):
+        gm.graph.call_function(hop, (add.args[0],))
+    assert not noop_copies(gm)

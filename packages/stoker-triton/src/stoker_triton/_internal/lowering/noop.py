@@ -9,7 +9,8 @@ cannot be observed:
 
 - neither the copy nor its input (nor anything sharing their storage through
   views) is written in place by any node of the graph (non-functional graphs,
-  `copy_` epilogues of input mutations): a copy taken before a write must keep
+  `copy_` epilogues of input mutations; a higher-order op counts as writing
+  every tensor it takes): a copy taken before a write must keep
   the old values; a clone of a graph input is never a no-op when the graph
   writes any input (inputs may share storage);
 - the copy (or a view of it) is not a graph output: an output must not alias
@@ -107,7 +108,11 @@ def _root(n: torch.fx.Node) -> torch.fx.Node:
 
 
 def _written_args(n: torch.fx.Node) -> list[torch.fx.Node]:
-    """The nodes `n` writes in place (schema arguments marked `(a!)`)."""
+    """The nodes `n` writes in place (schema arguments marked `(a!)`; every
+    tensor argument of a higher-order op, whose writes no schema states)."""
+    if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator):
+        leaves = torch.utils._pytree.tree_leaves((n.args, n.kwargs))
+        return [x for x in leaves if isinstance(x, torch.fx.Node)]
     schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
     if schema is None:
         return []
