@@ -2,6 +2,8 @@
 buffer, unless an output, an input mutation or an in-place write could see the
 aliasing."""
 
+import operator
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -118,3 +120,21 @@ def test_a_higher_order_op_counts_as_writing_its_tensors():
     with gm.graph.inserting_after(add):
         gm.graph.call_function(hop, (add.args[0],))
     assert not noop_copies(gm)
+
+
+def test_a_multi_output_value_read_after_an_in_place_write_keeps_the_old_values():
+    def f(x):
+        parts = (x * 2).split(2)
+        x.mul_(3)
+        return parts[0] + 1, parts[1] + 1, x + 0
+
+    x = torch.randn(4, 3)
+    gm = trace(f, x)
+    write = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.mul_.Tensor)
+    for n in [n for n in gm.graph.nodes if n.target is operator.getitem]:
+        write.append(n)  # the split's getitems after the write (a graph may order them so)
+    gm.recompile()
+    fn = compile_graph(gm, [x])
+    a = torch.randn(4, 3)
+    a0 = a.clone()
+    assert_same(list(fn(a)), [a0[:2] * 2 + 1, a0[2:] * 2 + 1, a0 * 3])

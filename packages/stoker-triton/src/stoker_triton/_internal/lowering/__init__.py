@@ -269,20 +269,24 @@ def _after_in_place_writes(
         return
     bases = {ctx.aliases.get(b, b) for b in written}
     del ctx.nodes[n_before:]
-    for k, v in list(env.items()):
+
+    def before_write(v: Any) -> Any:
+        if isinstance(v, list | tuple):  # a multi-output op, its getitems still to come
+            return type(v)(before_write(x) for x in v)
         if not isinstance(v, TensorValue) or v.layout is not None:
-            continue
-        if not any(u.op == "output" or order[u] > pos for u in k.users):
-            continue
+            return v
         body = v.load(tuple(index_var("x", i) for i in range(v.ndim)))
-        if any(ctx.aliases.get(ld.buf, ld.buf) in bases for ld in loads_of(body)):
-            stored = ctx.realize(v)  # (or the buffer it is stored in already)
-            assert stored.layout is not None
-            if ctx.aliases.get(stored.layout.buf, stored.layout.buf) in bases:
-                continue  # stored in the written buffer itself: handled below
-            for k2, v2 in env.items():
-                if v2 is v:
-                    env[k2] = stored
+        if not any(ctx.aliases.get(ld.buf, ld.buf) in bases for ld in loads_of(body)):
+            return v
+        stored = ctx.realize(v)  # (or the buffer it is stored in already)
+        assert stored.layout is not None
+        if ctx.aliases.get(stored.layout.buf, stored.layout.buf) in bases:
+            return v  # stored in the written buffer itself: handled below
+        return stored
+
+    for k, v in list(env.items()):
+        if any(u.op == "output" or order[u] > pos for u in k.users):
+            env[k] = before_write(v)
     ctx.nodes.extend(new)
     for b in written:
         old = ctx.realized_by.pop(b, None)
