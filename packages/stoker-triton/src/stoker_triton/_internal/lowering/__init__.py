@@ -15,6 +15,7 @@ from ..ir import BufferRef, Expr, Program, SymRef
 from . import extern, indexing, pointwise, random, reduction, views  # register the rules
 from .core import LOWERINGS, REUSE_BODY_LIMIT, LoweringContext, TensorValue
 from .extern import extern_call
+from .noop import noop_copies
 
 aten = torch.ops.aten
 
@@ -100,6 +101,8 @@ def lower_graph(
 
     outputs: list[Any] = []
     output_views: dict[int, BufferRef] = {}
+    noops = noop_copies(gm)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             continue
@@ -135,8 +138,11 @@ def lower_graph(
             env[node] = e
             continue
         n_before = len(ctx.nodes)
-        env[node] = _lower_call(ctx, node, args, kwargs)
-        _after_in_place_writes(ctx, ctx.nodes[n_before:], env)
+        if node in noops:
+            env[node] = _noop_copy(ctx, node, env)
+        else:
+            env[node] = _lower_call(ctx, node, args, kwargs)
+        _after_in_place_writes(ctx, n_before, env, order[node], order)
         _maybe_realize_shared(ctx, node, env)
 
     program = Program(
@@ -243,26 +249,80 @@ def _has_unsupported_dtype(node: torch.fx.Node) -> bool:
 
 
 def _after_in_place_writes(
-    ctx: LoweringContext, new_nodes: Any, env: dict[torch.fx.Node, Any]
+    ctx: LoweringContext,
+    n_before: int,
+    env: dict[torch.fx.Node, Any],
+    pos: int,
+    order: dict[torch.fx.Node, int],
 ) -> None:
-    """An extern wrote a buffer in place (a non-functional graph): graph nodes
-    whose value lives in that buffer read it from now on; values built before
-    the write keep computing the old contents (so a clone taken earlier stays
-    a copy of the old values)."""
-    from ..ir import ExternNode
+    """An extern wrote a buffer in place (a non-functional graph, an input
+    mutation's `copy_`): graph nodes whose value lives in that buffer read it
+    from now on; values built before the write keep the old contents. A value
+    not stored yet that reads the buffer (a clone of the input, `x * 2`) and is
+    still needed after the write (a later user, a graph output) is stored
+    before the write; a value stored earlier is recomputed if realized again."""
+    from ..ir import ExternNode, index_var, loads_of
 
-    for n in new_nodes:
-        if not isinstance(n, ExternNode):
+    new = ctx.nodes[n_before:]
+    written = [b for n in new if isinstance(n, ExternNode) for b in n.mutated]
+    if not written:
+        return
+    bases = {ctx.aliases.get(b, b) for b in written}
+    del ctx.nodes[n_before:]
+
+    def before_write(v: Any) -> Any:
+        if isinstance(v, list | tuple):  # a multi-output op, its getitems still to come
+            return type(v)(before_write(x) for x in v)
+        if not isinstance(v, TensorValue) or v.layout is not None:
+            return v
+        body = v.load(tuple(index_var("x", i) for i in range(v.ndim)))
+        if not any(ctx.aliases.get(ld.buf, ld.buf) in bases for ld in loads_of(body)):
+            return v
+        stored = ctx.realize(v)  # (or the buffer it is stored in already)
+        assert stored.layout is not None
+        if ctx.aliases.get(stored.layout.buf, stored.layout.buf) in bases:
+            return v  # stored in the written buffer itself: handled below
+        return stored
+
+    for k, v in list(env.items()):
+        if any(u.op == "output" or order[u] > pos for u in k.users):
+            env[k] = before_write(v)
+    ctx.nodes.extend(new)
+    for b in written:
+        old = ctx.realized_by.pop(b, None)
+        if old is None:
             continue
-        for b in n.mutated:
-            old = ctx.realized_by.pop(b, None)
-            if old is None:
-                continue
-            old.realized = None  # realizing the old value again recomputes it
-            post = ctx.buffer_value(ctx.buffers[b])
-            for k, v in env.items():
-                if v is old:
-                    env[k] = post
+        old.realized = None  # realizing the old value again recomputes it
+        post = ctx.buffer_value(ctx.buffers[b])
+        for k, v in env.items():
+            if v is old:
+                env[k] = post
+
+
+def _noop_copy(ctx: LoweringContext, node: torch.fx.Node, env: dict[torch.fx.Node, Any]) -> Any:
+    """A copy `noop_copies` found to be a no-op is its input's value. An input
+    that is a graph output is stored here, in its output layout, so the copy's
+    consumers read that buffer rather than store the same values again."""
+    src = node.args[0]
+    assert isinstance(src, torch.fx.Node)
+    v = env[src]
+    val = src.meta.get("val")
+    if (
+        isinstance(v, TensorValue)
+        and v.layout is None
+        and isinstance(val, torch.Tensor)
+        and val.ndim > 0
+        and _is_dense(val)
+        and _is_output(src)
+    ):
+        env[src] = v = ctx.realize(v, [sympy.Integer(s) for s in val.stride()])
+    return v
+
+
+def _is_output(n: torch.fx.Node) -> bool:
+    return any(
+        u.op == "output" and n in torch.utils._pytree.tree_leaves(u.args[0]) for u in n.users
+    )
 
 
 def _maybe_realize_shared(
