@@ -13,7 +13,14 @@ import torch.fx
 
 from ..ir import BufferRef, Expr, Program, SymRef
 from . import extern, indexing, pointwise, random, reduction, views  # register the rules
-from .core import LOWERINGS, REUSE_BODY_LIMIT, LoweringContext, TensorValue
+from .core import (
+    LOWERINGS,
+    REUSE_BODY_LIMIT,
+    LoweringContext,
+    TensorValue,
+    contiguous_strides,
+    product,
+)
 from .extern import extern_call
 from .noop import noop_copies
 
@@ -116,8 +123,9 @@ def lower_graph(
             continue
         if node.op == "output":
             outs = torch.utils._pytree.tree_leaves(node.args[0], is_leaf=lambda a: a is None)
+            taken = _output_buffers(ctx, outs, env)
             for k, o in enumerate(outs):
-                outputs.append(_output(ctx, o, env, k, output_views))
+                outputs.append(_output(ctx, o, env, k, output_views, taken))
             continue
         args = torch.fx.node.map_arg(node.args, lambda n: env[n])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
@@ -372,7 +380,12 @@ def _expanded_output(ctx: LoweringContext, v: TensorValue, val: torch.Tensor) ->
 
 
 def _output(
-    ctx: LoweringContext, o: Any, env: dict[torch.fx.Node, Any], k: int, views: dict[int, BufferRef]
+    ctx: LoweringContext,
+    o: Any,
+    env: dict[torch.fx.Node, Any],
+    k: int,
+    views: dict[int, BufferRef],
+    taken: set[str],
 ) -> Any:
     if not isinstance(o, torch.fx.Node):
         return o
@@ -396,6 +409,73 @@ def _output(
     stride = None
     if isinstance(val, torch.Tensor) and _is_dense(val) and val.ndim > 0:
         stride = [sympy.Integer(s) for s in val.stride()]
+    ref = _stored_once(ctx, o, v, stride, env, taken)
+    if ref is not None:
+        taken.add(ref.buf)
+        buf = ctx.buffers[ref.buf]
+        if (ref.size, ref.stride) != (buf.size, buf.stride):
+            views[k] = ref
+        return ref.buf
     r = ctx.realize(v, stride)
     assert r.layout is not None
+    taken.add(r.layout.buf)
     return r.layout.buf
+
+
+def _output_buffers(
+    ctx: LoweringContext, outs: Sequence[Any], env: dict[torch.fx.Node, Any]
+) -> set[str]:
+    """The buffers outputs already stored read (views included, by their base):
+    an output stored once in an extern's buffer must not be one of them."""
+    taken: set[str] = set()
+    for o in outs:
+        v = env[o] if isinstance(o, torch.fx.Node) else None
+        if isinstance(v, TensorValue) and v.layout is not None:
+            taken.add(ctx.aliases.get(v.layout.buf, v.layout.buf))
+    return taken
+
+
+_RESHAPES = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default})
+
+
+def _stored_once(
+    ctx: LoweringContext,
+    o: torch.fx.Node,
+    v: TensorValue,
+    stride: Sequence[Expr] | None,
+    env: dict[torch.fx.Node, Any],
+    taken: set[str],
+) -> BufferRef | None:
+    """The buffer output `o` (value `v`, wanted `stride`) is stored in already,
+    for an extern that reads it (a layernorm output the `addmm` reads and the
+    backward saves), so the output is that buffer rather than a second store of
+    the same values: `v`'s own buffer when its layout is the output's, or the
+    contiguous buffer of a reshape of `o` (the `view` an `addmm` reads) when
+    the output is contiguous too (the same elements in the same order). The
+    wrapper keeps an output alive (never freed after its last reader). None
+    when there is none, or it could alias another output (the value returned
+    twice) or a view an extern made of it (an output must be its own tensor)."""
+    contiguous = contiguous_strides(v.size)
+    want = tuple(stride) if stride is not None else contiguous
+    cands = [v]
+    if want == contiguous:
+        cands += [env[u] for u in o.users if u.target in _RESHAPES and u.args[0] is o]
+    for c in cands:
+        r = c.realized if isinstance(c, TensorValue) else None
+        if r is None or r.layout is None or c.dtype != v.dtype:
+            continue
+        buf = ctx.buffers[r.layout.buf]
+        if buf.kind != "kernel" or buf.name in taken or buf.name in ctx.aliases.values():
+            continue
+        layout = (r.layout.size, r.layout.stride, r.layout.offset)
+        if layout != (buf.size, buf.stride, buf.offset) or buf.offset != 0:
+            continue  # a view of its buffer
+        if c is v and buf.size == tuple(v.size) and buf.stride == want:
+            return BufferRef(buf.name, buf.size, buf.stride, sympy.Integer(0))
+        if (
+            c is not v
+            and buf.stride == contiguous_strides(buf.size)
+            and product(buf.size) == product(v.size)
+        ):
+            return BufferRef(buf.name, tuple(v.size), contiguous, sympy.Integer(0))
+    return None
