@@ -41,6 +41,11 @@ TEST_DEPS = [
 ]  # expecttest: torch.testing._internal (OpInfo)
 INTEGRATION_DEPS = ["transformers"]  # the zoo's tiny HF GPT-2/BERT/Llama (pure Python, no torch)
 INTERPRET_ENV = {"TRITON_INTERPRET": "1"}
+# Each test venv holds its own torch (about 1 GB) and triton (1 GB more), so six
+# of them need 9 GB at once: CI's disk has run out at the fifth. The `tests` and
+# `types` sessions delete their venv when they end, so only one exists at a
+# time; STOKER_KEEP_VENVS=1 keeps them for reuse.
+KEEP_VENVS = os.environ.get("STOKER_KEEP_VENVS", "") not in ("", "0")
 
 
 def _tests_env() -> dict[str, str]:
@@ -64,6 +69,15 @@ def _install(session: nox.Session, keys: list[str], extra: Sequence[str] = ()) -
     session.install(*args, *extra, TORCH)
 
 
+def _drop_venv(session: nox.Session) -> None:
+    """Delete this session's venv (unless STOKER_KEEP_VENVS=1) to free its disk."""
+    where = getattr(session.virtualenv, "location", None)
+    if KEEP_VENVS or not where or not os.path.isdir(where):
+        return
+    shutil.rmtree(where, ignore_errors=True)
+    session.log(f"removed {where} to free disk (STOKER_KEEP_VENVS=1 keeps it)")
+
+
 def _closure(key: str) -> list[str]:
     return [*PACKAGES[key][1], key]
 
@@ -72,6 +86,13 @@ def _closure(key: str) -> list[str]:
 @nox.parametrize("package", [*PACKAGES, "integration"])
 def tests(session: nox.Session, package: str) -> None:
     """One package in its own venv with only its declared dependencies (+ pytest)."""
+    try:
+        _run_tests(session, package)
+    finally:
+        _drop_venv(session)
+
+
+def _run_tests(session: nox.Session, package: str) -> None:
     keys = list(PACKAGES) if package == "integration" else _closure(package)
     _install(session, keys, TEST_DEPS + (INTEGRATION_DEPS if package == "integration" else []))
     if not any(PACKAGES[k][2] for k in keys):
@@ -127,8 +148,11 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def types(session: nox.Session) -> None:
     """mypy --strict on packages/*/src."""
-    _install(session, list(PACKAGES), ["mypy>=1.11"])
-    session.run("mypy")
+    try:
+        _install(session, list(PACKAGES), ["mypy>=1.11"])
+        session.run("mypy")
+    finally:
+        _drop_venv(session)
 
 
 @nox.session
