@@ -373,3 +373,28 @@ def test_a_gradient_the_compiler_returns_twice_is_not_stolen() -> None:
             torch.testing.assert_close(m.a.grad, e.a.grad)
             torch.testing.assert_close(m.b.grad, e.b.grad)
     assert stoker_autograd.stats()["cache_hits"] >= 1
+
+
+def test_a_segment_makes_its_python_code_only_when_it_runs() -> None:
+    """A compiler that loads a segment from its cache never runs the graph module: its
+    code is not generated for it (gpt-m's backward: 643 nodes), yet runs when called."""
+    g = fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.randn(4, 3)
+    y = g.call_function(torch.ops.aten.mul.Tensor, (x, 3))
+    z = g.call_function(torch.ops.aten.sin.default, (y,))
+    g.output((z,))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    given: list[fx.GraphModule] = []
+
+    def compiler(sub: fx.GraphModule, examples: list[Any]) -> Any:
+        given.append(sub)
+        return sub
+
+    run = SegmentedBackward(gm, compiler)
+    (sub,) = given
+    assert sub._needs_recompile()  # type: ignore[operator]  # a _LazyGraphModule
+    t = torch.randn(4, 3)
+    torch.testing.assert_close(run(t)[0], torch.sin(t * 3))
+    assert not sub._needs_recompile()  # type: ignore[operator]
+    assert "sin" in sub.code

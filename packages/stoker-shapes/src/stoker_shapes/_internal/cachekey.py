@@ -73,22 +73,78 @@ def is_fake(t: torch.Tensor) -> bool:
 
 
 def graph_text(gm: torch.fx.GraphModule) -> list[str]:
-    """One line per node (subgraphs inline): what a compile of ``gm`` reads of it."""
-    lines = []
-    for n in gm.graph.nodes:
-        val = n.meta.get("val", n.meta.get("example_value"))
-        args = f"{val_text(n.args, data=True)} {val_text(n.kwargs, data=True)}"
-        line = f"{n.op} {n.name} {target_text(n.target)} {args} :: {val_text(val)}"
-        if n.op in ("get_attr", "call_module"):
-            sub = getattr(gm, str(n.target), None)
-            if isinstance(sub, torch.fx.GraphModule):  # a subgraph (higher-order op): its code
-                lines += [f"subgraph {n.target}:", *graph_text(sub)]
-            elif isinstance(sub, torch.nn.Module):
-                line += " = " + repr(sub)
-            else:
-                line += " = " + val_text(sub)
-        lines.append(line)
-    return lines
+    """One line per node (subgraphs inline): what a compile of ``gm`` reads of it.
+
+    The lines are `val_text`'s (a test holds them equal to it), made faster: a value
+    object's text is made once per call (a loaded graph's nodes share their fake
+    values, a layer's ops share their argument lists), the common argument types
+    are spelt without `val_text`'s chain of type tests."""
+    return _GraphText().lines(gm)
+
+
+class _GraphText:
+    """`graph_text` of one call: texts of the values seen, by object (kept alive here,
+    so an id is never reused within the call)."""
+
+    def __init__(self) -> None:
+        self.memo: dict[int, tuple[Any, str]] = {}
+
+    def lines(self, gm: torch.fx.GraphModule) -> list[str]:
+        lines = []
+        for n in gm.graph.nodes:
+            meta = n.meta
+            val = meta["val"] if "val" in meta else meta.get("example_value")
+            args = f"{self.arg(n.args)} {self.arg(n.kwargs)}"
+            line = f"{n.op} {n.name} {target_text(n.target)} {args} :: {self.val(val)}"
+            if n.op in ("get_attr", "call_module"):
+                sub = getattr(gm, str(n.target), None)
+                if isinstance(sub, torch.fx.GraphModule):  # a subgraph (higher-order op)
+                    lines += [f"subgraph {n.target}:", *self.lines(sub)]
+                elif isinstance(sub, torch.nn.Module):
+                    line += " = " + repr(sub)
+                else:
+                    line += " = " + val_text(sub)
+            lines.append(line)
+        return lines
+
+    def arg(self, a: Any) -> str:
+        """``val_text(a, data=True)``."""
+        t = type(a)
+        if t is torch.fx.Node:
+            return f"%{a.name}"
+        if t in _REPR_TYPES:
+            return repr(a)
+        if t is tuple or t is list:
+            return t.__name__ + "(" + ",".join([self.arg(x) for x in a]) + ")"
+        if isinstance(a, dict):
+            return "{" + ",".join([f"{k!r}:{self.arg(x)}" for k, x in a.items()]) + "}"
+        if isinstance(a, list | tuple):  # immutable_list and other subclasses: by name
+            return type(a).__name__ + "(" + ",".join([self.arg(x) for x in a]) + ")"
+        return val_text(a, data=True)
+
+    def val(self, v: Any) -> str:
+        """``val_text(v)``; a tensor's once per object."""
+        if isinstance(v, torch.Tensor):
+            got = self.memo.get(id(v))
+            if got is None:
+                got = self.memo[id(v)] = (v, val_text(v))
+            return got[1]
+        if type(v) is tuple or type(v) is list:
+            return type(v).__name__ + "(" + ",".join([self.val(x) for x in v]) + ")"
+        return val_text(v)
+
+
+_REPR_TYPES = (
+    int,
+    float,
+    bool,
+    str,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+)
 
 
 def shape_env_text(shape_env: Any, inputs: list[Any]) -> list[str]:
