@@ -79,11 +79,9 @@ def inline_aot_backward(
     psymints = [cap.to_proxy(s) for s in symints]
 
     # 1. the prologue, as one call node (traced through at retrace time)
-    pro: Any = cap.tracer.create_proxy(
-        "call_function",
+    pro = cap._node(
         aot_backward_prologue,
         (psaved, psymints, pgrads, tuple(tangent_of), int(info.num_tangents)),
-        {},
     )
     aot_id = int(info.aot_id)
     n = cap.aot_counts.get(aot_id, 0)
@@ -97,7 +95,7 @@ def inline_aot_backward(
     i = 0
     for node in bw.graph.nodes:
         if node.op == "placeholder":
-            ph = pro[i].node
+            ph = cap._getitem(pro, i)
             ph.name = graph._graph_namespace.create_name(prefix + node.name, None)
             remap[node] = ph
             i += 1
