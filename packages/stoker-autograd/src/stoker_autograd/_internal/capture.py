@@ -367,7 +367,9 @@ class CaptureInstance:
                     "forward with stoker, or run this backward outside stoker_autograd.enable()"
                 )
             call = self._node(ops.call_backward, (pctx, psaved, *pinputs))
-            call.meta["stoker_fn"] = ctx._forward_cls.__qualname__
+            cls = ctx._forward_cls
+            call.meta["stoker_fn"] = cls.__qualname__
+            call.meta["stoker_fn_key"] = f"{cls.__module__}.{cls.__qualname__}"  # in the key
             call.meta["stoker_out_meta"] = [
                 None if m is None else (m[0], m[1], m[2], self._size_exprs(m[3]))
                 for m in output_metadatas
