@@ -115,8 +115,10 @@ class CaptureInstance:
         self.stack.enter_context(enable_python_dispatcher())
 
         fakes = [self._fake_input(x) for x in inputs]
+        self._sym_anchor = packed_p.node
         for i, f in enumerate(fakes):
-            self._track(f, self._getitem(args_p.node, i))
+            self._track(f, node := self._getitem(args_p.node, i))
+            self._sym_anchor = node
 
         # The engine's own size arithmetic is traced too (by the proxy mode, through
         # each symbol's proxy slot).  A symbol's ``sizes[i]`` node is made at its first
@@ -178,7 +180,11 @@ class CaptureInstance:
         return s
 
     def _sym_item(self, s: Any, placeholder: fx.Node, i: int) -> fx.Proxy:
-        node = self._getitem(placeholder, i)
+        # among the graph's inputs, where an eager one would be: the reordering passes
+        # place nodes relative to their inputs
+        with self.graph.inserting_after(self._sym_anchor):
+            node = self._getitem(placeholder, i)
+        self._sym_anchor = node
         node.meta["val"] = s  # as the tracer's own binding does; dropped at the end
         return fx.Proxy(node, self.tracer)
 
