@@ -21,6 +21,7 @@ which is always correct.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -79,27 +80,27 @@ def inline_aot_backward(
     psymints = [cap.to_proxy(s) for s in symints]
 
     # 1. the prologue, as one call node (traced through at retrace time)
-    pro: Any = cap.tracer.create_proxy(
-        "call_function",
+    pro = cap._node(
         aot_backward_prologue,
         (psaved, psymints, pgrads, tuple(tangent_of), int(info.num_tangents)),
-        {},
     )
     aot_id = int(info.aot_id)
     n = cap.aot_counts.get(aot_id, 0)
     cap.aot_counts[aot_id] = n + 1
     prefix = f"aot{aot_id}_" if n == 0 else f"aot{aot_id}_{n}_"
 
-    # 2. copy the backward graph node by node
+    # 2. copy the backward graph node by node: op, target, arguments and name (its
+    # metadata is not needed: what capture's values carry is dropped at its end)
     graph = cap.tracer.graph
     remap: dict[fx.Node, fx.Node] = {}
+    get = remap.__getitem__
     outputs: list[Any] | None = None
     i = 0
     for node in bw.graph.nodes:
         if node.op == "placeholder":
-            ph = pro[i].node
-            ph.name = graph._graph_namespace.create_name(prefix + node.name, None)
-            remap[node] = ph
+            remap[node] = graph.create_node(
+                "call_function", operator.getitem, (pro, i), {}, name=prefix + node.name
+            )
             i += 1
         elif node.op == "get_attr":
             qual = cap.tracer.get_fresh_qualname(prefix + str(node.target).replace(".", "_"))
@@ -107,8 +108,13 @@ def inline_aot_backward(
             new = cap.tracer.create_node("get_attr", qual, (), {})
             remap[node] = new
         elif node.op == "call_function":
-            new = graph.node_copy(node, lambda m: remap[m])
-            new.name = graph._graph_namespace.create_name(prefix + node.name, None)
+            new = graph.create_node(
+                "call_function",
+                node.target,
+                fx.map_arg(node.args, get),
+                fx.map_arg(node.kwargs, get),
+                name=prefix + node.name,
+            )
             new.meta["stoker_aot"] = f"aot{aot_id}:{node.name}"
             remap[node] = new
         elif node.op == "output":

@@ -18,6 +18,7 @@ which retraces it to core aten with real shapes and compiles it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import operator
 import warnings
@@ -27,19 +28,22 @@ from typing import TYPE_CHECKING, Any
 import sympy
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.experimental.proxy_tensor import (
     ProxyTorchDispatchMode,
     PythonKeyTracer,
+    _ProxyTensor,
     disable_autocast_cache,
     disable_proxy_modes_tracing,
     fetch_object_proxy,
+    set_proxy_slot,
     track_tensor_tree,
 )
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, _suppress_guards
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._thunk import Thunk
 
 from . import ops
 from .aot_inline import inline_aot_backward, stoker_aot_info
@@ -49,6 +53,20 @@ if TYPE_CHECKING:
 
 PLACEHOLDERS = ("inputs", "sizes", "scalars", "hooks", "packed_data")
 _COUNTER = itertools.count()
+# graph arguments taken as they are (what the tracer's ``create_arg`` does with them)
+_PLAIN = frozenset(
+    {
+        int,
+        float,
+        bool,
+        str,
+        type(None),
+        torch.dtype,
+        torch.device,
+        torch.layout,
+        torch.memory_format,
+    }
+)
 
 
 class CaptureInstance:
@@ -63,7 +81,6 @@ class CaptureInstance:
         )
         self.tracer = PythonKeyTracer()
         self.proxy_mode = ProxyTorchDispatchMode(self.tracer, "symbolic")
-        self.sym_proxies: dict[Any, fx.Proxy] = {}  # SymNode -> proxy
         self.sym_sources: dict[
             sympy.Symbol, tuple[str, int]
         ] = {}  # capture symbol -> (list, index)
@@ -88,33 +105,26 @@ class CaptureInstance:
         self.id = next(_COUNTER)
         self.session.stats.captures += 1
         self.tracer.root = torch.nn.Module()
-        self.tracer.graph = fx.Graph(tracer_cls=PythonKeyTracer)
+        self.tracer.graph = self.graph = fx.Graph(tracer_cls=PythonKeyTracer)
         self.tracer.tensor_attrs = {}
         phs: list[Any] = [
             self.tracer.create_proxy("placeholder", name, (), {}) for name in PLACEHOLDERS
         ]
         args_p, sizes_p, scalars_p, hooks_p, packed_p = phs
-        self.sizes_proxy, self.scalars_proxy = sizes_p, scalars_p
-        self.hooks_proxy, self.packed_proxy = hooks_p, packed_p
+        self.hooks_node, self.packed_node = hooks_p.node, packed_p.node
         self.stack.enter_context(enable_python_dispatcher())
 
         fakes = [self._fake_input(x) for x in inputs]
-        self._bind(fakes, [args_p[i] for i in range(len(fakes))])
+        self._sym_anchor = packed_p.node
+        for i, f in enumerate(fakes):
+            self._track(f, node := self._getitem(args_p.node, i))
+            self._sym_anchor = node
 
-        sym_sizes: list[Any] = []
-        for i, v in enumerate(sizes):
-            s = self._symbol(v, "sizes", i)
-            sym_sizes.append(s)
-            if isinstance(s, torch.SymInt):
-                self.sym_proxies[s.node] = p = sizes_p[i]
-                self._bind([s], [p])  # the engine's own size arithmetic is traced too
-        sym_scalars: list[Any] = []
-        for i, sv in enumerate(scalars):
-            s = self._symbol(sv, "scalars", i)
-            sym_scalars.append(s)
-            if isinstance(s, torch.SymInt | torch.SymFloat):
-                self.sym_proxies[s.node] = p = scalars_p[i]
-                self._bind([s], [p])
+        # The engine's own size arithmetic is traced too (by the proxy mode, through
+        # each symbol's proxy slot).  A symbol's ``sizes[i]`` node is made at its first
+        # use: many lifted sizes are never read by the graph.
+        sym_sizes = [self._lifted(v, "sizes", i, sizes_p.node) for i, v in enumerate(sizes)]
+        sym_scalars = [self._lifted(v, "scalars", i, scalars_p.node) for i, v in enumerate(scalars)]
 
         self.stack.enter_context(self.fake_mode)
         self.stack.enter_context(self.proxy_mode)
@@ -159,6 +169,25 @@ class CaptureInstance:
             self.sym_sources[s.node.expr] = (where, i)
         return s
 
+    def _lifted(self, v: Any, where: str, i: int, placeholder: fx.Node) -> Any:
+        """The symbol of the engine's ``where[i]``, bound to a ``where[i]`` node made at
+        its first use."""
+        s = self._symbol(v, where, i)
+        if isinstance(s, torch.SymInt | torch.SymFloat):
+            set_proxy_slot(
+                s, self.tracer, Thunk(functools.partial(self._sym_item, s, placeholder, i))
+            )
+        return s
+
+    def _sym_item(self, s: Any, placeholder: fx.Node, i: int) -> fx.Proxy:
+        # among the graph's inputs, where an eager one would be: the reordering passes
+        # place nodes relative to their inputs
+        with self.graph.inserting_after(self._sym_anchor):
+            node = self._getitem(placeholder, i)
+        self._sym_anchor = node
+        node.meta["val"] = s  # as the tracer's own binding does; dropped at the end
+        return fx.Proxy(node, self.tracer)
+
     # --------------------------------------------------------------- helpers
     def to_proxy(self, t: Any) -> Any:
         if t is None:
@@ -170,32 +199,89 @@ class CaptureInstance:
         if isinstance(t, torch.SymInt | torch.SymFloat):
             if t.node.expr.is_number:
                 return int(t) if isinstance(t, torch.SymInt) else float(t)
-            p = self.sym_proxies.get(t.node)
-            if p is not None:
-                return p
             return fetch_object_proxy(self.tracer, t).force()  # type: ignore[union-attr]
         if not isinstance(t, torch.Tensor):
             return t
         return fetch_object_proxy(self.tracer, t).proxy  # type: ignore[union-attr]
 
-    def _bind(self, objects: Sequence[Any], proxies: Sequence[Any]) -> None:
-        track_tensor_tree(list(objects), list(proxies), constant=None, tracer=self.tracer)
+    # Graph building.  Capture makes its nodes directly in the graph: the tracer's
+    # ``create_proxy``/``create_arg`` (generic checks per argument, stack and module
+    # metadata) and ``track_tensor_tree`` (a snapshot fake as ``val`` per value, which
+    # `end_capture` drops) cost more than the rest of a capture together.
+    def _arg(self, a: Any) -> Any:
+        """``a`` as an argument of a node: tensors and symbols by their nodes."""
+        t = type(a)
+        if t in _PLAIN:
+            return a
+        if t is list:
+            return [self._arg(x) for x in a]
+        if t is tuple:
+            return tuple(self._arg(x) for x in a)
+        if t is fx.Node:
+            return a
+        if isinstance(a, fx.Proxy):
+            return a.node
+        if isinstance(a, torch.Tensor | torch.SymInt | torch.SymFloat):
+            p = self.to_proxy(a)
+            return p.node if isinstance(p, fx.Proxy) else p
+        return self.tracer.create_arg(a)  # anything else as the tracer takes it
+
+    def _node(
+        self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+    ) -> fx.Node:
+        return self.graph.create_node("call_function", fn, self._arg(args), kwargs or {})
+
+    def _getitem(self, node: fx.Node, i: int) -> fx.Node:
+        return self.graph.create_node("call_function", operator.getitem, (node, i), {})
+
+    def _track(self, t: Any, node: fx.Node) -> None:
+        """Bind the value ``t`` to ``node``: later uses of ``t`` read it."""
+        if t is None:
+            return
+        if (
+            type(t) is FakeTensor
+            and all(type(n) is int for n in t.shape)
+            and all(type(n) is int for n in t.stride())
+        ):  # no symbolic size to bind as well
+            set_proxy_slot(t, self.tracer, _ProxyTensor(fx.Proxy(node, self.tracer), None))
+        else:
+            track_tensor_tree([t], [fx.Proxy(node, self.tracer)], constant=None, tracer=self.tracer)
+
+    def _track_items(self, values: Sequence[Any], node: fx.Node) -> None:
+        """Bind ``values[i]`` to ``node[i]`` (no node for a None)."""
+        for i, v in enumerate(values):
+            if v is not None:
+                self._track(v, self._getitem(node, i))
+
+    def _fake(
+        self, size: Sequence[int], stride: Sequence[int], dtype: torch.dtype, device: Any
+    ) -> torch.Tensor:
+        with _disable_current_modes():  # neither traced nor faked again
+            return fake_tensor(self.fake_mode, size, stride, 0, dtype, device)
 
     def _dummy(self) -> torch.Tensor:
-        with disable_proxy_modes_tracing():
-            return torch.zeros([0, 123456789])  # odd size: easy to spot if it leaks
+        # odd size: easy to spot if it leaks
+        return self._fake((0, 123456789), (123456789, 1), torch.get_default_dtype(), "cpu")
 
     def _dummy_like(self, x: torch.Tensor) -> torch.Tensor:
+        """``torch.empty_like(x)``: built directly for a dense ``x`` of concrete sizes."""
+        if (
+            type(x) is FakeTensor
+            and all(type(n) is int for n in x.shape)
+            and all(type(n) is int for n in x.stride())
+            and x.numel() > 0
+            and ops.is_dense(x)  # empty_like keeps the strides of a dense tensor
+        ):
+            return self._fake(x.shape, x.stride(), x.dtype, x.fake_device)
         with disable_proxy_modes_tracing():
             return torch.empty_like(x)
 
     def _call(
         self, fn: Callable[..., Any], args: Any, n_out: int, kwargs: dict[str, Any] | None = None
     ) -> list[torch.Tensor]:
-        pargs = pytree.tree_map(self.to_proxy, args)
-        pout: Any = self.tracer.create_proxy("call_function", fn, pargs, kwargs or {})
+        node = self._node(fn, args, kwargs)
         result = [self._dummy() for _ in range(n_out)]
-        self._bind(result, [pout[i] for i in range(n_out)])
+        self._track_items(result, node)
         return result
 
     # ----------------------------------------------------- engine: functional
@@ -223,22 +309,14 @@ class CaptureInstance:
             # accumulate-grad and hooks can move up to it (passes), also out of an
             # inlined AOT backward, where one node yields every gradient.
             for k, out in enumerate(outputs):
-                pk = pytree.tree_map(self.to_proxy, ([out], [metas[k]]))
-                pout_k: Any = self.tracer.create_proxy("call_function", op, pk, {})
-                if out is not None:
-                    self._bind([out], [pout_k[0]])
+                self._track_items([out], self._node(op, ([out], [metas[k]])))
             return outputs
-        pargs = pytree.tree_map(self.to_proxy, (outputs, *args))
-        pout: Any = self.tracer.create_proxy("call_function", op, pargs, {})
-        self._bind(outputs, [pout[i] for i in range(len(outputs))])
+        self._track_items(outputs, self._node(op, (outputs, *args)))
         return outputs
 
     def accumulate(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        pout: Any = self.tracer.create_proxy(
-            "call_function", torch.add, (self.to_proxy(old), self.to_proxy(new)), {}
-        )
         result = self._dummy()
-        self._bind([result], [pout])
+        self._track(result, self._node(torch.add, (old, new)))
         return result
 
     def accumulate_grad(self, variable: torch.Tensor, *rest: Any) -> torch.Tensor | None:
@@ -251,19 +329,11 @@ class CaptureInstance:
         else:
             grad, has_post_hooks = rest
             variable_grad, returns = None, False
-        pout: Any = self.tracer.create_proxy(
-            "call_function",
-            ops.accumulate_grad,
-            (
-                self.to_proxy(variable),
-                self.to_proxy(variable_grad),
-                self.to_proxy(grad),
-                bool(has_post_hooks),
-            ),
-            {},
+        node = self._node(
+            ops.accumulate_grad, (variable, variable_grad, grad, bool(has_post_hooks))
         )
         result = self._dummy_like(variable)
-        self._bind([result], [pout])
+        self._track(result, node)
         if not returns:
             return None
         variable.grad = result
@@ -286,41 +356,49 @@ class CaptureInstance:
                 f"stoker-autograd: {ctx._forward_cls.__qualname__} carries a Dynamo BackwardState; "
                 "only torch.compile's own backends produce these"
             )
-        pctx = self.hooks_proxy[backward_idx]
+        pctx = fx.Proxy(self._getitem(self.hooks_node, backward_idx), self.tracer)
         pinputs = self.to_proxy(list(inputs))
         psaved = self.to_proxy(list(saved_tensors))
         info = stoker_aot_info(ctx)
-        proxies: Any = None
+        nodes: list[Any] | None = None
         if info is not None:
             proxies = inline_aot_backward(self, info, ctx, pinputs, psaved, output_metadatas)
-        if proxies is None:
+            if proxies is not None:
+                nodes = [None if p is None else p.node for p in proxies]
+        if nodes is None:
             if hasattr(ctx._forward_cls, "_aot_id"):
                 raise NotImplementedError(
                     f"stoker-autograd: {ctx._forward_cls.__qualname__} is a backward compiled by "
                     "torch's own AOTAutograd (torch.compile with another backend); compile the "
                     "forward with stoker, or run this backward outside stoker_autograd.enable()"
                 )
-            proxies = self.tracer.create_proxy(
-                "call_function", ops.call_backward, (pctx, psaved, *pinputs), {}
-            )
-            proxies.node.meta["stoker_fn"] = ctx._forward_cls.__qualname__
-            proxies.node.meta["stoker_out_meta"] = [
+            call = self._node(ops.call_backward, (pctx, psaved, *pinputs))
+            cls = ctx._forward_cls
+            call.meta["stoker_fn"] = cls.__qualname__
+            call.meta["stoker_fn_key"] = f"{cls.__module__}.{cls.__qualname__}"  # in the key
+            call.meta["stoker_out_meta"] = [
                 None if m is None else (m[0], m[1], m[2], self._size_exprs(m[3]))
                 for m in output_metadatas
             ]
-        with disable_proxy_modes_tracing():
-            grads: list[torch.Tensor | None] = []
-            for i, m in enumerate(output_metadatas):
-                if m is None or proxies[i] is None:
-                    grads.append(None)
-                    continue
-                layout, device, dtype, size = m
-                # concrete sizes: a symbolic fake costs ~15 ms here (contiguity through
-                # sympy); what follows reads only the proxy (the retrace has real sizes)
-                grads.append(
-                    torch.empty(size=_hints(size), dtype=dtype, layout=layout, device=device)
-                )
-            self._bind(grads, [proxies[i] for i in range(len(grads))])
+            nodes = [
+                None if m is None else self._getitem(call, i)
+                for i, m in enumerate(output_metadatas)
+            ]
+        grads: list[torch.Tensor | None] = []
+        for m, node in zip(output_metadatas, nodes, strict=True):
+            if m is None or node is None:
+                grads.append(None)
+                continue
+            layout, device, dtype, size = m
+            # concrete sizes: a symbolic fake costs ~15 ms here (contiguity through
+            # sympy); what follows reads only the node (the retrace has real sizes)
+            if layout == torch.strided:
+                g = self._fake(_hints(size), _contiguous(_hints(size)), dtype, device)
+            else:
+                with disable_proxy_modes_tracing():
+                    g = torch.empty(size=_hints(size), dtype=dtype, layout=layout, device=device)
+            self._track(g, node)
+            grads.append(g)
         return tuple(grads)
 
     def _size_exprs(self, size: Sequence[Any]) -> list[Any]:
@@ -358,69 +436,57 @@ class CaptureInstance:
         )
 
     # ----------------------------------------------------------------- hooks
-    def _hook(self, hook_id: int, *args: Any, hook_type: str) -> Any:
-        hook = self.hooks_proxy[hook_id]
-        pargs = [self.to_proxy(a) for a in args]
-        return self.tracer.create_proxy(
-            "call_function", ops.call_hook, (hook, *pargs), {"hook_type": hook_type}
-        )
+    def _hook(self, hook_id: int, *args: Any, hook_type: str) -> fx.Node:
+        hook = self._getitem(self.hooks_node, hook_id)
+        return self._node(ops.call_hook, (hook, *args), {"hook_type": hook_type})
 
     def tensor_pre_hook(
         self, inputs: list[torch.Tensor], hook_id: int, i: int
     ) -> list[torch.Tensor]:
-        proxy = self._hook(hook_id, inputs[i], hook_type="tensor_pre_hook")
-        with disable_proxy_modes_tracing():
-            inputs[i] = self._dummy_like(inputs[i])
-            self._bind([inputs[i]], [proxy])
+        node = self._hook(hook_id, inputs[i], hook_type="tensor_pre_hook")
+        inputs[i] = self._dummy_like(inputs[i])
+        self._track(inputs[i], node)
         return inputs
 
     def cpp_tensor_pre_hook(
         self, inputs: list[torch.Tensor], hook_id: int, i: int
     ) -> list[torch.Tensor]:
-        proxy: Any = self.tracer.create_proxy(
-            "call_function", ops.call_cpp_tensor_pre_hooks, (hook_id, self.to_proxy(inputs[i])), {}
-        )
-        with disable_proxy_modes_tracing():
-            inputs[i] = self._dummy_like(inputs[i])
-            self._bind([inputs[i]], [proxy])
+        node = self._node(ops.call_cpp_tensor_pre_hooks, (hook_id, inputs[i]))
+        inputs[i] = self._dummy_like(inputs[i])
+        self._track(inputs[i], node)
         return inputs
 
     def pre_hook(self, inputs: Sequence[Any], hook_id: int) -> list[Any]:
-        proxies = self._hook(hook_id, list(inputs), hook_type="pre_hook")
-        with disable_proxy_modes_tracing():
-            out = [None if x is None else self._dummy_like(x) for x in inputs]
-            self._bind(out, [proxies[i] for i in range(len(out))])
+        node = self._hook(hook_id, list(inputs), hook_type="pre_hook")
+        out = [None if x is None else self._dummy_like(x) for x in inputs]
+        self._track_items(out, node)
         return out
 
     def post_hook(self, outputs: Sequence[Any], inputs: Sequence[Any], hook_id: int) -> list[Any]:
-        proxies = self._hook(hook_id, list(outputs), list(inputs), hook_type="post_hook")
-        with disable_proxy_modes_tracing():
-            out = [None if x is None else self._dummy_like(x) for x in outputs]
-            self._bind(out, [proxies[i] for i in range(len(out))])
+        node = self._hook(hook_id, list(outputs), list(inputs), hook_type="post_hook")
+        out = [None if x is None else self._dummy_like(x) for x in outputs]
+        self._track_items(out, node)
         return out
 
     def post_acc_grad_hook(self, input: torch.Tensor, hook_id: int) -> list[torch.Tensor]:
-        proxy = self._hook(hook_id, input, hook_type="post_acc_grad_hook")
-        with disable_proxy_modes_tracing():
-            res = [self._dummy_like(input)]
-            self._bind(res, [proxy])
+        node = self._hook(hook_id, input, hook_type="post_acc_grad_hook")
+        res = [self._dummy_like(input)]
+        self._track(res[0], node)
         return res
 
     def unpack_hook(self, hook_id: int, data_id: int) -> torch.Tensor:
-        hook = self.hooks_proxy[hook_id]
-        data = self.packed_proxy[data_id]
-        proxy: Any = self.tracer.create_proxy(
-            "call_function", ops.call_hook, (hook, data), {"hook_type": "unpack_hook"}
-        )
+        hook = self._getitem(self.hooks_node, hook_id)
+        data = self._getitem(self.packed_node, data_id)
+        node = self._node(ops.call_hook, (hook, data), {"hook_type": "unpack_hook"})
         out = self._dummy()
-        self._bind([out], [proxy])
+        self._track(out, node)
         return out
 
     # ------------------------------------------------------------------- end
     def end_capture(self, outputs: Any) -> tuple[Callable[..., Any], Any]:
         from .runtime import CompiledBackward, runtime_wrapper
 
-        self.tracer.create_proxy("call_function", ops.exec_final_callbacks_stub, (), {})
+        self._node(ops.exec_final_callbacks_stub, ())
         self.stack.close()
         self.tracer.create_node(
             "output", "output", (self.tracer.create_arg(self.to_proxy(outputs)),), {}
@@ -486,6 +552,14 @@ def _hints(size: Sequence[Any]) -> list[int]:
         hint = s.node.hint if isinstance(s, torch.SymInt) else s
         out.append(int(hint) if hint is not None else 1)
     return out
+
+
+def _contiguous(size: Sequence[int]) -> list[int]:
+    strides, acc = [], 1
+    for n in reversed(size):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return strides[::-1]
 
 
 def getitem_index(node: fx.Node) -> int | None:

@@ -11,7 +11,7 @@ stoker-triton's compiled-graph cache finds its segments.
 
 | what decides the key | how |
 |---|---|
-| the captured graph | as captured, before the reordering passes (pure functions of it, and of stoker-autograd's sources, which the key hashes; a hit never runs them), every node: op, target (a functional backward by the engine's name, functions by qualified name), arguments (nodes by position, so an inlined AOT backward is keyed by its content, not by its id), the output metadata a custom backward promised |
+| the captured graph | as captured, before the reordering passes (pure functions of it, and of stoker-autograd's sources, which the key hashes; a hit never runs them), every node: op, target (a functional backward by the engine's name, functions by qualified name), arguments (nodes by position, so an inlined AOT backward is keyed by its content, not by its id), the output metadata a custom backward promised and its Function's qualified name |
 | the inputs | each tensor's sizes, strides, offset, dtype, device, requires_grad, type; the sizes and scalars the engine lifted, by value and type |
 | the shape state | the positions already seen to change (symbolic from now on), how capture symbols map to sizes and scalars |
 | the session | dynamic or not, the compiler's qualified name, grad mode (``create_graph``) |
@@ -185,9 +185,11 @@ def graph_text(
                 )
         target = n.target if n.op != "call_function" else _target_text(n.target)
         meta = n.meta.get("stoker_out_meta")
+        fn = n.meta.get("stoker_fn_key")
         lines.append(
             f"{n.op} {target} {_arg_text(tuple(n.args), index)} {_arg_text(dict(n.kwargs), index)}"
             + (f" out_meta={_arg_text(meta, index)}" if meta is not None else "")
+            + (f" fn={fn}" if fn is not None else "")
         )
     lines += sorted(f"sym {s}={w}[{i}]" for s, (w, i) in sym_sources.items())
     return "\n".join(lines)
