@@ -306,3 +306,41 @@ def test_a_kernel_module_is_imported_at_its_first_launch(monkeypatch, tmp_path) 
     made.clear()
     fn(x)
     assert made == []
+
+
+def test_a_kernel_shared_by_two_graphs_compiles_once(monkeypatch, tmp_path) -> None:
+    # A model's graphs share kernels (its layers in a forward and a backward, the
+    # backward compiled autograd captures): kernel modules are keyed by their source,
+    # and a compile queued or done for one (path, arguments, target, config) is not
+    # queued again, by any graph.
+    from torch._decomp import core_aten_decompositions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from stoker_triton import compile_graph
+
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("STOKER_TRITON_GRAPH_CACHE", "0")  # the second graph compiles too
+    jobs: list[str] = []
+
+    class Pool:
+        def submit(self, fn: str, path: str, *a: Any) -> Future[Any]:
+            jobs.append(path)
+            return Future()  # still running while the second graph queues
+
+    monkeypatch.setattr(runtime, "native_target", lambda device: ("cuda", 90, 32))
+    monkeypatch.setattr(xcompile, "_executor", lambda start=False: Pool())
+    monkeypatch.setattr(xcompile, "_built_before", lambda key: False)
+
+    def f(x: torch.Tensor) -> Any:
+        return torch.softmax(x * 5.5, -1)
+
+    def g(x: torch.Tensor, y: torch.Tensor) -> Any:  # f's kernel and one of its own
+        return torch.softmax(x * 5.5, -1), (y - 2.5).amax(0)
+
+    x, y = torch.randn(8, 16), torch.randn(4, 8)
+    decomp = core_aten_decompositions()
+    one = compile_graph(make_fx(f, decomposition_table=decomp)(x), [x])
+    two = compile_graph(make_fx(g, decomposition_table=decomp)(x, y), [x, y])
+    paths = [k.path for k in (*one.report.kernels, *two.report.kernels)]
+    assert len(paths) == 3 and len(set(paths)) == 2, paths  # one kernel in both graphs
+    assert sorted(jobs) == sorted(set(paths)), jobs  # compiled once
