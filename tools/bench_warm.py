@@ -235,6 +235,10 @@ def _worker(
     cold_rows = {k: list(v) for k, v in cold_times.items()}  # the first step's only
     n_graphs = len(graphs)
     cold_rows["first step (all)"] = [1, first_wall, first]
+    if cold:  # distinct kernel sources the first step stored (one compile each)
+        kdir = os.path.join(os.environ.get("STOKER_CACHE_DIR", ""), "triton", "kernels")
+        counts["kernel modules stored"] = len(os.listdir(kdir)) if os.path.isdir(kdir) else 0
+        before.setdefault("kernel modules stored", 0)
     cold_rows["process to end of first step"] = [
         1,
         time.perf_counter() - w_start,
