@@ -216,3 +216,35 @@ def test_bench_warm_smoke_loads_every_kernel_without_triton_jit(tmp_path):
     assert warm["counts"]["JITFunction"] == 0 and warm["counts"]["triton.compile"] == 0, warm
     assert warm["summary"]["cache_misses"] == 0 and warm["summary"]["cache_hits"] >= 2, warm
     assert warm["autograd"]["disk_hits"] >= 1 and warm["autograd"]["compiles"] == 0, warm
+
+
+def test_bench_warm_cold_smoke_breaks_down_a_cold_first_step(tmp_path):
+    """``tools/bench_warm.py --cold``: a cold first step by stage, with the precompile
+    queued on compile workers as on a GPU: every launch loads what the workers built,
+    and the AOT backward, which compiled autograd inlines, is not compiled."""
+    import json
+
+    out = tmp_path / "cold.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "bench_warm.py"),
+            "--cold",
+            "--smoke",
+            "--repeat",
+            "1",
+            "--workers",
+            "2",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "wait for workers" in proc.stdout and "compiled autograd: retrace" in proc.stdout
+    (run,) = json.loads(out.read_text())
+    assert run["counts"]["Triton cache misses"] == 0, run["counts"]  # built by the workers
+    assert [g["by"] for g in run["graphs"]] == ["capture", "compiled autograd"], run["graphs"]
+    assert run["cold"]["first step (all)"][1] > 0

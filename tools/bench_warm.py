@@ -50,10 +50,120 @@ STAGES: dict[str, tuple[str, str]] = {
 }
 
 
+# A cold first step, by stage (`--cold`): each wraps the function(s) named and times
+# their calls (wall and CPU of this process, inclusive, outermost call only): unlike
+# cProfile's, these times are not inflated by the profiler, and waits count.
+# stage -> (module, attribute path)
+COLD_STAGES: dict[str, tuple[str, str]] = {
+    "Dynamo (convert_frame._compile)": ("torch._dynamo.convert_frame", "_compile"),
+    "stoker backend": ("stoker._internal.backend", "StokerBackend.__call__"),
+    "  capture: state (fake forward)": ("stoker_capture._internal.api", "create_aot_state"),
+    "  capture: joint trace (stage 1)": (
+        "stoker_capture._internal.api",
+        "aot_stage1_graph_capture",
+    ),
+    "  stage 2 (partition + compile fw, bw)": (
+        "stoker_capture._internal.api",
+        "aot_stage2_compile",
+    ),
+    "compile_graph (all graphs)": ("stoker_triton._internal.pipeline", "compile_graph_impl"),
+    "forward run (compiled)": ("stoker_capture._internal.runtime_fn", "CompiledFunction.forward"),
+    "backward (all)": ("torch", "Tensor.backward"),
+    "  compiled autograd: first run (eager)": (
+        "stoker_autograd._internal.runtime",
+        "_Recorder.run",
+    ),
+    "  compiled autograd: retrace": ("stoker_autograd._internal.runtime", "retrace"),
+    "  compiled autograd: compile": (
+        "stoker_autograd._internal.runtime",
+        "CompiledBackward._compiled",
+    ),
+    "wait for workers (first launches)": (
+        "stoker_triton._internal.runtime.launcher",
+        "Launcher._await_precompile",
+    ),
+    "Triton launches (JITFunction.run)": ("triton.runtime.jit", "JITFunction.run"),
+    "  Triton compile in this process": ("triton.runtime.jit", "compile"),
+    "cache writes (DiskCache.put)": ("stoker_shapes._internal.diskcache", "DiskCache.put"),
+    "  binary records (warmload.record)": ("stoker_triton._internal.runtime.warmload", "record"),
+    "optimizer step": ("torch.optim.adamw", "AdamW.step"),
+}
+
+
+def _wrap_stages(
+    table: dict[str, tuple[str, str]],
+) -> tuple[dict[str, list[float]], list[dict[str, Any]]]:
+    """Wrap each function of `table` with a timer: stage -> [calls, wall s, CPU s];
+    and each `compile_graph_impl` call's record (wall, CPU, its report's stages)."""
+    import importlib
+
+    times: dict[str, list[float]] = {}
+    graphs: list[dict[str, Any]] = []
+    for stage, (modname, attr) in table.items():
+        try:
+            owner: Any = importlib.import_module(modname)
+            *parents, name = attr.split(".")
+            for p in parents:
+                owner = getattr(owner, p)
+            fn = getattr(owner, name)
+        except (ImportError, AttributeError) as e:
+            print(f"bench_warm: stage {stage!r} not timed: {e}", file=sys.stderr)
+            continue
+        row = times[stage] = [0, 0.0, 0.0]
+        setattr(owner, name, _timer(fn, row, graphs if name == "compile_graph_impl" else None))
+    return times, graphs
+
+
+def _timer(fn: Any, row: list[float], graphs: list[dict[str, Any]] | None) -> Any:
+    import functools
+    import traceback
+
+    depth = [0]
+
+    @functools.wraps(fn)
+    def timed(*a: Any, **k: Any) -> Any:
+        if depth[0]:
+            return fn(*a, **k)
+        depth[0] += 1
+        w0, c0 = time.perf_counter(), time.process_time()
+        try:
+            out = fn(*a, **k)
+        finally:
+            depth[0] -= 1
+            w, c = time.perf_counter() - w0, time.process_time() - c0
+            row[0] += 1
+            row[1] += w
+            row[2] += c
+        if graphs is not None:
+            rep = getattr(out, "report", None)
+            stack = "".join(traceback.format_stack(limit=40))
+            graphs.append(
+                {
+                    "by": "compiled autograd" if "stoker_autograd" in stack else "capture",
+                    "wall": w,
+                    "cpu": c,
+                    "kernels": len(getattr(rep, "kernels", ()) or ()),
+                    "cache": getattr(rep, "cache", None),
+                    "stages_ms": dict(getattr(rep, "timings_ms", {}) or {}),
+                }
+            )
+        return out
+
+    return timed
+
+
 def _worker(
-    model: str, batch: int | None, profile_out: str | None, steps: int, smoke: bool
+    model: str,
+    batch: int | None,
+    profile_out: str | None,
+    steps: int,
+    smoke: bool,
+    cold: bool = False,
+    workers: int = 0,
+    profile: bool = True,
 ) -> dict[str, Any]:
     t_start = time.process_time()
+    w_start = time.perf_counter()
     os.environ["TRITON_INTERPRET"] = "0"
     import torch
 
@@ -71,8 +181,21 @@ def _worker(
 
     if hasattr(_backend, "resolve_backend"):
         _backend.resolve_backend = config.resolve_backend
+    cold_times: dict[str, list[float]] = {}
+    graphs: list[dict[str, Any]] = []
+    if cold:  # as on a GPU: compile workers, each kernel's compile queued as it loads
+        from stoker_triton._internal import pipeline, runtime, xcompile
+
+        def gpu_target(device: Any) -> tuple[str, Any, int] | None:
+            return ("cuda", 90, 32)
+
+        runtime.native_target = pipeline.native_target = gpu_target
+        if workers:
+            xcompile.cpu_count = lambda: workers
 
     counts = _count_calls()
+    if cold:
+        cold_times, graphs = _wrap_stages(COLD_STAGES)
     entry = get_entry(model)
     size = dict(entry.sized(smoke))
     if batch is not None:
@@ -94,9 +217,11 @@ def _worker(
 
     before = dict(counts)
     prof = cProfile.Profile(time.process_time)
-    t0 = time.process_time()
-    prof.runcall(step)
-    first = time.process_time() - t0
+    t0, w0 = time.process_time(), time.perf_counter()
+    prof.runcall(step) if profile else step()
+    first, first_wall = time.process_time() - t0, time.perf_counter() - w0
+    if not profile:
+        prof.runcall(lambda: None)
     stats = pstats.Stats(prof)
     if profile_out:
         stats.dump_stats(profile_out)
@@ -107,6 +232,18 @@ def _worker(
                 stages[name] += row[3]  # cumulative
     stages["first step (all)"] = first
     stages["process to end of first step"] = time.process_time()
+    cold_rows = {k: list(v) for k, v in cold_times.items()}  # the first step's only
+    n_graphs = len(graphs)
+    cold_rows["first step (all)"] = [1, first_wall, first]
+    if cold:  # distinct kernel sources the first step stored (one compile each)
+        kdir = os.path.join(os.environ.get("STOKER_CACHE_DIR", ""), "triton", "kernels")
+        counts["kernel modules stored"] = len(os.listdir(kdir)) if os.path.isdir(kdir) else 0
+        before.setdefault("kernel modules stored", 0)
+    cold_rows["process to end of first step"] = [
+        1,
+        time.perf_counter() - w_start,
+        time.process_time(),
+    ]
     for _ in range(steps - 1):  # the cold process: later steps compile what the first ran eagerly
         step()
     modules: dict[str, int] = {}
@@ -126,6 +263,8 @@ def _worker(
         "stoker modules": sorted(m for m in sys.modules if m.startswith("stoker")),
         "summary": rep.summary() if rep is not None else {},
         "autograd": stoker_autograd.stats(),
+        "cold": cold_rows,
+        "graphs": graphs[:n_graphs],
     }
 
 
@@ -234,13 +373,27 @@ def main() -> int:
         action="store_true",
         help="warm processes read no bytecode cache (as on the GPU image): imports compile sources",
     )
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="break down a cold first step instead: --repeat processes, each with empty caches",
+    )
+    ap.add_argument("--workers", type=int, default=0, help="--cold: compile workers (0: per CPU)")
+    ap.add_argument(
+        "--profile", action="store_true", help="--cold: also cProfile the step (CPU stages)"
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--profile-out", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=1, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        print(json.dumps(_worker(a.model, a.batch, a.profile_out, a.steps, a.smoke)))
+        out = _worker(
+            a.model, a.batch, a.profile_out, a.steps, a.smoke, a.cold, a.workers, a.profile
+        )
+        print(json.dumps(out))
         return 0
+    if a.cold:
+        return _cold_main(a)
     root = a.keep or tempfile.mkdtemp(prefix="stoker-warm-")
     env = {
         **os.environ,
@@ -294,6 +447,61 @@ def main() -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"cold": cold, "warm": warms}, f, indent=1)
+    return 0
+
+
+def _cold_main(a: argparse.Namespace) -> int:
+    """`--cold`: where a cold first step's wall and CPU go (main process)."""
+    wargs = ["--model", a.model, "--batch", str(a.batch), "--cold", "--workers", str(a.workers)]
+    wargs += [*(["--smoke"] if a.smoke else []), *(["--profile"] if a.profile else [])]
+    flags: tuple[str, ...] = ()
+    env = {**os.environ, "TRITON_INTERPRET": "0", "STOKER_TRITON_CHECK_TARGETS": ""}
+    if a.no_pyc:
+        flags = ("-X", f"pycache_prefix={tempfile.mkdtemp(prefix='stoker-nopyc-')}")
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    runs = []
+    for _ in range(a.repeat):
+        root = tempfile.mkdtemp(prefix="stoker-cold-")
+        env["STOKER_CACHE_DIR"] = os.path.join(root, "stoker")
+        env["TRITON_CACHE_DIR"] = os.path.join(root, "triton")
+        t0 = time.perf_counter()
+        runs.append(_run(env, wargs, 1800, flags))
+        print(f"cold process: {time.perf_counter() - t0:.1f} s wall", file=sys.stderr)
+        if not a.keep:
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)
+    pyc = ", no bytecode cache" if a.no_pyc else ""
+    print(f"cold first step of {a.model} (batch {a.batch}{pyc}), min of {a.repeat} processes:")
+    print(
+        f"  {'stage (inclusive; indented: inside the one above)':52s} {'calls':>5s} "
+        f"{'wall s':>7s} {'CPU s':>7s}"
+    )
+    print(
+        f"  {'imports: torch (CPU)':52s} {'':5s} {'':7s} "
+        f"{min(r['imports: torch'] for r in runs):7.2f}"
+    )
+    for k in runs[0]["cold"]:
+        rows = [r["cold"][k] for r in runs if k in r["cold"]]
+        print(
+            f"  {k:52s} {int(rows[0][0]):5d} {min(r[1] for r in rows):7.2f} "
+            f"{min(r[2] for r in rows):7.2f}"
+        )
+    print("  compile_graph calls (first process; report stages in s):")
+    for g in runs[0]["graphs"]:
+        st = ", ".join(f"{k} {v / 1e3:.2f}" for k, v in g["stages_ms"].items())
+        print(
+            f"    {g['by']:18s} {g['kernels']:3d} kernels {g['cache'] or '':>14s} "
+            f"wall {g['wall']:5.2f} CPU {g['cpu']:5.2f}: {st}"
+        )
+    print(f"  counts: {runs[0]['counts']}")
+    if a.profile:
+        print("  cProfile CPU stages (first process):")
+        for k, v in runs[0]["stages"].items():
+            print(f"    {k:50s} {v:7.2f}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(runs, f, indent=1)
     return 0
 
 

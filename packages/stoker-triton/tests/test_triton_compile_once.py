@@ -239,19 +239,25 @@ def test_each_kernel_is_queued_as_soon_as_it_is_loaded(monkeypatch) -> None:
 
     from stoker_triton import compile_graph
     from stoker_triton._internal import pipeline
+    from stoker_triton._internal.runtime import modules
 
     events: list[str] = []
-    load_module = pipeline.load_module
+    load_module, store_module = pipeline.load_module, modules.store_module
 
     def load(kind: str, src: str) -> Any:
         events.append(f"load {kind}")
         return load_module(kind, src)
+
+    def store(kind: str, src: str) -> Any:
+        events.append(f"store {kind}")
+        return store_module(kind, src)
 
     def queue(make_jobs: Any, device: Any) -> int:
         events.append(f"queue {len(make_jobs())}")
         return 0
 
     monkeypatch.setattr(pipeline, "load_module", load)
+    monkeypatch.setattr(modules, "store_module", store)
     monkeypatch.setattr(pipeline, "precompile", queue)
 
     def f(x: torch.Tensor) -> Any:
@@ -261,4 +267,80 @@ def test_each_kernel_is_queued_as_soon_as_it_is_loaded(monkeypatch) -> None:
     fn = compile_graph(make_fx(f, decomposition_table=core_aten_decompositions())(x), [x])
     n = len(fn.report.kernels)
     assert n >= 2
-    assert events == ["load kernels", "queue 1"] * n + ["load wrappers"], events
+    assert events == ["store kernels", "queue 1"] * n + ["load wrappers", "store wrappers"], events
+
+
+def test_a_kernel_module_is_imported_at_its_first_launch(monkeypatch, tmp_path) -> None:
+    # Importing a kernel module runs `triton.jit` on its kernel and on each of its
+    # prelude's ~34 helpers (gpt-m's cold first step made 2453 JITFunctions, ~2 CPU s);
+    # a graph compiled in the first step may first run in the second (compiled
+    # autograd's backward), so the cold path stores the module and imports it at
+    # the kernel's first launch.
+    from torch._decomp import core_aten_decompositions
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from triton.runtime import jit
+
+    from stoker_triton import compile_graph
+
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    made: list[str] = []
+    init = jit.JITFunction.__init__
+
+    def counted(self: Any, fn: Any, *a: Any, **k: Any) -> None:
+        made.append(fn.__name__)
+        init(self, fn, *a, **k)
+
+    monkeypatch.setattr(jit.JITFunction, "__init__", counted)
+
+    def f(x: torch.Tensor) -> Any:  # constants no other test uses: modules not imported yet
+        return torch.softmax(x * 7.125, -1), (x - 0.375).sum(0)
+
+    x = torch.randn(8, 16)
+    fn = compile_graph(make_fx(f, decomposition_table=core_aten_decompositions())(x), [x])
+    n = len(fn.report.kernels)
+    assert n >= 2 and made == []  # stored, none imported
+    out = fn(x)
+    assert made.count("kernel") == n  # each imported once, at its launch
+    torch.testing.assert_close(out[0], f(x)[0])
+    torch.testing.assert_close(out[1], f(x)[1])
+    made.clear()
+    fn(x)
+    assert made == []
+
+
+def test_a_kernel_shared_by_two_graphs_compiles_once(monkeypatch, tmp_path) -> None:
+    # A model's graphs share kernels (its layers in a forward and a backward, the
+    # backward compiled autograd captures): kernel modules are keyed by their source,
+    # and a compile queued or done for one (path, arguments, target, config) is not
+    # queued again, by any graph.
+    from torch._decomp import core_aten_decompositions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from stoker_triton import compile_graph
+
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("STOKER_TRITON_GRAPH_CACHE", "0")  # the second graph compiles too
+    jobs: list[str] = []
+
+    class Pool:
+        def submit(self, fn: str, path: str, *a: Any) -> Future[Any]:
+            jobs.append(path)
+            return Future()  # still running while the second graph queues
+
+    monkeypatch.setattr(runtime, "native_target", lambda device: ("cuda", 90, 32))
+    monkeypatch.setattr(xcompile, "_executor", lambda start=False: Pool())
+    monkeypatch.setattr(xcompile, "_built_before", lambda key: False)
+
+    def f(x: torch.Tensor) -> Any:
+        return torch.softmax(x * 5.5, -1)
+
+    def g(x: torch.Tensor, y: torch.Tensor) -> Any:  # f's kernel and one of its own
+        return torch.softmax(x * 5.5, -1), (y - 2.5).amax(0)
+
+    x, y = torch.randn(8, 16), torch.randn(4, 8)
+    decomp = core_aten_decompositions()
+    one = compile_graph(make_fx(f, decomposition_table=decomp)(x), [x])
+    two = compile_graph(make_fx(g, decomposition_table=decomp)(x, y), [x, y])
+    paths = [k.path for k in (*one.report.kernels, *two.report.kernels)]
+    assert len(paths) == 3 and len(set(paths)) == 2, paths  # one kernel in both graphs
+    assert sorted(jobs) == sorted(set(paths)), jobs  # compiled once

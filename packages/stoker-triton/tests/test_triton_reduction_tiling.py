@@ -38,7 +38,7 @@ def _grad_graph(f):
     return g
 
 
-def _input_loads(src: str, arg: str = "ptr_arg0") -> int:
+def _input_loads(src: str, arg: str = "in_ptr0") -> int:  # x: loaded first
     return src.count(f"tl.load({arg} +")
 
 

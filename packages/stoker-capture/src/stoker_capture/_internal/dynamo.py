@@ -28,6 +28,7 @@ def dynamo_backend(
     memory_budget: float | None = None,
     debug_checks: bool | None = None,
     cache: bool | None = None,
+    lazy_backward: bool = False,
 ) -> Callable[..., Any]:
     """A torch.compile backend: ``torch.compile(model, backend=dynamo_backend())``.
 
@@ -37,6 +38,8 @@ def dynamo_backend(
     ``cache``: load and store captured graphs in ``$STOKER_CACHE_DIR/capture``
     (capcache.py; None: on unless ``STOKER_CAPTURE_CACHE=0``).  The compiled
     function's ``cache_outcome`` says what the cache did ("hit", "miss (why)").
+    ``lazy_backward``: compile the backward at its first call (`AOTConfig`), for a
+    caller whose backward usually never calls it (compiled autograd inlines it).
     """
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
@@ -47,6 +50,7 @@ def dynamo_backend(
             bw_compiler=bw_compiler,
             dynamic="static",
             guard_params=False,
+            lazy_backward=lazy_backward,
         )
         if debug_checks is not None:
             cfg.debug_checks = debug_checks

@@ -122,8 +122,13 @@ class KernelCodegen:
         return v
 
     def ptr(self, buf: str) -> str:
+        """The pointer argument of `buf`, named by the order of first use, not by the
+        buffer: a kernel that recurs (a model's layers, a forward's in its backward,
+        another graph's) has one source, hence one module and one compile."""
         if buf not in self.ptr_args:
-            self.ptr_args[buf] = f"ptr_{buf}"
+            kind = "out" if buf in self.produced else "in"
+            n = sum(1 for b in self.ptr_args if (b in self.produced) == (kind == "out"))
+            self.ptr_args[buf] = f"{kind}_ptr{n}"
         return self.ptr_args[buf]
 
     def index_code(self, e: Expr) -> str:

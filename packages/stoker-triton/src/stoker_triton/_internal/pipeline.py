@@ -619,17 +619,19 @@ def load_kernels(
     autotune: bool = False,
     on_load: Callable[[str, Launcher], None] | None = None,
 ) -> tuple[dict[str, Launcher], dict[str, str]]:
-    """Each kernel's module and launcher; `on_load(name, launcher)` as each is ready."""
-    import hashlib
+    """Each kernel's module (stored, imported at its first launch: a graph compiled
+    now may first run in a later step, and each import runs `triton.jit` on the
+    kernel and its prelude's ~34 helpers) and launcher; `on_load(name, launcher)`
+    as each is ready."""
+    from .runtime.modules import store_module
 
     launchers: dict[str, Launcher] = {}
     paths: dict[str, str] = {}
     for name, ks in kernels.items():
         src = kernel_module_source(ks)
-        mod, path = load_module("kernels", src)
-        sha = hashlib.sha256(src.encode()).hexdigest()[:24]
+        sha, path = store_module("kernels", src)
         launchers[name] = _launcher(
-            mod,
+            _importer(sha, str(path), src),
             sha,
             ks.is_reduction,
             ks.persistent,
@@ -637,6 +639,7 @@ def load_kernels(
             len(ks.pointer_args),
             str(path),
             autotune,
+            outer=ks.outer,
         )
         paths[name] = str(path)
         if on_load is not None:
@@ -645,7 +648,7 @@ def load_kernels(
 
 
 def _launcher(
-    mod: Any,
+    importer: Callable[[], Any],
     sha: str,
     is_reduction: bool,
     persistent: bool,
@@ -653,18 +656,15 @@ def _launcher(
     n_ptrs: int,
     path: str,
     autotune: bool,
-    outer: bool | None = None,
+    outer: bool,
 ) -> Launcher:
-    """The launcher of one loaded kernel module (compiled now, or found in the cache),
-    or (``outer`` given) of one to import at need: ``mod`` is then its importer."""
+    """The launcher of one stored kernel module, which `importer` imports (returning
+    its kernel) when a launch first needs it: a cold launch for Triton's binder,
+    a warm one only where no binary was recorded (`warmload`)."""
     from .xcompile import targets
 
-    if outer is None:  # an imported module
-        lau = Launcher(mod.kernel, sha, is_reduction, persistent, has_atomics, autotune)
-        lau.outer = getattr(mod, "REDUCTION_HINT", "inner") == "outer"
-    else:  # `mod`: what imports it (a warm start: only if a launch needs Triton's binder)
-        lau = Launcher(mod, sha, is_reduction, persistent, has_atomics, autotune, lazy=True)
-        lau.outer = outer
+    lau = Launcher(importer, sha, is_reduction, persistent, has_atomics, autotune, lazy=True)
+    lau.outer = outer
     lau.n_ptrs = n_ptrs
     lau.path = path
     lau.check_gpu = interpreting() and bool(targets())

@@ -143,7 +143,11 @@ class StokerBackend:
         compiler = _RecordingCompiler(executor, rec, self)
         t0 = time.perf_counter()
         try:
-            inner = _capture_backend(compiler, opts)
+            # With compiled autograd on, the backward's first run inlines the AOT backward
+            # graph into its own captured graph, so the AOT backward is compiled only if
+            # something calls it (static shapes: no guard can come of compiling it late)
+            lazy_bw = opts.compiled_autograd and _static(gm, example_inputs)
+            inner = _capture_backend(compiler, opts, lazy_bw)
             compiled: CompiledCallable = inner(gm, example_inputs)
         except Exception as e:
             rec.error = f"{type(e).__name__}: {e}"
@@ -365,7 +369,9 @@ def autograd_compiler(opts: CompileOptions, first_report: Report) -> Callable[..
 # ---------------------------------------------------------------------- capture adapter
 
 
-def _capture_backend(compiler: Callable[..., Any], opts: CompileOptions) -> Callable[..., Any]:
+def _capture_backend(
+    compiler: Callable[..., Any], opts: CompileOptions, lazy_backward: bool = False
+) -> Callable[..., Any]:
     """``stoker_capture.dynamo_backend(compiler=..., <options it accepts>)``."""
     try:
         import stoker_capture
@@ -386,6 +392,7 @@ def _capture_backend(compiler: Callable[..., Any], opts: CompileOptions) -> Call
         "compiler": compiler,
         "partition": partition,
         "memory_budget": opts.memory_budget,
+        **({"lazy_backward": True} if lazy_backward else {}),
         **opts.extra,
     }
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
@@ -439,6 +446,19 @@ def _record_kernels(rec: CompileRecord, report: Any, stage: str) -> None:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _static(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """Whether the graph's inputs have only static sizes (no SymInt anywhere)."""
+    vals = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+    for v in [*example_inputs, *vals]:
+        if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
+            return False
+        if isinstance(v, torch.Tensor) and not all(
+            isinstance(d, int) for d in (*v.shape, *v.stride(), v.storage_offset())
+        ):
+            return False
+    return True
 
 
 def _public_options(o: CompileOptions) -> dict[str, Any]:

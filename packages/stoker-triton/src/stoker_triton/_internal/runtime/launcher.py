@@ -53,8 +53,9 @@ class Launcher:
     remembered on disk.
 
     ``fn``: the kernel's `JITFunction`, or a function that imports the kernel
-    module and returns it (a warm launcher: the module is imported only when a
-    launch needs Triton's binder; `warmload` serves the others)."""
+    module and returns it (``lazy``; what the loaders pass, cold and warm: the
+    module is imported only when a launch needs Triton's binder; `warmload`
+    serves the others)."""
 
     def __init__(
         self,
@@ -87,7 +88,7 @@ class Launcher:
 
     @property
     def fn(self) -> Any:
-        """The kernel's `JITFunction` (a warm launcher imports its module now)."""
+        """The kernel's `JITFunction` (a lazy launcher imports its module now)."""
         if self._fn is None and self._load_fn is not None:
             self._fn, self._load_fn = self._load_fn(), None
             if self.fast is not None:

@@ -33,18 +33,22 @@ def module_store(kind: str) -> DiskCache:
 
 def load_module(kind: str, source: str) -> tuple[ModuleType, Path]:
     """Store `source` in the cache (keyed by content) and import it."""
+    sha, path = store_module(kind, source)
+    return import_stored(kind, sha, path, source), path
+
+
+def store_module(kind: str, source: str) -> tuple[str, Path]:
+    """Store `source` in the cache (keyed by content) without importing it: its
+    content key and file (`import_stored` imports it when it is needed)."""
     sha = hashlib.sha256(source.encode()).hexdigest()[:24]
-    name = f"stoker_triton_{kind}_{sha}"
-    mod = sys.modules.get(name)
+    mod = sys.modules.get(f"stoker_triton_{kind}_{sha}")
     if mod is not None and mod.__file__ is not None:
-        return mod, Path(mod.__file__)
+        return sha, Path(mod.__file__)
     store = module_store(kind)
     found = store.get_entry(sha)
     if found is not None and found[1] == source.encode():
-        path = found[0]
-    else:
-        path = store.put(sha, source.encode())
-    return exec_module(name, path, source), path
+        return sha, found[0]
+    return sha, store.put(sha, source.encode())
 
 
 def read_stored(kind: str, sha: str) -> tuple[Path, str] | None:
