@@ -98,6 +98,9 @@ class _Segment:
     # per accumulate: outputs read last by it, dropped right after (a copied gradient
     # is freed before the next one is copied, as when each accumulate had its segment)
     drops: list[list[fx.Node]] = field(default_factory=list)
+    # per accumulate: its arguments as (is a node, node or constant), read from the env
+    # without fx.map_arg (None: an argument of another kind, mapped by fx)
+    readers: list[tuple[tuple[bool, Any], ...] | None] | None = None
 
 
 @dataclass
@@ -230,14 +233,25 @@ def _apply_accumulates(step: _Segment, env: dict[fx.Node, Any]) -> None:
     """
     shared: dict[int, int] | None = None
     static = getattr(step.fn, "static_outputs", False)  # e.g. CUDA graphs' static buffers
-    for (acc, may_steal), drops in zip(step.accumulates, step.drops):
-        a: Any = fx.map_arg(acc.args, lambda x: env[x])
+    readers = step.readers
+    if readers is None:
+        readers = step.readers = [_reader(acc) for acc, _ in step.accumulates]
+    for (acc, may_steal), drops, spec in zip(step.accumulates, step.drops, readers):
+        if spec is not None:
+            a: Any = [env[x] if node else x for node, x in spec]
+        else:
+            a = fx.map_arg(acc.args, env.__getitem__)
         if may_steal and not static and a[0].grad is None:
             if shared is None:
                 values = [env[n] for n in step.inputs] + [env.get(n) for n in step.outputs]
                 shared = _storage_counts(values)
             variable, variable_grad, g, has_post_hooks = a
-            fresh = shared.get(_storage(g), 0) == 1 and _fills_its_storage(g)
+            storage = g.untyped_storage()
+            fresh = (
+                shared.get(storage.data_ptr(), 0) == 1
+                and g.numel() * g.element_size() == storage.nbytes()  # fills its storage
+            )
+            del storage
             if fresh and g._is_view():  # of a buffer nobody else holds: eager steals it too
                 g = g.detach()
             env[acc] = ops.accumulate_grad(variable, variable_grad, g, has_post_hooks, fresh)
@@ -248,19 +262,23 @@ def _apply_accumulates(step: _Segment, env: dict[fx.Node, Any]) -> None:
             env.pop(n, None)
 
 
-def _storage(t: torch.Tensor) -> int:
-    return int(t.untyped_storage().data_ptr())
-
-
-def _fills_its_storage(t: torch.Tensor) -> bool:
-    """Its elements are all of its storage: holding it as ``.grad`` pins nothing more."""
-    return t.numel() * t.element_size() == t.untyped_storage().nbytes()
+def _reader(acc: fx.Node) -> tuple[tuple[bool, Any], ...] | None:
+    """How to read an accumulate's arguments: nodes from the env, plain constants as they are."""
+    out: list[tuple[bool, Any]] = []
+    for x in acc.args:
+        if isinstance(x, fx.Node):
+            out.append((True, x))
+        elif x is None or isinstance(x, bool | int | float | str):
+            out.append((False, x))
+        else:
+            return None
+    return tuple(out) if not acc.kwargs else None
 
 
 def _storage_counts(values: list[Any]) -> dict[int, int]:
     counts: dict[int, int] = {}
     for v in values:
         if isinstance(v, torch.Tensor):
-            k = _storage(v)
+            k = v.untyped_storage().data_ptr()
             counts[k] = counts.get(k, 0) + 1
     return counts
