@@ -247,3 +247,25 @@ def test_lean_launches_match_eager_on_a_gpu() -> None:
     finally:
         JITFunction.run = orig  # type: ignore[method-assign]
     assert len(runs) <= len(fn.report.kernels)  # at most the first call binds
+
+
+def test_a_launch_reads_torchs_current_device_by_its_c_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Triton's CUDA driver asks `torch.cuda.current_device` (Python: a lazy-init check,
+    then `torch._C._cuda_getDevice`) on every launch; the lean path calls the C function
+    itself. Checked with stand-ins for both (this machine may have no CUDA build)."""
+    import triton.runtime
+
+    def c_getter() -> int:
+        return 0
+
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", c_getter, raising=False)
+    fake = type("Driver", (), {})()
+    fake.get_current_device = torch.cuda.current_device
+    fake.get_current_stream = lambda device: 0
+    monkeypatch.setattr(triton.runtime.driver, "_active", fake, raising=False)
+    monkeypatch.setattr(type(triton.runtime.driver), "active", property(lambda self: fake))
+    assert fastlaunch.Abi().device is c_getter
+    fake.get_current_device = lambda: 3  # another driver's getter is kept as it is
+    assert fastlaunch.Abi().device() == 3

@@ -114,8 +114,10 @@ class Runtime:
         # The steady cases, decided once (issue 11): the Function returns the forward
         # outputs in order (`_direct`); no input is mutated and every output is a fresh
         # tensor of the graph (`_plain`: returned as they are, no layout to evaluate)
-        self._direct = plan is not None and not plan.side and plan.returned == tuple(
-            range(plan.num_fw_outputs)
+        self._direct = (
+            plan is not None
+            and not plan.side
+            and plan.returned == tuple(range(plan.num_fw_outputs))
         )
         self._plain = (
             not self.num_mutated

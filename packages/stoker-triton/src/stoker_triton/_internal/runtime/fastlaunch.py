@@ -89,7 +89,7 @@ class Abi:
         from triton.runtime import driver
 
         active = driver.active
-        self.device: Callable[[], int] = active.get_current_device
+        self.device: Callable[[], int] = _device_getter(active.get_current_device)
         self.stream: Callable[[int], int] = active.get_current_stream
         self.runtime_knobs = knobs.runtime
 
@@ -100,6 +100,19 @@ class Abi:
         if enter is None and leave is None:
             return True
         return not getattr(enter, "calls", True) and not getattr(leave, "calls", True)
+
+
+def _device_getter(get: Callable[[], int]) -> Callable[[], int]:
+    """The current-device getter a launch calls: Triton's, or for torch's
+    ``torch.cuda.current_device`` (a Python function: lazy-init check, then the C
+    call) the C call itself. Called per launch (issue 11); the lazy init has run
+    by then (`abi` read the target through this very getter)."""
+    import torch
+
+    fast = getattr(torch._C, "_cuda_getDevice", None)
+    if fast is not None and get is getattr(torch.cuda, "current_device", None):
+        return fast  # type: ignore[no-any-return]
+    return get
 
 
 _abi: list[Abi | None] = []
