@@ -31,6 +31,7 @@ Reported (µs per step, the thread's CPU time, best round):
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -214,6 +215,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     ap.add_argument("--no-optimizer", action="store_true", help="forward + backward only")
     ap.add_argument("--profile", type=int, default=0, help="cProfile this many steps")
+    ap.add_argument("--json", help="write the numbers here")
     a = ap.parse_args()
     os.environ["TRITON_INTERPRET"] = "0"
     os.environ.setdefault("STOKER_TRITON_CHECK_TARGETS", "")
@@ -306,7 +308,9 @@ def main() -> int:
     )
     print(f"  stoker step (thread CPU time)                 {plain:10.1f}")
     print(f"  eager step (CPU op dispatch and arithmetic)   {eager:10.1f}")
-    print("  by part (thread CPU time of instrumented steps, median, exclusive; the timing wrapper's")
+    print(
+        "  by part (thread CPU time of instrumented steps, median, exclusive; the timing wrapper's"
+    )
     print(
         f"  own cost, {own / 1e3:.2f} µs per call and {caller / 1e3:.2f} µs to its caller, taken off):"
     )
@@ -320,6 +324,22 @@ def main() -> int:
         n = sum(v for k, v in calls.items() if k.endswith(name))
         print(f"  {name} replayed alone: {n:.0f} per step, {us:.2f} µs each, {n * us:.1f} µs")
     print(f"  in the timed steps: {compiles} (must be 0); graphs {summary.get('kernels')} kernels")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(
+                {
+                    "model": a.model,
+                    "size": size,
+                    "step_us": plain,
+                    "eager_step_us": eager,
+                    "parts_us": best,
+                    "calls_per_step": calls,
+                    "replayed_us_per_call": replayed,
+                    "timed_steps": compiles,
+                },
+                f,
+                indent=1,
+            )
     if a.profile:
         _profile(step, a.profile)
     return 0 if not any(compiles.values()) else 1
