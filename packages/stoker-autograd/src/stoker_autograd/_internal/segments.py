@@ -131,6 +131,13 @@ class SegmentedBackward:
                 run.append(n)
         self._flush(gm, run, accs, compiler)
         self._plan_frees()
+        # the graph's result: read from the env without fx.map_arg when it is a flat
+        # list or tuple of nodes and Nones (compiled autograd's: one gradient per input)
+        result = self.output.args[0]
+        flat = isinstance(result, list | tuple) and all(
+            x is None or isinstance(x, fx.Node) for x in result
+        )
+        self._result: tuple[fx.Node | None, ...] | None = tuple(result) if flat else None
 
     @property
     def segments(self) -> list[fx.GraphModule]:
@@ -202,6 +209,8 @@ class SegmentedBackward:
                 env[n] = n.target(*a, **k)  # type: ignore[operator]
             for f in frees:
                 env.pop(f, None)
+        if self._result is not None:  # a list (the engine takes a list; fx's would be copied)
+            return [None if n is None else env[n] for n in self._result]
         return fx.map_arg(self.output.args[0], lambda x: env[x])
 
 
