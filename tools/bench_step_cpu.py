@@ -128,7 +128,17 @@ def _replay(
     recorded: list[tuple[str, Callable[..., Any], Any, Any]], rounds: int
 ) -> dict[str, float]:
     """CPU µs per call of each recorded part, its calls of one step replayed alone
-    (the same callables and arguments: the steady path), best of `rounds`."""
+    (the same callables and arguments: the steady path), best of `rounds`; without
+    grad, as the wrapper calls them."""
+    import torch
+
+    with torch.no_grad():
+        return _replay_no_grad(recorded, rounds)
+
+
+def _replay_no_grad(
+    recorded: list[tuple[str, Callable[..., Any], Any, Any]], rounds: int
+) -> dict[str, float]:
     out: dict[str, float] = {}
     for name in dict.fromkeys(r[0] for r in recorded):
         mine = [(f, a, k) for r, f, a, k in recorded if r == name]
