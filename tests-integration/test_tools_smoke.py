@@ -248,3 +248,42 @@ def test_bench_warm_cold_smoke_breaks_down_a_cold_first_step(tmp_path):
     assert run["counts"]["Triton cache misses"] == 0, run["counts"]  # built by the workers
     assert [g["by"] for g in run["graphs"]] == ["capture", "compiled autograd"], run["graphs"]
     assert run["cold"]["first step (all)"][1] > 0
+
+
+def test_bench_step_cpu_smoke_splits_a_steady_step_by_part(tmp_path):
+    """``tools/bench_step_cpu.py``: issue 11's steady-step CPU cost on Triton's real launch
+    path (the stand-in sm_90 driver), on the tiny GPT: the timed steps compile nothing,
+    and each part of the step (Dynamo, stoker's runtime, wrappers, launches, externs,
+    compiled autograd) is reported."""
+    import json
+
+    out = tmp_path / "step.json"
+    env = {
+        **os.environ,
+        "STOKER_CACHE_DIR": str(tmp_path / "stoker"),
+        "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+    }
+    cmd = [sys.executable, str(ROOT / "tools" / "bench_step_cpu.py"), "--model", "tiny-gpt"]
+    proc = subprocess.run(
+        [*cmd, "--steps", "2", "--rounds", "1", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["timed_steps"] == {"compiles": 0, "eager_runs": 0, "fallbacks": 0}, res
+    calls, parts = res["calls_per_step"], res["parts_us"]
+    assert calls["forward: kernel launch"] > 0 and calls["backward: kernel launch"] > 0, calls
+    for part in (
+        "forward: Dynamo guards, frame entry",
+        "forward: stoker forward runtime (CompiledFn)",
+        "forward: graph wrapper (generated)",
+        "backward: compiled autograd: runtime_wrapper",
+        "backward: compiled autograd: accumulate-grad",
+        "backward: autograd engine (C++: cache lookup, graph walk)",
+    ):
+        assert part in parts, (part, sorted(parts))
+    assert set(res["replayed_us_per_call"]) == {"kernel launch", "extern call"}, res
+    assert res["step_us"] > 0 and res["eager_step_us"] > 0, res

@@ -152,6 +152,19 @@ def _timer(fn: Any, row: list[float], graphs: list[dict[str, Any]] | None) -> An
     return timed
 
 
+def stand_in() -> None:
+    """Triton's real launch path on the CPU: the stand-in sm_90 driver, and CPU tensors
+    taking stoker's Triton executor (the one workaround: CUDA inputs would). Call with
+    ``TRITON_INTERPRET=0`` set before triton is imported."""
+    from stoker._internal import backend, config
+    from stoker_triton._internal.fakegpu import install
+
+    install()
+    config.resolve_backend = lambda requested, devices: "triton"
+    if hasattr(backend, "resolve_backend"):
+        backend.resolve_backend = config.resolve_backend
+
+
 def _worker(
     model: str,
     batch: int | None,
@@ -169,18 +182,10 @@ def _worker(
 
     t_torch = time.process_time()
     import stoker
-    from stoker._internal import config
     from stoker._internal.bench_suite import get_entry
-    from stoker_triton._internal.fakegpu import install
 
     t_stoker = time.process_time()
-    install()
-    # the one stand-in: CPU tensors take the Triton executor (CUDA inputs would)
-    config.resolve_backend = lambda requested, devices: "triton"
-    from stoker._internal import backend as _backend
-
-    if hasattr(_backend, "resolve_backend"):
-        _backend.resolve_backend = config.resolve_backend
+    stand_in()
     cold_times: dict[str, list[float]] = {}
     graphs: list[dict[str, Any]] = []
     if cold:  # as on a GPU: compile workers, each kernel's compile queued as it loads

@@ -367,3 +367,23 @@ def test_outputs_aliasing_with_another_dtype() -> None:
     assert out[0]._base is x and out[1]._base is c
     assert out[4].untyped_storage()._cdata == x.untyped_storage()._cdata
     assert out[3].untyped_storage()._cdata == out[2].untyped_storage()._cdata
+
+
+@pytest.mark.parametrize("structure", ["single", "tuple", "nested"])
+def test_fresh_outputs_in_each_structure(structure: str) -> None:
+    """Only fresh outputs, no mutation: the runtime returns the graph's outputs as they
+    are (its steady fast path), in the function's own output structure."""
+
+    def f(x, w):
+        y = torch.tanh(x @ w)
+        if structure == "single":
+            return y
+        if structure == "tuple":
+            return y, y.sum(), (x * 2).relu()
+        return {"y": y, "rest": [y.sum(), {"z": (x * 2).relu()}]}
+
+    check_fn(
+        f,
+        aot_function(f),
+        lambda: [torch.randn(4, 3, requires_grad=True), torch.randn(3, 5, requires_grad=True)],
+    )

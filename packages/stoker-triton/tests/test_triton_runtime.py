@@ -105,6 +105,27 @@ def test_wrong_input_strides_are_relaid_not_misread():
     torch.testing.assert_close(fn(xt), xt * 2)
 
 
+def test_an_extern_graph_runs_without_grad_and_leaves_grad_mode_as_it_was():
+    """The wrapper switches grad mode off around its aten calls by torch's C functions
+    (no context-manager object per call): it must restore it, also when the call fails."""
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    fn = compile_graph(trace(lambda a, b: (a @ b).relu(), a, b), [a, b])
+    assert "empty_strided(" in fn.wrapper_source and "if arg" in fn.wrapper_source
+    a.requires_grad_(True)
+    out = fn(a, b)
+    assert not out.requires_grad and torch.is_grad_enabled()
+    torch.testing.assert_close(out, (a @ b).relu().detach())
+    with torch.no_grad():
+        torch.testing.assert_close(fn(a, b), (a @ b).relu())
+        assert not torch.is_grad_enabled()
+    try:
+        fn(a, torch.randn(8, 9))  # relaid into (8, 8): the copy fails inside the call
+        raise AssertionError("a (8, 9) input must not run")
+    except RuntimeError:
+        pass
+    assert torch.is_grad_enabled()
+
+
 def test_import_does_not_import_triton():
     code = "import sys, stoker_triton; assert 'triton' not in sys.modules, 'triton imported'; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

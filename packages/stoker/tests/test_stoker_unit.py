@@ -365,3 +365,36 @@ def test_bench_worker_eager_mlp() -> None:
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["model"] == "mlp" and row["backend"] == "eager" and row["recompiles"] == 0
     assert row["peak_mem"] > 0 and row["steady_ms"] > 0
+
+
+# ----------------------------------------------------------------------------- per call
+
+
+def test_forward_wrapper_patches_dynamos_ddp_config_only_with_a_process_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`stoker.compile`'s forward turns Dynamo's DDPOptimizer off around the call only
+    where a DDP can run (a process group is up): the patch costs more per call than a
+    small model's whole compiled forward (issue 11)."""
+    import torch._dynamo
+
+    from stoker._internal import distributed
+
+    seen: list[object] = []
+
+    class Net(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(torch._dynamo.config.optimize_ddp)
+            return x + 1
+
+    net = Net()
+    distributed.wrap_forward(net, compiled_autograd=True)
+    default = torch._dynamo.config.optimize_ddp
+    x = torch.randn(3)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    assert torch.equal(net(x), x + 1)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.collectives, "install", lambda: None)
+    assert torch.equal(net(x), x + 1)
+    assert seen == [default, False]
+    assert torch._dynamo.config.optimize_ddp == default

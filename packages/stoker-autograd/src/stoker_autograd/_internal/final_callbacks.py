@@ -20,9 +20,8 @@ a caller say that the graph now running will not be replayed.
 
 from __future__ import annotations
 
-import contextlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -103,21 +102,24 @@ class _EngineProxy:
         return getattr(self._real, name)
 
 
-@contextlib.contextmanager
-def collecting() -> Iterator[None]:
-    """Collect the callbacks the current graph task queues until `run_queued()`."""
-    entry = _Collecting(torch._C._current_graph_task_id())
-    real = Variable._execution_engine
-    swapped = not isinstance(real, _EngineProxy)
-    if swapped:
-        Variable._execution_engine = _EngineProxy(real)  # type: ignore[assignment]
-    _ACTIVE.append(entry)
-    try:
-        yield
-    finally:
-        _ACTIVE.remove(entry)
-        if swapped:
-            Variable._execution_engine = real
+class collecting:  # a class used like a function: ``with collecting():``
+    """Collect the callbacks the current graph task queues until `run_queued()`.
+    (Entered once per compiled backward: a slotted class, not a generator context manager.)"""
+
+    __slots__ = ("_entry", "_real")
+
+    def __enter__(self) -> None:
+        self._entry = _Collecting(torch._C._current_graph_task_id())
+        real = Variable._execution_engine
+        self._real = None if isinstance(real, _EngineProxy) else real
+        if self._real is not None:
+            Variable._execution_engine = _EngineProxy(real)  # type: ignore[assignment]
+        _ACTIVE.append(self._entry)
+
+    def __exit__(self, *exc: object) -> None:
+        _ACTIVE.remove(self._entry)
+        if self._real is not None:
+            Variable._execution_engine = self._real
 
 
 def run_queued() -> None:

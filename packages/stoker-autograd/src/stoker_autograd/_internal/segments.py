@@ -99,6 +99,9 @@ class _Segment:
     # per accumulate: outputs read last by it, dropped right after (a copied gradient
     # is freed before the next one is copied, as when each accumulate had its segment)
     drops: list[list[fx.Node]] = field(default_factory=list)
+    # per accumulate: its arguments as (is a node, node or constant), read from the env
+    # without fx.map_arg (None: an argument of another kind, mapped by fx)
+    readers: list[tuple[tuple[bool, Any], ...] | None] | None = None
 
 
 @dataclass
@@ -129,6 +132,13 @@ class SegmentedBackward:
                 run.append(n)
         self._flush(gm, run, accs, compiler)
         self._plan_frees()
+        # the graph's result: read from the env without fx.map_arg when it is a flat
+        # list or tuple of nodes and Nones (compiled autograd's: one gradient per input)
+        result = self.output.args[0]
+        flat = isinstance(result, list | tuple) and all(
+            x is None or isinstance(x, fx.Node) for x in result
+        )
+        self._result: tuple[fx.Node | None, ...] | None = tuple(result) if flat else None
 
     @property
     def segments(self) -> list[fx.GraphModule]:
@@ -202,6 +212,8 @@ class SegmentedBackward:
                 env[n] = n.target(*a, **k)  # type: ignore[operator]
             for f in frees:
                 env.pop(f, None)
+        if self._result is not None:  # a list (the engine takes a list; fx's would be copied)
+            return [None if n is None else env[n] for n in self._result]
         return fx.map_arg(self.output.args[0], lambda x: env[x])
 
 
@@ -233,14 +245,25 @@ def _apply_accumulates(step: _Segment, env: dict[fx.Node, Any]) -> None:
     """
     shared: dict[int, int] | None = None
     static = getattr(step.fn, "static_outputs", False)  # e.g. CUDA graphs' static buffers
-    for (acc, may_steal), drops in zip(step.accumulates, step.drops):
-        a: Any = fx.map_arg(acc.args, lambda x: env[x])
+    readers = step.readers
+    if readers is None:
+        readers = step.readers = [_reader(acc) for acc, _ in step.accumulates]
+    for (acc, may_steal), drops, spec in zip(step.accumulates, step.drops, readers):
+        if spec is not None:
+            a: Any = [env[x] if node else x for node, x in spec]
+        else:
+            a = fx.map_arg(acc.args, env.__getitem__)
         if may_steal and not static and a[0].grad is None:
             if shared is None:
                 values = [env[n] for n in step.inputs] + [env.get(n) for n in step.outputs]
                 shared = _storage_counts(values)
             variable, variable_grad, g, has_post_hooks = a
-            fresh = shared.get(_storage(g), 0) == 1 and _fills_its_storage(g)
+            storage = g.untyped_storage()
+            fresh = (
+                shared.get(storage.data_ptr(), 0) == 1
+                and g.numel() * g.element_size() == storage.nbytes()  # fills its storage
+            )
+            del storage
             if fresh and g._is_view():  # of a buffer nobody else holds: eager steals it too
                 g = g.detach()
             env[acc] = ops.accumulate_grad(variable, variable_grad, g, has_post_hooks, fresh)
@@ -251,19 +274,23 @@ def _apply_accumulates(step: _Segment, env: dict[fx.Node, Any]) -> None:
             env.pop(n, None)
 
 
-def _storage(t: torch.Tensor) -> int:
-    return int(t.untyped_storage().data_ptr())
-
-
-def _fills_its_storage(t: torch.Tensor) -> bool:
-    """Its elements are all of its storage: holding it as ``.grad`` pins nothing more."""
-    return t.numel() * t.element_size() == t.untyped_storage().nbytes()
+def _reader(acc: fx.Node) -> tuple[tuple[bool, Any], ...] | None:
+    """How to read an accumulate's arguments: nodes from the env, plain constants as they are."""
+    out: list[tuple[bool, Any]] = []
+    for x in acc.args:
+        if isinstance(x, fx.Node):
+            out.append((True, x))
+        elif x is None or isinstance(x, bool | int | float | str):
+            out.append((False, x))
+        else:
+            return None
+    return tuple(out) if not acc.kwargs else None
 
 
 def _storage_counts(values: list[Any]) -> dict[int, int]:
     counts: dict[int, int] = {}
     for v in values:
         if isinstance(v, torch.Tensor):
-            k = _storage(v)
+            k = v.untyped_storage().data_ptr()
             counts[k] = counts.get(k, 0) + 1
     return counts

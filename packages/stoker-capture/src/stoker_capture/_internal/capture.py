@@ -10,9 +10,7 @@ tagged ``node.meta["stoker_phase"] = "forward" | "backward"``.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,16 +224,18 @@ def _tag_phases(gm: fx.GraphModule, fw_names: set[str] | None) -> None:
             n.meta["stoker_module_path"] = path
 
 
-@contextlib.contextmanager
-def eager_autograd_engine() -> Iterator[None]:
+class eager_autograd_engine:  # a class used like a function: ``with eager_autograd_engine():``
     """Unset the compiled-autograd engine hook for a block (its cache is kept).
 
     The joint trace's ``autograd.grad`` must run on the eager engine: a compiled-autograd
     hook (stoker-autograd's or torch's) would otherwise capture it, on tracing tensors.
-    stoker-autograd runs compiled backwards under it too (hooks may call backward)."""
-    hook = torch._C._dynamo.compiled_autograd
-    prior = hook.set_autograd_compiler(None, False)
-    try:
-        yield
-    finally:
-        hook.set_autograd_compiler(*prior)
+    stoker-autograd runs compiled backwards under it too (hooks may call backward), once
+    per step: a slotted class, not a generator context manager (issue 11)."""
+
+    __slots__ = ("_prior",)
+
+    def __enter__(self) -> None:
+        self._prior = torch._C._dynamo.compiled_autograd.set_autograd_compiler(None, False)
+
+    def __exit__(self, *exc: object) -> None:
+        torch._C._dynamo.compiled_autograd.set_autograd_compiler(*self._prior)

@@ -63,8 +63,10 @@ class Runtime:
     """Runs one compiled artifact (joint or inference) with eager input/output semantics."""
 
     __slots__ = (
+        "_direct",
         "_ev",
         "_out_kind",
+        "_plain",
         "_slots",
         "forward",
         "function_class",
@@ -109,23 +111,44 @@ class Runtime:
         kids = spec.children() if callable(getattr(spec, "children", None)) else spec.children_specs
         flat_tuple = spec.type is tuple and all(c.is_leaf() for c in kids)
         self._out_kind = 1 if spec.is_leaf() else 2 if flat_tuple else 0
+        # The steady cases, decided once (issue 11): the Function returns the forward
+        # outputs in order (`_direct`); no input is mutated and every output is a fresh
+        # tensor of the graph (`_plain`: returned as they are, no layout to evaluate)
+        self._direct = (
+            plan is not None
+            and not plan.side
+            and plan.returned == tuple(range(plan.num_fw_outputs))
+        )
+        self._plain = (
+            not self.num_mutated
+            and not self._slots
+            and not meta.intermediate_bases
+            and all(o.kind == OutputKind.FRESH for o in meta.outputs)
+        )
 
     def __call__(self, primals: list[Any]) -> Any:
         meta = self.meta
+        fw: Any
         if self.function_class is not None:
             assert self.plan is not None
             sink: list[Any] = []
             with autocast_off():  # the graph holds autocast's casts already (autocast.py)
                 res = self.function_class.apply(sink, *primals)  # type: ignore[no-untyped-call]
-            fw: list[Any] = [None] * self.plan.num_fw_outputs
-            for k, v in zip(self.plan.returned, res):
-                fw[k] = v
-            for k, v in zip(self.plan.side, sink):
-                fw[k] = v
+            if self._direct:
+                fw = res
+            else:
+                fw = [None] * self.plan.num_fw_outputs
+                for k, v in zip(self.plan.returned, res):
+                    fw[k] = v
+                for k, v in zip(self.plan.side, sink):
+                    fw[k] = v
         else:
             assert self.forward is not None
             with autocast_off():
                 fw = list(self.forward(*primals))
+        if self._plain:  # the graph's outputs are the user's
+            n = len(meta.outputs)
+            return self._result(fw if len(fw) == n else fw[:n])
         vals = self._ev(primals) if self._slots else []
         # 1. write mutated inputs back into the real inputs
         for k, i in enumerate(meta.mutated_inputs):
@@ -178,11 +201,15 @@ class Runtime:
             bj = self._user_index(b)
             if bj is not None:
                 out[bj] = t
+        return self._result(out)
+
+    def _result(self, out: Sequence[Any]) -> Any:
+        """The user outputs (flat) in the structure the function returns."""
         if self._out_kind == 1:
             return out[0]  # a single tensor
         if self._out_kind == 2:
             return tuple(out)  # a flat tuple
-        return pytree.tree_unflatten(out, meta.out_spec)
+        return pytree.tree_unflatten(list(out), self.meta.out_spec)
 
     def _user_index(self, graph_pos: int) -> int | None:
         k = 0

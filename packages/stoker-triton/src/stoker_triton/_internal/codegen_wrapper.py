@@ -84,6 +84,16 @@ class WrapperCodegen:
             return repr(a) if a == a and abs(a) != float("inf") else f"float('{a}')"
         return self.const(a)
 
+    def emit_layout_check(self, name: str, fix: str) -> None:
+        """The layout the kernels were generated for: the strides compared inline (the
+        steady case: equal, no call), the helper `fix` called only when they differ
+        (it copies, or accepts a difference in a size-1 dim). A 0-dim tensor has none."""
+        b = self.p.buffers[name]
+        if len(b.size) == 0:
+            return
+        size, stride = _tuple(b.size), _tuple(b.stride)
+        self.emit(f"if {name}.stride() != {stride}: {name} = {fix}({name}, {size}, {stride})")
+
     def scalar(self, a: Any) -> str:
         """An argument of a derived scalar: a symbolic expression or a constant."""
         return self.arg(SymRef(a) if isinstance(a, sympy.Basic) else a)
@@ -123,8 +133,7 @@ class WrapperCodegen:
             self.emit(f"{sym} = {self.const(fn)}({', '.join(vals)})")
         for n in p.inputs:
             if isinstance(n, str):
-                b = p.buffers[n]
-                self.emit(f"{n} = check_layout({n}, {_tuple(b.size)}, {_tuple(b.stride)})")
+                self.emit_layout_check(n, "check_layout")
         for cname in p.constants:
             self.emit(f"{cname} = consts[{cname!r}]")
         if p.random_streams:
@@ -191,9 +200,9 @@ class WrapperCodegen:
                 for k, o in enumerate(step.outputs):
                     if o is None:
                         continue
-                    b = p.buffers[o]
-                    src = o if step.single else f"_r[{k}]"
-                    self.emit(f"{o} = ensure_layout({src}, {_tuple(b.size)}, {_tuple(b.stride)})")
+                    if not step.single:
+                        self.emit(f"{o} = _r[{k}]")
+                    self.emit_layout_check(o, "ensure_layout")
             # free what this step read last
             for bname, last in s.last_use.items():
                 if (
@@ -232,15 +241,24 @@ class WrapperCodegen:
             # aten calls run without autograd recording, like the kernels, and without
             # the caller's autocast: the graph's dtypes are decided (an autocast region
             # around the call would turn an fp32 matmul into a bf16 one in an fp32 buffer)
+            # (grad mode is switched by its C functions: the steady forward and backward
+            # run with it off already and pay one check)
             self.emit("no_grad = torch.no_grad", 1)
+            self.emit("grad_enabled = torch._C.is_grad_enabled", 1)
+            self.emit("set_grad_enabled = torch._C._set_grad_enabled", 1)
             self.emit("any_autocast = torch._C._is_any_autocast_enabled", 1)
             self.emit("no_autocast = torch._C._DisableAutocast", 1)
             self.emit("def call_no_grad(args):", 1)
             self.emit("if any_autocast():", 2)
             self.emit("with no_grad(), no_autocast():", 3)
             self.emit("return call(args)", 4)
-            self.emit("with no_grad():", 2)
+            self.emit("if not grad_enabled():", 2)
             self.emit("return call(args)", 3)
+            self.emit("set_grad_enabled(False)", 2)
+            self.emit("try:", 2)
+            self.emit("return call(args)", 3)
+            self.emit("finally:", 2)
+            self.emit("set_grad_enabled(True)", 3)
             self.emit("return call_no_grad", 1)
         else:
             self.emit("return call", 1)

@@ -89,7 +89,7 @@ class Abi:
         from triton.runtime import driver
 
         active = driver.active
-        self.device: Callable[[], int] = active.get_current_device
+        self.device: Callable[[], int] = _device_getter(active.get_current_device)
         self.stream: Callable[[int], int] = active.get_current_stream
         self.runtime_knobs = knobs.runtime
 
@@ -100,6 +100,19 @@ class Abi:
         if enter is None and leave is None:
             return True
         return not getattr(enter, "calls", True) and not getattr(leave, "calls", True)
+
+
+def _device_getter(get: Callable[[], int]) -> Callable[[], int]:
+    """The current-device getter a launch calls: Triton's, or for torch's
+    ``torch.cuda.current_device`` (a Python function: lazy-init check, then the C
+    call) the C call itself. Called per launch (issue 11); the lazy init has run
+    by then (`abi` read the target through this very getter)."""
+    import torch
+
+    fast = getattr(torch._C, "_cuda_getDevice", None)
+    if fast is not None and get is getattr(torch.cuda, "current_device", None):
+        return fast  # type: ignore[no-any-return]
+    return get
 
 
 _abi: list[Abi | None] = []
@@ -144,6 +157,31 @@ Entry = tuple[Callable[..., Any], Any, Any, int, int, int]
 _PLAIN_TYPES = (int, bool, float)
 
 
+def _key_parts(n_args: int, n_ptrs: int) -> tuple[list[str], list[str], list[str], list[str]]:
+    """The straight-line key's source pieces: argument names, the lines reading each
+    tensor's address once, the key's items, the launch's arguments."""
+    names = [f"a{i}" for i in range(n_args)]
+    parts, lines = [], []
+    for i, a in enumerate(names):
+        if i < n_ptrs:
+            lines.append(f"p{i} = {a}.data_ptr()")
+            parts.append(f"{a}.dtype, p{i} & 15 == 0")
+            continue
+        if i in (n_ptrs, n_ptrs + 1):  # xnumel, rnumel: by value
+            parts.append(f"type({a}), {a}")
+        else:  # equal to 1; multiple of 16; a >> 31: every i32/i64/u64 bound is a multiple of 2**31
+            parts.append(f"type({a}), {a} == 1, not {a} & 15, {a} >> 31")
+    launch = [f"p{i}" if i < n_ptrs else a for i, a in enumerate(names)]
+    return names, lines, parts, launch
+
+
+def _exec(src: str, name: str, fn: str) -> Callable[..., Any]:
+    scope: dict[str, Any] = {}
+    exec(compile(src, name, "exec"), scope)
+    out: Callable[..., Any] = scope[fn]
+    return out
+
+
 def key_function(n_args: int, n_ptrs: int) -> Callable[..., tuple[Any, ...]]:
     """`spec_key` as straight-line code (about half the loop's cost) for launches
     of `n_args` arguments whose first `n_ptrs` are tensors. It keys on more than
@@ -159,33 +197,59 @@ def key_function(n_args: int, n_ptrs: int) -> Callable[..., tuple[Any, ...]]:
     `cuPointerGetAttribute` driver call per pointer per launch.
     An argument of another kind raises (AttributeError, TypeError), and the
     caller falls back to `spec_key`."""
-    names = [f"a{i}" for i in range(n_args)]
-    parts, lines = [], []
-    for i, a in enumerate(names):
-        if i < n_ptrs:
-            lines.append(f"    p{i} = {a}.data_ptr()\n")
-            parts.append(f"{a}.dtype, p{i} & 15 == 0")
-            continue
-        if i in (n_ptrs, n_ptrs + 1):  # xnumel, rnumel: by value
-            parts.append(f"type({a}), {a}")
-        else:  # equal to 1; multiple of 16; a >> 31: every i32/i64/u64 bound is a multiple of 2**31
-            parts.append(f"type({a}), {a} == 1, not {a} & 15, {a} >> 31")
-    launch = [f"p{i}" if i < n_ptrs else a for i, a in enumerate(names)]
+    names, lines, parts, launch = _key_parts(n_args, n_ptrs)
     src = (
         f"def key({', '.join(names)}):\n"
-        + "".join(lines)
+        + "".join(f"    {ln}\n" for ln in lines)
         + f"    return ({', '.join(parts)},), ({', '.join(launch)},)\n"
     )
-    scope: dict[str, Any] = {}
-    exec(compile(src, f"<stoker launch key {n_args}/{n_ptrs}>", "exec"), scope)
-    fn: Callable[..., tuple[Any, ...]] = scope["key"]
-    return fn
+    return _exec(src, f"<stoker launch key {n_args}/{n_ptrs}>", "key")
+
+
+def lean_function(n_args: int, n_ptrs: int) -> Callable[[FastPath], Callable[..., bool]]:
+    """A maker of one kernel's whole lean launch as one straight-line function (the
+    steady path, issue 11): `make(fast)(*args)` checks that no launch hook is set, keys
+    the arguments as `key_function` does, and launches the kept binary as
+    `FastPath.launch` does; False (nothing launched) when a hook is set, the key is
+    new, or an argument is of another kind: the caller takes the slow path."""
+    names, lines, parts, launch = _key_parts(n_args, n_ptrs)
+    src = f"""def make(fast):
+    entries, knobs, device, stream = fast.entries, fast.abi.runtime_knobs, fast.abi.device, fast.abi.stream
+
+    def lean({", ".join(names)}):
+        enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
+        if (enter is not None or leave is not None) and (
+            getattr(enter, "calls", True) or getattr(leave, "calls", True)
+        ):
+            return False  # a launch hook is set (Abi.hooks_off)
+        fn = fast.fn
+        if fn is not None and fn.pre_run_hooks:
+            return False
+        try:
+{"".join(f"            {ln}" + chr(10) for ln in lines)}            key = ({", ".join(parts)},)
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            return False
+        dev = device()
+        entry = entries.get((dev, key))
+        if entry is None:
+            return False
+        run, function, meta, grid, xb, rb = entry
+        run(grid, 1, 1, stream(dev), function, meta, None, enter, leave, {", ".join(launch)}, xb, rb)
+        return True
+
+    return lean
+"""
+    return _exec(src, f"<stoker lean launch {n_args}/{n_ptrs}>", "make")
 
 
 class FastPath:
     """One kernel's compiled binaries by launch key (see the module docstring)."""
 
     __slots__ = ("abi", "entries", "fn", "keyfns")
+
+    def lean(self, n_args: int, n_ptrs: int) -> Callable[..., bool]:
+        """This kernel's one-function steady launch for `n_args` arguments (`lean_function`)."""
+        return lean_function(n_args, n_ptrs)(self)
 
     def __init__(self, fn: Any, adapter: Abi) -> None:
         self.fn = fn  # the JITFunction (None until a warm launcher imports its module)
