@@ -96,3 +96,29 @@ def test_recomputed_nodes_move_to_their_first_reader() -> None:
     assert order.index(red) < order.index(first)  # the reduction stayed
     assert order.index(second) < order.index(up) < order.index(sig)
     assert order.index(sig) == order.index(third) - 1
+
+
+def test_a_wrapper_forwarding_attributes_is_called_unpacked() -> None:
+    """A wrapper whose __getattr__ forwards to the callable it wraps (a CUDA-graph
+    replayer) is itself called, unpacked: its own boxed-ness counts, not the inner's."""
+
+    class Inner:
+        def call_boxed(self, args: list[torch.Tensor]) -> str:
+            return "inner"
+
+    class Wrapper:
+        def __init__(self, fn: object) -> None:
+            self.fn = fn
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.__dict__["fn"], name)
+
+        def __call__(self, *args: torch.Tensor) -> str:
+            return f"wrapper({len(args)})"
+
+    g = fx.Graph()
+    g.output(g.placeholder("x"))
+    boxed = mark_boxed(fx.GraphModule(torch.nn.Module(), g))
+    assert call_boxed(Wrapper(Inner()), [torch.ones(1)]) == "wrapper(1)"
+    assert call_boxed(Wrapper(boxed), [torch.ones(1), torch.ones(1)]) == "wrapper(2)"
+    assert call_boxed(Inner(), [torch.ones(1)]) == "inner"

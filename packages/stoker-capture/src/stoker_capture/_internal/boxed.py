@@ -42,10 +42,12 @@ def call_boxed(fn: Callable[..., Any], args: list[Any]) -> Any:
     """Call ``fn`` with ``args``: boxed where it takes a list (``fn.call_boxed``, or a
     `boxed_module`, marked ``_stoker_boxed``), else unpacked (the list is emptied
     all the same, so it holds nothing during the call)."""
-    boxed = getattr(fn, "call_boxed", None)
+    # looked up on the callable itself, never through a wrapper's __getattr__ that
+    # forwards to what it wraps (a CUDA-graph replayer would be bypassed)
+    boxed = getattr(type(fn), "call_boxed", None)
     if boxed is not None:
-        return boxed(args)
-    if getattr(fn, "_stoker_boxed", False):
+        return boxed(fn, args)
+    if getattr(fn, "__dict__", {}).get("_stoker_boxed", False):
         return fn(args)
     unpacked = tuple(args)
     args.clear()
