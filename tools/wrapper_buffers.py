@@ -68,6 +68,8 @@ def main() -> None:
     args, _ = entry.batch(size, torch.Generator().manual_seed(0))
     cfg = stoker_capture.AOTConfig(mode="joint", dynamic="static")
     with contextlib.ExitStack() as stack:
+        if entry.autocast is not None:  # captured as the suite runs it (bf16 entries)
+            stack.enter_context(torch.autocast("cpu", dtype=entry.autocast))
         state = stoker_capture.create_aot_state(model, args, None, cfg, stack)
         graph = stoker_capture.aot_stage1_graph_capture(state)
         part = stoker_capture.min_cut_partition(graph.gm, num_fw_outputs=graph.num_fw_outputs)
