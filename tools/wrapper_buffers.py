@@ -7,7 +7,9 @@ forward and backward graphs with stoker-triton and counts, per wrapper: the
 `empty_strided` buffers and their elements (what kernels store), and the peak
 of elements live at once (kernel buffers and extern results, from allocation
 to their `del`; the returned ones stay live). Elements are shown as MiB at 4
-bytes (the fp32 suite models). `--out` also writes the wrappers and graphs.
+bytes (the fp32 suite models; a bf16 entry such as cnn-m-bf16 is captured under
+autocast, and its MiB overstate its 2-byte buffers). `--out` also writes the
+wrappers and graphs.
 """
 
 from __future__ import annotations
