@@ -132,6 +132,7 @@ def test_bench_gpu_suite_smoke_runs_every_configuration(tmp_path):
     ]
     for r in rows:
         assert r["steady_ms"] > 0 and len(r["losses"]) == 3, r
+        assert r["cpu_peak_mem"] > 0, r  # the CPU proxy of peak memory (allocation events)
         if r["backend"] == "stoker":
             # fp32 entries at fp32 tolerance; bf16-autocast entries at bf16's
             tol = 2e-2 if r["model"].endswith("bf16") else 1e-4

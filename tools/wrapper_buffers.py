@@ -7,7 +7,9 @@ forward and backward graphs with stoker-triton and counts, per wrapper: the
 `empty_strided` buffers and their elements (what kernels store), and the peak
 of elements live at once (kernel buffers and extern results, from allocation
 to their `del`; the returned ones stay live). Elements are shown as MiB at 4
-bytes (the fp32 suite models). `--out` also writes the wrappers and graphs.
+bytes (the fp32 suite models; a bf16 entry such as cnn-m-bf16 is captured under
+autocast, and its MiB overstate its 2-byte buffers). `--out` also writes the
+wrappers and graphs.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ def main() -> None:
     args, _ = entry.batch(size, torch.Generator().manual_seed(0))
     cfg = stoker_capture.AOTConfig(mode="joint", dynamic="static")
     with contextlib.ExitStack() as stack:
+        if entry.autocast is not None:  # captured as the suite runs it (bf16 entries)
+            stack.enter_context(torch.autocast("cpu", dtype=entry.autocast))
         state = stoker_capture.create_aot_state(model, args, None, cfg, stack)
         graph = stoker_capture.aot_stage1_graph_capture(state)
         part = stoker_capture.min_cut_partition(graph.gm, num_fw_outputs=graph.num_fw_outputs)

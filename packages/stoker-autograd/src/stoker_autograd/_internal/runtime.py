@@ -26,6 +26,7 @@ import torch
 import torch.fx as fx
 
 from stoker_capture import autocast_off, eager_autograd_engine
+from stoker_capture._internal.boxed import call_boxed, mark_boxed
 
 from . import final_callbacks, graphstore, ops
 from .retrace import Position, Retraced, concrete_values, retrace, unpack_index
@@ -135,13 +136,13 @@ class CompiledBackward:
         gargs = (inputs, sizes, scalars)
         for v in self.variants:
             if v.guards.check(gargs, {}, None):
-                return v.fn(*[lists[w][i] for w, i in v.arg_spec])
+                return _run(v, lists)
         if self.variants:  # why the newest variant did not fit (kept for explain())
             self.last_miss = self.variants[-1].guards.explain(gargs, {}, None)
         if self.failed is None and len(self.variants) < self.session.recompile_limit:
             warm = self._load(inputs, sizes, scalars)
             if warm is not None:
-                return warm.fn(*[lists[w][i] for w, i in warm.arg_spec])
+                return _run(warm, lists)
         if self.failed is not None or len(self.variants) >= self.session.recompile_limit:
             if self.failed is None:
                 self.failed = f"recompile limit ({self.session.recompile_limit}) reached"
@@ -213,7 +214,7 @@ class CompiledBackward:
         try:
             if self.session.compiler is aten_executor:
                 _mark_stealable(gm)
-                return gm
+                return mark_boxed(gm)
             return SegmentedBackward(gm, self._counted_compiler)  # pure aten segments
         except Exception as e:
             self.failed = f"the compiler failed: {e}"
@@ -336,6 +337,16 @@ class CompiledBackward:
             f"engine would compute it): {why}",
             stacklevel=3,
         )
+
+
+def _run(v: Variant, lists: tuple[list[Any], ...]) -> Any:
+    """Run a compiled variant on the engine's lists, boxed: the engine's ``inputs``
+    list (the saved tensors and gradients) is emptied, so that each saved tensor is
+    freed after its last reader in the compiled graph, as eager's engine frees it
+    once its node has run, not when the whole backward returns."""
+    args = [lists[w][i] for w, i in v.arg_spec]
+    lists[0].clear()
+    return call_boxed(v.fn, args)
 
 
 def _mark_stealable(gm: fx.GraphModule) -> None:

@@ -19,6 +19,7 @@ whose result an aten op reads stays a Python call.
 from __future__ import annotations
 
 import operator
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
+
+from stoker_capture._internal.boxed import call_boxed, mark_boxed
 
 from . import ops
 from .retrace import check_sizes
@@ -103,6 +106,11 @@ class _Segment:
     # without fx.map_arg (None: an argument of another kind, mapped by fx)
     readers: list[tuple[tuple[bool, Any], ...] | None] | None = None
 
+    @property
+    def steals(self) -> bool:
+        """Some accumulate-grad may take its gradient without a copy."""
+        return any(may for _, may in self.accumulates)
+
 
 @dataclass
 class _Call:
@@ -178,6 +186,8 @@ class SegmentedBackward:
         sub = _LazyGraphModule(gm, g, "StokerBackwardSegment")
         examples = [a.meta.get("val") for a in inputs]
         fn = compiler(sub, examples)
+        if isinstance(fn, fx.GraphModule):  # run as is (the aten executor): boxed
+            fn = mark_boxed(fn)
         self.steps.append(_Segment(fn, inputs, outputs, sub, accumulates))
 
     def _plan_frees(self) -> None:
@@ -194,18 +204,35 @@ class SegmentedBackward:
         for n, i in last.items():
             if n not in keep:
                 self.frees[i].append(n)
+        # a segment's inputs it reads last (and its accumulate-grads do not): dropped
+        # before the call, so the segment holds the only reference and frees them
+        self.early: list[list[fx.Node]] = [[] for _ in self.steps]
         for i, s in enumerate(self.steps):
             if isinstance(s, _Segment):
                 s.drops = _drops(s, {n for n in self.frees[i] if n in set(s.outputs)})
+                acc_in = {a for acc, _ in s.accumulates for a in acc.all_input_nodes}
+                ins = set(s.inputs)
+                self.early[i] = [n for n in self.frees[i] if n in ins and n not in acc_in]
+                self.frees[i] = [n for n in self.frees[i] if n not in self.early[i]]
 
-    def __call__(self, *args: Any) -> Any:
+    def call_boxed(self, args: list[Any]) -> Any:
+        """Run on a list it empties: each value is freed after its last reader (a
+        segment's input it reads last is handed over boxed, so the segment frees it)."""
         env: dict[fx.Node, Any] = dict(zip(self.placeholders, args))
-        for step, frees in zip(self.steps, self.frees):
+        args.clear()
+        for step, frees, early in zip(self.steps, self.frees, self.early):
             if isinstance(step, _Segment):
+                # the inputs dropped here, still seen by the stealing rule while alive
+                watch: list[weakref.ref[torch.Tensor]] = []
                 if step.fn is not None:
-                    env.update(zip(step.outputs, step.fn(*[env[a] for a in step.inputs])))
+                    seg_args = [env[x] for x in step.inputs]
+                    if step.steals:
+                        watch = [weakref.ref(env[x]) for x in early if _is_tensor(env[x])]
+                    for x in early:
+                        del env[x]
+                    env.update(zip(step.outputs, call_boxed(step.fn, seg_args)))
                 if step.accumulates:
-                    _apply_accumulates(step, env)
+                    _apply_accumulates(step, env, watch)
             else:
                 n = step.node
                 a, k = fx.map_arg((n.args, n.kwargs), lambda x: env[x])
@@ -215,6 +242,9 @@ class SegmentedBackward:
         if self._result is not None:  # a list (the engine takes a list; fx's would be copied)
             return [None if n is None else env[n] for n in self._result]
         return fx.map_arg(self.output.args[0], lambda x: env[x])
+
+    def __call__(self, *args: Any) -> Any:
+        return self.call_boxed(list(args))
 
 
 def _drops(step: _Segment, freed: set[fx.Node]) -> list[list[fx.Node]]:
@@ -230,14 +260,18 @@ def _drops(step: _Segment, freed: set[fx.Node]) -> list[list[fx.Node]]:
     return drops
 
 
-def _apply_accumulates(step: _Segment, env: dict[fx.Node, Any]) -> None:
+def _apply_accumulates(
+    step: _Segment, env: dict[fx.Node, Any], dropped: list[weakref.ref[torch.Tensor]]
+) -> None:
     """Each accumulate-grad of a segment, in graph order, as eager applies it.
 
     A gradient may be stolen (become ``.grad`` itself, no copy) when the graph says
     nobody else reads it and the tensor the compiler returned is its own memory: it
     fills its storage exactly, and no other live input or output of the segment
     shares that storage (counted once, at the first candidate: values freed since
-    only make it stricter, and a value stolen later was counted alone).  Such a
+    only make it stricter, and a value stolen later was counted alone).
+    ``dropped``: the segment's inputs handed over boxed; one still alive (someone
+    else holds it, or an output is its view) is counted as a live input.  A
     tensor may be a view of a buffer internal to the compiled segment (a transposed
     matmul result); eager steals views too, so it is handed over detached.  A compiled
     function whose outputs are static buffers (``fn.static_outputs``: a CUDA graph's,
@@ -255,7 +289,8 @@ def _apply_accumulates(step: _Segment, env: dict[fx.Node, Any]) -> None:
             a = fx.map_arg(acc.args, env.__getitem__)
         if may_steal and not static and a[0].grad is None:
             if shared is None:
-                values = [env[n] for n in step.inputs] + [env.get(n) for n in step.outputs]
+                values = [env.get(n) for n in step.inputs] + [r() for r in dropped]
+                values += [env.get(n) for n in step.outputs]
                 shared = _storage_counts(values)
             variable, variable_grad, g, has_post_hooks = a
             storage = g.untyped_storage()
@@ -285,6 +320,10 @@ def _reader(acc: fx.Node) -> tuple[tuple[bool, Any], ...] | None:
         else:
             return None
     return tuple(out) if not acc.kwargs else None
+
+
+def _is_tensor(v: Any) -> bool:
+    return isinstance(v, torch.Tensor)
 
 
 def _storage_counts(values: list[Any]) -> dict[int, int]:

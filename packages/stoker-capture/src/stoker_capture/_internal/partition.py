@@ -400,9 +400,33 @@ def _extract(
                 new.meta["stoker_recomputed"] = True
             env[n] = new
     g.output(tuple(env[o] if isinstance(o, fx.Node) else o for o in outputs))
+    if mark_recomputed:
+        sink_recomputed(g)
     g.lint()
     # lazy: a compiler that never runs the graph module skips generating its code
     return _LazyGraphModule(owner, g, class_name=f"Stoker{what.capitalize()}")
+
+
+def sink_recomputed(g: fx.Graph) -> None:
+    """Move each recomputed node of a backward graph to just before its first reader.
+
+    Copied in joint order, the forward nodes a backward recomputes would all run
+    at its start, and their results (often fp32 upcasts under autocast, the
+    sigmoid of a SiLU) would stay alive until the layer that reads them, where
+    eager computes nothing early. The latest node moves first, so a chain follows
+    its last link down. A node whose result is less than half its largest input
+    (a reduction) stays: moved, it would keep that input alive longer instead.
+    """
+    nodes = [n for n in g.nodes if n.meta.get("stoker_recomputed")]
+    for n in reversed(nodes):
+        if n.op != "call_function" or n.is_impure() or not n.users:
+            continue
+        ins = [node_bytes(a) for a in n.all_input_nodes]
+        if ins and 2 * node_bytes(n) < max(ins):
+            continue
+        first = min(n.users)
+        if first.op != "output" and first.prev is not n:
+            first.prepend(n)
 
 
 def build_partition(

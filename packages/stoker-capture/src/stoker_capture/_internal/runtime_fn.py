@@ -18,6 +18,7 @@ import torch
 import torch.fx as fx
 
 from .autocast import autocast_off
+from .boxed import call_boxed, mark_boxed
 from .errors import UnsupportedError
 
 _AOT_IDS = itertools.count()
@@ -63,6 +64,8 @@ def make_function_class(
     ``sink`` is a list that receives the forward outputs listed in ``plan.side``.
     """
     n_fw, n_t = plan.num_fw_outputs, info.num_saved_tensors
+    if isinstance(bw, fx.GraphModule):  # run as is (the aten executor): boxed
+        bw = mark_boxed(bw)
     returned, side = plan.returned, plan.side
     n_tangents = info.num_tangents
 
@@ -88,8 +91,13 @@ def make_function_class(
         for g, k in zip(grads, plan.tangent_of):
             if k is not None:
                 tangents[k] = g.contiguous() if isinstance(g, torch.Tensor) else g
+        args = [*ctx._stoker_symints, *ctx.saved_tensors, *tangents]
+        del tangents
+        # the list is the only holder of the saved tensors now (unless retain_graph): the
+        # compiled backward frees each after its last reader, as eager's engine would
+        ctx.maybe_clear_saved_tensors()
         with autocast_off():  # traced without autocast; eager's backward outside it runs so
-            out = bw(*ctx._stoker_symints, *ctx.saved_tensors, *tangents)
+            out = call_boxed(bw, args)
         return (None, *out)
 
     return type(

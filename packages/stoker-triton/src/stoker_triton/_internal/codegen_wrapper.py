@@ -127,6 +127,10 @@ class WrapperCodegen:
                 self.emit(f"{sym} = {names[i]}.stride({d})")
             else:
                 self.emit(f"{sym} = {names[i]}.storage_offset()")
+        if names:
+            # the wrapper now holds every input: a caller that passed its own list
+            # (`CompiledGraph.call_boxed`) lets each input go after its last reader
+            self.emit("args.clear()")
         for sym, (fn, fargs, fkwargs) in p.derived.items():
             vals = [self.scalar(a) for a in fargs]
             vals += [f"{k}={self.scalar(v)}" for k, v in fkwargs.items()]
@@ -148,7 +152,7 @@ class WrapperCodegen:
                     f"{b0.name} = empty_strided({_tuple(b0.size)}, {_tuple(b0.stride)}, dtype={self.const(b0.dtype)}, device={dev})"
                 )
         pool: dict[tuple[str, str, str], list[str]] = {}
-        protected = set(s.outputs) | {n for n in p.inputs if isinstance(n, str)} | set(p.constants)
+        protected = set(s.outputs) | set(p.constants)
         protected |= {v.buf for v in p.output_views.values()}
         # allocation keys still to come after each step: a freed buffer is kept
         # for reuse only when a later allocation can take it, else deleted
@@ -210,7 +214,7 @@ class WrapperCodegen:
                     and bname not in protected
                     and bname not in s.internal
                     and bname in p.buffers
-                    and p.buffers[bname].kind in ("kernel", "extern")
+                    and p.buffers[bname].kind in ("kernel", "extern", "input")
                 ):
                     buf = p.buffers[bname]
                     bkey = (_tuple(buf.size), _tuple(buf.stride), str(buf.dtype))

@@ -59,7 +59,13 @@ class CompiledGraph:
         self._out_spec = out_spec  # pytree spec when the graph returns nested structures
 
     def __call__(self, *args: Any) -> Any:
-        out = self._call(list(args))
+        return self.call_boxed(list(args))
+
+    def call_boxed(self, args: list[Any]) -> Any:
+        """Run with the inputs in a list the wrapper empties once it has bound them:
+        an input nobody else holds is freed after its last reader (a backward's saved
+        tensors, as eager's engine frees them), not when the call returns."""
+        out = self._call(args)
         if self._out_spec is None:
             return out
         return torch.utils._pytree.tree_unflatten(out, self._out_spec)

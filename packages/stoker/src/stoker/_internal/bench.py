@@ -133,6 +133,7 @@ def suite_worker(
     import torch
 
     from .bench_suite import count_device_kernels, get_entry, wrap_model
+    from .memprobe import peak_live_bytes
 
     entry = get_entry(entry_name)
     size = entry.sized(smoke)
@@ -178,6 +179,9 @@ def suite_worker(
         times.append(time.perf_counter() - t0)
     peak: int | None = int(torch.cuda.max_memory_allocated()) if dev_type == "cuda" else None
     kernels = count_device_kernels(step)
+    # the CPU proxy of peak memory: bytes allocated at once during one more step, from
+    # allocation events (every backend runs this step, so parity is unchanged)
+    cpu_peak = peak_live_bytes(step) if dev_type == "cpu" else None
     out: dict[str, Any] = {
         "model": entry_name,
         "backend": backend,
@@ -188,6 +192,7 @@ def suite_worker(
         "peak_mem": peak,
         "peak_kind": "cuda max allocated (steady steps)" if peak is not None else None,
         "kernels_per_step": kernels,
+        "cpu_peak_mem": cpu_peak,
         "losses": losses,
     }
     rep = getattr(fn, "stoker_report", None)
@@ -305,6 +310,7 @@ SUITE_COLUMNS = (
     ("÷ eager", "vs_eager", "s"),
     ("÷ inductor", "vs_inductor", "s"),
     ("peak mem", "peak_mem", "B"),
+    ("CPU peak (proxy)", "cpu_peak_mem", "B"),
     ("kernels/step", "kernels_per_step", ""),
     ("loss rel", "loss_rel", "e"),
     ("params rel", "params_rel", "e"),

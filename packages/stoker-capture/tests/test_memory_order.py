@@ -1,0 +1,124 @@
+"""Backward graphs that hold less at once: boxed calls and recomputation at first use."""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.fx as fx
+
+from stoker_capture._internal.boxed import call_boxed, mark_boxed
+from stoker_capture._internal.partition import sink_recomputed
+
+aten = torch.ops.aten
+
+
+def _node(g: fx.Graph, op: object, args: tuple[object, ...], val: torch.Tensor) -> fx.Node:
+    n = g.call_function(op, args)  # type: ignore[arg-type]
+    n.meta["val"] = val
+    return n
+
+
+_alive: list[weakref.ref[torch.Tensor]] = []
+
+
+def _probe() -> torch.Tensor:
+    """Runs inside the graph after the input's last reader: is the input gone yet?"""
+    return torch.tensor(float(_alive[0]() is None))
+
+
+def test_boxed_graph_frees_an_input_after_its_last_reader() -> None:
+    g = fx.Graph()
+    x = g.placeholder("x")
+    s = g.call_function(torch.sin, (x,))
+    freed = g.call_function(_probe, ())
+    g.output(g.call_function(torch.add, (s, freed)))
+    gm = mark_boxed(fx.GraphModule(torch.nn.Module(), g))
+    args = [torch.ones(4)]
+    _alive[:] = [weakref.ref(args[0])]
+    got = call_boxed(gm, args)
+    assert args == []
+    # freed before the call returned: the output is sin(1) + 1
+    torch.testing.assert_close(got, torch.ones(4).sin() + 1)
+    # and an unboxed call of the same graph keeps it (the argument tuple holds it)
+    plain = fx.GraphModule(torch.nn.Module(), g)
+    a = torch.ones(4)
+    _alive[:] = [weakref.ref(a)]
+    torch.testing.assert_close(plain(a), torch.ones(4).sin())
+
+
+def test_boxed_graph_drops_input_before_later_ops() -> None:
+    """In the generated code the input's name is released right after its last reader."""
+    g = fx.Graph()
+    x = g.placeholder("x")
+    y = g.placeholder("y")
+    s = g.call_function(torch.sin, (x,))
+    t = g.call_function(torch.cos, (y,))
+    g.output(g.call_function(torch.add, (s, t)))
+    gm = mark_boxed(fx.GraphModule(torch.nn.Module(), g))
+    code = gm.code
+    assert "args.clear()" in code
+    # x is released before cos runs
+    assert code.index("x = None") < code.index("torch.cos")
+    torch.testing.assert_close(
+        call_boxed(gm, [torch.ones(2), torch.zeros(2)]), torch.ones(2).sin() + 1
+    )
+
+
+def test_unboxed_callable_still_gets_its_arguments_and_list_is_emptied() -> None:
+    args = [torch.ones(2), torch.ones(2)]
+    out = call_boxed(lambda p, q: p + q, args)
+    assert args == [] and out.tolist() == [2.0, 2.0]
+
+
+def test_recomputed_nodes_move_to_their_first_reader() -> None:
+    """An fp32 upcast and its sigmoid, recomputed, run where the backward reads them,
+    not at its start; a recomputed reduction (its input is larger) stays where it is."""
+    g = fx.Graph()
+    saved = g.placeholder("saved")
+    saved.meta["val"] = torch.empty(64, dtype=torch.bfloat16)
+    big = g.placeholder("big")
+    big.meta["val"] = torch.empty(64)
+    tangent = g.placeholder("tangent")
+    tangent.meta["val"] = torch.empty(64)
+    up = _node(g, aten._to_copy.default, (saved,), torch.empty(64))
+    sig = _node(g, aten.sigmoid.default, (up,), torch.empty(64))
+    red = _node(g, aten.sum.default, (big,), torch.empty(()))
+    for n in (up, sig, red):
+        n.meta["stoker_recomputed"] = True
+    first = _node(g, aten.mul.Tensor, (tangent, 2), torch.empty(64))
+    second = _node(g, aten.mul.Tensor, (first, red), torch.empty(64))
+    third = _node(g, aten.mul.Tensor, (second, sig), torch.empty(64))
+    g.output((third,))
+    sink_recomputed(g)
+    g.lint()
+    order = [n for n in g.nodes if n.op == "call_function"]
+    assert order.index(red) < order.index(first)  # the reduction stayed
+    assert order.index(second) < order.index(up) < order.index(sig)
+    assert order.index(sig) == order.index(third) - 1
+
+
+def test_a_wrapper_forwarding_attributes_is_called_unpacked() -> None:
+    """A wrapper whose __getattr__ forwards to the callable it wraps (a CUDA-graph
+    replayer) is itself called, unpacked: its own boxed-ness counts, not the inner's."""
+
+    class Inner:
+        def call_boxed(self, args: list[torch.Tensor]) -> str:
+            return "inner"
+
+    class Wrapper:
+        def __init__(self, fn: object) -> None:
+            self.fn = fn
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.__dict__["fn"], name)
+
+        def __call__(self, *args: torch.Tensor) -> str:
+            return f"wrapper({len(args)})"
+
+    g = fx.Graph()
+    g.output(g.placeholder("x"))
+    boxed = mark_boxed(fx.GraphModule(torch.nn.Module(), g))
+    assert call_boxed(Wrapper(Inner()), [torch.ones(1)]) == "wrapper(1)"
+    assert call_boxed(Wrapper(boxed), [torch.ones(1), torch.ones(1)]) == "wrapper(2)"
+    assert call_boxed(Inner(), [torch.ones(1)]) == "inner"
