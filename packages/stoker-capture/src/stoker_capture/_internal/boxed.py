@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch.fx as fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 
 def boxed_module(gm: fx.GraphModule) -> fx.GraphModule:
@@ -35,7 +36,8 @@ def boxed_module(gm: fx.GraphModule) -> fx.GraphModule:
     for n in gm.graph.nodes:
         if n.op != "placeholder":
             remap[n] = g.node_copy(n, lambda x: remap[x])
-    return fx.GraphModule(gm, g, type(gm).__name__)
+    # its Python code is made at its first run, as for the graph it copies
+    return _LazyGraphModule(gm, g, type(gm).__name__)
 
 
 def call_boxed(fn: Callable[..., Any], args: list[Any]) -> Any:
