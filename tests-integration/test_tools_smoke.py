@@ -288,3 +288,32 @@ def test_bench_step_cpu_smoke_splits_a_steady_step_by_part(tmp_path):
         assert part in parts, (part, sorted(parts))
     assert set(res["replayed_us_per_call"]) == {"kernel launch", "extern call"}, res
     assert res["step_us"] > 0 and res["eager_step_us"] > 0, res
+
+
+def test_bench_demo_start_warm_process_loads_instead_of_compiling(tmp_path):
+    """``tools/bench_demo_start.py`` (issue 12's CPU warm-start target on the demo's GPT):
+    the warm process loads the captured graph and compiled autograd's stored backward,
+    and neither captures the joint graph again nor retraces the backward."""
+    import json
+
+    out = tmp_path / "demo.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "bench_demo_start.py"),
+            *("--backend", "aten", "--warm", "1", "--batch", "2", "--json", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "warm first step / (2 x eager first step + load)" in proc.stdout
+    res = json.loads(out.read_text())["aten"]
+    cold, (warm,) = res["cold"], res["warm"]
+    assert cold["calls"]["  compiled autograd: retrace"] >= 1, cold["calls"]
+    assert warm["calls"]["  compiled autograd: retrace"] == 0, warm["calls"]
+    assert warm["calls"]["  compiled autograd: stored backward load"] >= 1, warm["calls"]
+    assert warm["summary"]["capture_cache_hits"] >= 1, warm["summary"]
+    assert warm["summary"]["capture_cache_misses"] == 0, warm["summary"]
+    assert warm["compiled first step"] > 0 and warm["eager first step"] > 0

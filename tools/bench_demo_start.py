@@ -1,0 +1,230 @@
+"""`stoker demo`'s first step, cold and warm, by stage (issue 12's CPU warm-start target).
+
+    python tools/bench_demo_start.py [--backend aten,interpret] [--warm 2] [--batch 16]
+
+Issue 12: "On the CPU, with the aten and interpreter executors, `stoker demo` warm is
+within 2x of eager's first step plus load time." For each executor, one cold process
+(empty STOKER_CACHE_DIR and TRITON_CACHE_DIR) and then ``--warm`` warm processes (the
+caches it left), each a new interpreter, do what `stoker demo` does first: the eager
+GPT's first training step (forward, loss, backward, AdamW), then the compiled copy's
+first step (same weights, same batch). Each stage below is a wrapped function, timed per
+outermost call in CPU seconds of the process (no profiler), so they nest:
+
+- Dynamo (`convert_frame._compile`: its frame trace, guards; stoker's backend inside);
+- stoker's backend, and in it the captured-graph cache load and stoker-triton's
+  compiled-graph loads (the interpreter executor);
+- the backward, and in it compiled autograd's capture (from `begin_capture` to
+  `end_capture`'s return), its stored-backward load (a warm start) or its eager first
+  run, retrace and compile (a cold one).
+
+"load" is what a warm start does instead of compiling: Dynamo's trace (stoker's backend
+inside) plus compiled autograd's capture (its key) and load; "run" is the rest of the compiled first step,
+to be read against the eager first step (the target: run <= 2x eager), or, for an
+executor slower than eager at every step (the interpreter runs Triton kernels in
+NumPy), against the compiled steady step (the third). Prints a table;
+``--json`` writes the raw numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_warm import _wrap_stages
+
+# stage -> (module, attribute path); see the module docstring
+STAGES: dict[str, tuple[str, str]] = {
+    "Dynamo (convert_frame._compile)": ("torch._dynamo.convert_frame", "_compile"),
+    "  stoker backend": ("stoker._internal.backend", "StokerBackend.__call__"),
+    "    captured-graph load": ("stoker_capture._internal.capcache", "CaptureCache.load"),
+    "    compiled-graph loads (Triton)": ("stoker_triton._internal.pipeline", "_load_cached"),
+    "backward (all)": ("torch", "Tensor.backward"),
+    "  compiled autograd: stored backward load": (
+        "stoker_autograd._internal.runtime",
+        "CompiledBackward._load",
+    ),
+    "  compiled autograd: first run (eager)": (
+        "stoker_autograd._internal.runtime",
+        "_Recorder.run",
+    ),
+    "  compiled autograd: retrace": ("stoker_autograd._internal.runtime", "retrace"),
+    "  compiled autograd: compile": (
+        "stoker_autograd._internal.runtime",
+        "CompiledBackward._compiled",
+    ),
+}
+CAPTURE = "  compiled autograd: capture (begin_capture .. end_capture)"
+LOAD = (
+    "Dynamo (convert_frame._compile)",
+    CAPTURE,
+    "  compiled autograd: stored backward load",
+)
+
+
+def _time_capture(times: dict[str, list[float]]) -> None:
+    """Compiled autograd's capture, from `begin_capture`'s call to `end_capture`'s return:
+    the C++ engine calls stoker-autograd's callbacks in between (the cache key is built
+    from what they record)."""
+    from stoker_autograd._internal.capture import CaptureInstance
+
+    row = times[CAPTURE] = [0, 0.0, 0.0]
+    begin, end = CaptureInstance.begin_capture, CaptureInstance.end_capture
+    t0 = [0.0]
+
+    def timed_begin(self: Any, *a: Any, **k: Any) -> Any:
+        t0[0] = time.process_time()
+        return begin(self, *a, **k)
+
+    def timed_end(self: Any, *a: Any, **k: Any) -> Any:
+        try:
+            return end(self, *a, **k)
+        finally:
+            row[0] += 1
+            row[2] += time.process_time() - t0[0]
+
+    CaptureInstance.begin_capture = timed_begin  # type: ignore[method-assign]
+    CaptureInstance.end_capture = timed_end  # type: ignore[method-assign]
+
+
+def _worker(backend: str, batch: int) -> dict[str, Any]:
+    import copy
+
+    import torch
+
+    import stoker
+    from stoker._internal.demo import get_batch, make_data
+    from stoker._internal.models import GPT, GPTConfig, lm_loss
+
+    torch.set_num_threads(1)
+    times, _ = _wrap_stages(STAGES)
+    _time_capture(times)
+    cfg = GPTConfig()
+    data, vocab = make_data(cfg.block_size, "cpu")
+    cfg = GPTConfig(vocab_size=vocab)
+    torch.manual_seed(0)
+    eager = GPT(cfg)
+    model = copy.deepcopy(eager)
+    x, y = get_batch(data, cfg.block_size, batch, torch.Generator().manual_seed(0))
+
+    def step(net: Any, opt: torch.optim.Optimizer) -> float:
+        t0 = time.process_time()
+        loss = lm_loss(net(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        opt.step()
+        return time.process_time() - t0
+
+    with stoker.autograd_enabled(False):
+        opt_e = torch.optim.AdamW(eager.parameters(), lr=3e-3)
+        t_eager = step(eager, opt_e)
+        t_eager_2 = step(eager, opt_e)
+    for row in times.values():  # the eager steps' backward is not a stage
+        row[:] = [0, 0.0, 0.0]
+    compiled = stoker.compile(model, backend=backend)
+    opt_c = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    t_compiled = step(compiled, opt_c)
+    stages = {k: v[2] for k, v in times.items()}
+    calls = {k: v[0] for k, v in times.items()}
+    step(compiled, opt_c)  # compiled autograd's compile lands here, cold
+    t_compiled_3 = step(compiled, opt_c)
+    rep = getattr(compiled, "stoker_report", None)
+    summary = rep.summary() if rep is not None else {}
+    return {
+        "eager first step": t_eager,
+        "eager second step": t_eager_2,
+        "compiled first step": t_compiled,
+        "compiled third step": t_compiled_3,
+        "stages": stages,
+        "calls": calls,
+        "summary": summary,
+    }
+
+
+def _run(backend: str, batch: int, env: dict[str, str]) -> dict[str, Any]:
+    cmd = [sys.executable, "-W", "ignore", __file__, "--worker", backend, "--batch", str(batch)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if p.returncode != 0:
+        raise SystemExit(f"bench_demo_start: worker ({backend}) failed:\n{p.stderr[-4000:]}")
+    out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
+    return out
+
+
+def _table(backend: str, cold: dict[str, Any], warm: list[dict[str, Any]]) -> str:
+    best = min(warm, key=lambda r: r["compiled first step"])
+    cols = [("cold", cold), ("warm (fastest)", best)]
+    lines = [
+        f"executor {backend}: CPU s, the demo's GPT, first step",
+        f"| stage | {' | '.join(c for c, _ in cols)} |",
+        "|---|" + "---|" * len(cols),
+    ]
+
+    def row(name: str, vals: list[float]) -> None:
+        lines.append(f"| {name} | " + " | ".join(f"{v:.3f}" for v in vals) + " |")
+
+    row("eager first step", [r["eager first step"] for _, r in cols])
+    row("**compiled first step**", [r["compiled first step"] for _, r in cols])
+    for stage in [*STAGES, CAPTURE]:
+        row(stage, [r["stages"].get(stage, 0.0) for _, r in cols])
+    load = [sum(r["stages"].get(s, 0.0) for s in LOAD) for _, r in cols]
+    row("load (Dynamo + compiled autograd's capture and load)", load)
+    run = [r["compiled first step"] - ld for (_, r), ld in zip(cols, load)]
+    row("run (compiled first step - load)", run)
+    row("eager second step", [r["eager second step"] for _, r in cols])
+    row("compiled third step (steady)", [r["compiled third step"] for _, r in cols])
+    w = best
+    ratio = w["compiled first step"] / (2 * w["eager first step"] + load[1])
+    # an executor slower than eager in every step (the interpreter) is read against its own
+    # steady step: what the warm start adds to it
+    steady = w["compiled third step"]
+    ratio_steady = w["compiled first step"] / (2 * max(w["eager first step"], steady) + load[1])
+    lines.append(
+        f"warm first step / (2 x eager first step + load) = {ratio:.2f}; "
+        f"/ (2 x max(eager first, compiled steady) + load) = {ratio_steady:.2f} "
+        f"(target <= 1; warm first steps: "
+        + ", ".join(f"{r['compiled first step']:.3f}" for r in warm)
+        + ")"
+    )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", default="aten,interpret", help="executors, comma-separated")
+    ap.add_argument("--warm", type=int, default=2, help="warm processes per executor")
+    ap.add_argument("--batch", type=int, default=16, help="the demo's batch")
+    ap.add_argument("--json", help="write the raw results here")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        print(json.dumps(_worker(a.worker, a.batch)))
+        return 0
+    results: dict[str, Any] = {}
+    for backend in a.backend.split(","):
+        with tempfile.TemporaryDirectory(prefix="stoker-demo-start-") as d:
+            env = {
+                **os.environ,
+                "STOKER_CACHE_DIR": os.path.join(d, "stoker"),
+                "TRITON_CACHE_DIR": os.path.join(d, "triton"),
+            }
+            if backend == "interpret":
+                env["TRITON_INTERPRET"] = "1"
+            cold = _run(backend, a.batch, env)
+            warm = [_run(backend, a.batch, env) for _ in range(a.warm)]
+        results[backend] = {"cold": cold, "warm": warm}
+        print(_table(backend, cold, warm), flush=True)
+        print()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
