@@ -1,0 +1,461 @@
+"""A correctness sweep: training situations real code uses, through ``stoker.compile``
+(default options, the aten executor on the CPU) against eager, over a few optimizer
+steps on fresh random inputs.  The harness is `sweep_cases.py`."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as ckpt
+from interpret_script import run_interpreted
+from sweep_cases import (
+    MLP,
+    MODES,
+    Batch,
+    Case,
+    backward_step,
+    dot_grads,
+    mlp_batch,
+    run_case,
+)
+
+import stoker
+
+Params = dict[str, nn.Parameter]
+
+
+@pytest.fixture(autouse=True)
+def fresh_stoker() -> Iterator[None]:
+    stoker.reset()
+    yield
+    stoker.reset()
+
+
+@pytest.fixture(params=["ca", "no_ca", "ca_paused"])
+def mode(request: pytest.FixtureRequest) -> str:
+    """Compiled autograd on, off at compile time, or paused around the backward."""
+    return str(request.param)
+
+
+# --- how the loss becomes gradients -------------------------------------------------------
+
+
+def test_autograd_grad_instead_of_backward(mode: str) -> None:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        out = model(b[0])
+        loss = F.mse_loss(out, b[1])
+        grads = torch.autograd.grad(loss, list(params.values()))
+        for p, g in zip(params.values(), grads):
+            p.grad = g
+        return (out, loss), {k: g for k, g in zip(params, grads)}
+
+    run_case(Case(MLP, mlp_batch, step), mode=mode)
+
+
+def test_autograd_grad_of_some_params_and_an_input(mode: str) -> None:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        x = b[0].requires_grad_()
+        out = model(x)
+        loss = F.mse_loss(out, b[1])
+        gx, gw = torch.autograd.grad(loss, [x, params["fc1.weight"]])
+        assert all(p.grad is None for p in params.values())
+        params["fc1.weight"].grad = gw
+        return (out, loss, gx), {"fc1.weight": gw}
+
+    run_case(Case(MLP, mlp_batch, step), mode=mode)
+
+
+def retain_graph_case() -> Case:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        out = model(b[0])
+        loss = F.mse_loss(out, b[1])
+        loss.backward(retain_graph=True)
+        first = dot_grads(params)
+        (loss * 0.5).backward()
+        return (out, loss), {**{k + "@1": v for k, v in first.items()}, **dot_grads(params)}
+
+    return Case(MLP, mlp_batch, step)
+
+
+def test_backward_twice_with_retain_graph_accumulates(mode: str) -> None:
+    run_case(retain_graph_case(), mode=mode)
+
+
+def test_gradient_accumulation_over_micro_batches(mode: str) -> None:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        outs = []
+        for x, y in zip(b[0].chunk(3), b[1].chunk(3)):
+            out = model(x)
+            (F.mse_loss(out, y) / 3).backward()
+            outs.append(out)
+        return outs, dot_grads(params)
+
+    run_case(Case(MLP, mlp_batch, step, batch_sizes=(6, 6, 6)), mode=mode)
+
+
+def test_double_backward_works_or_raises_clearly(mode: str) -> None:
+    """create_graph=True: a gradient penalty.  Either eager's numbers or a clear error."""
+
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        x = b[0].requires_grad_()
+        out = model(x)
+        loss = F.mse_loss(out, b[1])
+        (gx,) = torch.autograd.grad(loss, x, create_graph=True)
+        total = loss + gx.pow(2).sum()
+        total.backward()
+        return (out, loss, gx, total), dot_grads(params)
+
+    try:
+        run_case(Case(MLP, mlp_batch, step), mode=mode)
+    except AssertionError:
+        raise
+    except Exception as e:  # a clear error names double backward and what to do
+        msg = str(e).lower()
+        assert "double backward" in msg or "create_graph" in msg, repr(e)
+
+
+# --- model structure ------------------------------------------------------------------------
+
+
+class Checkpointed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def block(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.b(torch.sin(h)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        h = ckpt.checkpoint(self.block, h, use_reentrant=False)
+        return self.c(h)
+
+
+def test_non_reentrant_checkpoint(mode: str) -> None:
+    run_case(Case(Checkpointed, mlp_batch, backward_step), mode=mode)
+
+
+class MultiOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.aux = nn.Linear(8, 16), nn.Linear(16, 4), nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = torch.tanh(self.fc1(x))
+        # a user-held intermediate that the backward also saves, an unused head, an
+        # alias of the input and a view of the input
+        return self.fc2(h), h, self.aux(h), x, x.t()
+
+
+def multi_out_case() -> Case:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        x = b[0].requires_grad_()
+        out, h, aux, same, xt = model(x)
+        assert same is x or same._base is x or torch.equal(same, x)
+        loss = F.mse_loss(out, b[1]) + h.mean()
+        loss.backward()
+        return (out, h, aux, same, xt, loss, x.grad), dot_grads(params)
+
+    return Case(MultiOut, mlp_batch, step)
+
+
+def test_several_outputs_some_unused_and_aliases_of_the_input(mode: str) -> None:
+    run_case(multi_out_case(), mode=mode)
+
+
+def test_held_output_saved_for_backward_is_not_freed(mode: str) -> None:
+    """`h` is returned to the caller and saved for the backward (tanh's output): freeing
+    saved tensors after their last reader must not touch it, and the caller may read it
+    after backward."""
+
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        out, h, *_ = model(b[0])
+        loss = F.mse_loss(out, b[1])
+        loss.backward()
+        return (out, h.clone(), h.sum()), dot_grads(params)
+
+    run_case(Case(MultiOut, mlp_batch, step), mode=mode)
+
+
+class BN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.bn, self.out = nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.bn(self.fc(x))))
+
+
+def test_batchnorm_running_stats_then_eval(mode: str) -> None:
+    compiled = run_case(Case(BN, mlp_batch, backward_step), mode=mode)
+    model = compiled._orig_mod
+    eager = BN()
+    eager.load_state_dict(model.state_dict())
+    compiled.eval()
+    eager.eval()
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), eager(x), rtol=1e-4, atol=1e-5)
+    # eval with grad: running stats are read, not written
+    before = model.bn.running_mean.clone()
+    compiled(x).sum().backward()
+    torch.testing.assert_close(model.bn.running_mean, before)
+
+
+class Hooked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.fc1.weight.register_hook(lambda g: g * 2.0)
+        self.seen: list[float] = []
+        self.fc2.bias.register_post_accumulate_grad_hook(
+            lambda p: self.seen.append(float(p.grad.sum()))
+        )
+        self.fc2.register_full_backward_hook(lambda m, gi, go: (gi[0] * 0.5,))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+def hooks_case() -> Case:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        out = model(b[0])
+        F.mse_loss(out, b[1]).backward()
+        mod = getattr(model, "_orig_mod", model)
+        return (out, torch.tensor(mod.seen[-1])), dot_grads(params)
+
+    return Case(Hooked, mlp_batch, step)
+
+
+def test_parameter_and_module_hooks(mode: str) -> None:
+    run_case(hooks_case(), mode=mode)
+
+
+class ScaledSquare(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.scale = scale
+        return (x * w) ** 2 * scale
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        x, w = ctx.saved_tensors
+        d = 2 * x * w * ctx.scale * g
+        return d * w, (d * x).sum(0), None
+
+
+class CustomFn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.w = nn.Parameter(torch.randn(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(ScaledSquare.apply(self.fc1(x), self.w, 0.3))
+
+
+def test_custom_autograd_function_with_saved_tensors_and_ctx_attributes(mode: str) -> None:
+    run_case(Case(CustomFn, mlp_batch, backward_step), mode=mode)
+
+
+class Frozen(nn.Module):
+    """A frozen layer, a detached branch, and tied weights (an embedding and its head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.frozen = nn.Linear(8, 8).requires_grad_(False)
+        self.fc = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 10, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.emb(idx)
+        h = self.fc(self.frozen(h)) + self.fc(h).detach()
+        return self.head(torch.tanh(h))
+
+
+def tok_batch(n: int, gen: torch.Generator) -> Batch:
+    return torch.randint(0, 10, (n, 5), generator=gen), torch.randint(0, 10, (n, 5), generator=gen)
+
+
+def ce_step(model: Any, params: Params, b: Batch) -> Any:
+    out = model(b[0])
+    loss = F.cross_entropy(out.flatten(0, 1), b[1].flatten())
+    loss.backward()
+    return (out, loss), dot_grads(params)
+
+
+def test_frozen_params_detach_and_tied_weights(mode: str) -> None:
+    run_case(Case(Frozen, tok_batch, ce_step), mode=mode)
+
+
+def test_no_grad_inference_and_eval_between_steps(mode: str) -> None:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        mod = getattr(model, "_orig_mod", model)
+        mod.eval()
+        with torch.no_grad():
+            pred = model(b[0])
+        mod.train()
+        out = model(b[0])
+        F.mse_loss(out, b[1]).backward()
+        return (pred, out), dot_grads(params)
+
+    run_case(Case(BN, mlp_batch, step), mode=mode)
+
+
+class Drop(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+def test_bf16_autocast(mode: str) -> None:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(b[0])
+            loss = F.mse_loss(out.float(), b[1])
+        loss.backward()
+        return (out, loss), dot_grads(params)
+
+    run_case(Case(Checkpointed, mlp_batch, step, bf16=True), mode=mode)
+
+
+def test_batch_size_changes(mode: str) -> None:
+    run_case(Case(BN, mlp_batch, backward_step, batch_sizes=(4, 6, 3, 6)), mode=mode)
+
+
+def test_same_model_compiled_twice() -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    a, b = stoker.compile(model), stoker.compile(model, dynamic=True)
+    x, y = mlp_batch(4, torch.Generator().manual_seed(0))
+    with stoker.autograd_enabled(False):
+        F.mse_loss(model(x), y).backward()
+    want = {k: p.grad.clone() for k, p in model.named_parameters()}
+    for c in (a, b, a):
+        model.zero_grad(set_to_none=True)
+        F.mse_loss(c(x), y).backward()
+        for k, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, want[k], rtol=1e-4, atol=1e-5)
+
+
+# --- mutation between forward and backward ------------------------------------------------
+
+
+class SavesInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x * x)  # x saved for mul's backward
+
+
+def test_input_mutated_after_forward_raises_like_eager() -> None:
+    torch.manual_seed(0)
+    model = SavesInput()
+    compiled = stoker.compile(model)
+    for m in (model, compiled):
+        x = torch.randn(3, 8, requires_grad=True)
+        y = x * 1.0  # non-leaf so it can be mutated in place
+        out = m(y)
+        with torch.no_grad():
+            y.add_(1.0)
+        with stoker.autograd_enabled(m is compiled):
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                out.sum().backward()
+
+
+def test_output_mutated_after_forward_raises_like_eager() -> None:
+    """`h` (tanh's output) is returned and saved for the backward; changing it in place
+    before backward raises in eager."""
+    torch.manual_seed(0)
+    model = MultiOut()
+    compiled = stoker.compile(model)
+    for m in (model, compiled):
+        out, h, *_ = m(torch.randn(3, 8))
+        with torch.no_grad():
+            h.mul_(2.0)
+        with stoker.autograd_enabled(m is compiled):
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                out.sum().backward()
+
+
+def test_two_forwards_then_one_backward(mode: str) -> None:
+    """Two graphs alive at once (a siamese loss): each keeps its own saved tensors."""
+
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        o1, o2 = model(b[0]), model(b[0].flip(0))
+        loss = F.mse_loss(o1 - o2, b[1])
+        loss.backward()
+        return (o1, o2, loss), dot_grads(params)
+
+    run_case(Case(MLP, mlp_batch, step), mode=mode)
+
+
+def test_backward_of_the_older_graph_after_a_newer_forward(mode: str) -> None:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        o1 = model(b[0])
+        o2 = model(b[0] * 2)
+        F.mse_loss(o1, b[1]).backward()
+        g1 = dot_grads(params)
+        F.mse_loss(o2, b[1]).backward()
+        return (o1, o2), {**{k + "@1": v for k, v in g1.items()}, **dot_grads(params)}
+
+    run_case(Case(MLP, mlp_batch, step), mode=mode)
+
+
+def test_retain_graph_with_checkpoint_and_changing_batch(mode: str) -> None:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        out = model(b[0])
+        loss = F.mse_loss(out, b[1])
+        loss.backward(retain_graph=True)
+        loss.backward()
+        return (out, loss), dot_grads(params)
+
+    run_case(Case(Checkpointed, mlp_batch, step, batch_sizes=(4, 6, 5)), mode=mode)
+
+
+def test_input_mutated_after_forward_all_modes(mode: str) -> None:
+    torch.manual_seed(0)
+    model = SavesInput()
+    compiled = stoker.compile(model, **MODES[mode][0])
+    x = torch.randn(3, 8, requires_grad=True)
+    y = x * 1.0
+    out = compiled(y)
+    with torch.no_grad():
+        y.add_(1.0)
+    with stoker.autograd_enabled(MODES[mode][1]):
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+
+
+def test_interpreted_triton_kernels_tiny_cases() -> None:
+    """A few tiny cases with Triton kernels under the interpreter (a fresh process: the
+    interpreter must be on before Triton jits anything)."""
+    run_interpreted(
+        f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
+        + textwrap.dedent(
+            """
+            import stoker, test_stoker_sweep_training as t
+            for mode in ("ca", "no_ca"):
+                for case in (t.retain_graph_case(), t.multi_out_case(), t.hooks_case()):
+                    stoker.reset()
+                    rep = t.run_case(case, backend="interpret", mode=mode).stoker_report
+                    assert {c.executor for c in rep.compiles} == {"interpret"}, rep.compiles
+            print("ok")
+            """
+        )
+    )
