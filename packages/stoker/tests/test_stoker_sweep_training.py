@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import textwrap
 from collections.abc import Iterator
+from contextlib import nullcontext
 from typing import Any
 
 import pytest
@@ -451,7 +452,13 @@ def test_interpreted_triton_kernels_tiny_cases() -> None:
             """
             import stoker, test_stoker_sweep_training as t
             for mode in ("ca", "no_ca"):
-                for case in (t.retain_graph_case(), t.multi_out_case(), t.hooks_case()):
+                for case in (
+                    t.retain_graph_case(),
+                    t.multi_out_case(),
+                    t.hooks_case(),
+                    t.strided_case(),
+                    t.transposed_case(),
+                ):
                     stoker.reset()
                     rep = t.run_case(case, backend="interpret", mode=mode).stoker_report
                     assert {c.executor for c in rep.compiles} == {"interpret"}, rep.compiles
@@ -459,3 +466,312 @@ def test_interpreted_triton_kernels_tiny_cases() -> None:
             """
         )
     )
+
+
+class Dropped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(F.dropout(torch.sin(x), 0.5, self.training) * self.w)
+
+
+@pytest.mark.parametrize("budget", [None, 0.0])
+def test_dropout_mask_of_backward_matches_forward(mode: str, budget: float | None) -> None:
+    """Recomputed (budget 0) or saved, the backward must use the forward's dropout mask:
+    d/dw sum(tanh(m * w)) = sum(m * (1 - out**2)), with m recovered from the output."""
+    torch.manual_seed(0)
+    model = Dropped()
+    kw = {**MODES[mode][0], **({} if budget is None else {"memory_budget": budget})}
+    compiled = stoker.compile(model, **kw)
+    for n in (16, 16, 12):
+        x = torch.randn(n, 8)
+        model.w.grad = None
+        with stoker.autograd_enabled(MODES[mode][1]) if mode == "ca_paused" else nullcontext():
+            out = compiled(x)
+            out.sum().backward()
+        m = torch.atanh(out.detach()) / model.w.detach()  # 2*sin(x) where kept, else 0
+        kept = m.abs() > 1e-6
+        assert 0.2 < float(kept.float().mean()) < 0.8
+        torch.testing.assert_close(m[kept], 2 * torch.sin(x)[kept], rtol=1e-3, atol=1e-4)
+        want = (m * (1 - out.detach() ** 2)).sum(0)
+        torch.testing.assert_close(model.w.grad, want, rtol=1e-4, atol=1e-5)
+
+
+class Strided(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(6, 6))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.exp(x) * self.w + x
+        return y, y.t(), y[:, 1:3], x.argmax(-1), y.sum(0).view(2, 3)
+
+
+def strided_case() -> Case:
+    """The same shape with other strides each step: contiguous, transposed, broadcast
+    (stride 0), a slice with an offset."""
+    layouts = iter(
+        [
+            lambda t: t,
+            lambda t: t.t().contiguous().t(),
+            lambda t: t[:1].expand(6, 6),
+            lambda t: torch.cat([t, t], 1)[:, 3:9],
+        ]
+        * 4
+    )
+
+    def batch(n: int, gen: torch.Generator) -> Batch:
+        return next(layouts)(torch.randn(6, 6, generator=gen)), torch.randn(6, 6, generator=gen)
+
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        outs = model(b[0])
+        loss = F.mse_loss(outs[0], b[1]) + outs[1].sum() + outs[2].pow(2).sum() + outs[4].sum()
+        loss.backward()
+        return outs, dot_grads(params)
+
+    return Case(Strided, batch, step, batch_sizes=(6, 6, 6, 6))
+
+
+def test_inputs_with_other_strides_and_view_outputs(mode: str) -> None:
+    run_case(strided_case(), mode=mode)
+
+
+def test_inference_mode_then_training(mode: str) -> None:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        with torch.inference_mode():
+            pred = model(b[0])
+        out = model(b[0])
+        F.mse_loss(out, b[1]).backward()
+        return (pred.clone(), out), dot_grads(params)
+
+    run_case(Case(MLP, mlp_batch, step), mode=mode)
+
+
+class MutatesInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+        self.count += 1
+        out = self.fc(torch.relu(x))
+        acc.add_(out.detach())  # a user-visible in-place update of an input
+        return out
+
+
+def test_forward_that_mutates_an_input_and_a_buffer(mode: str) -> None:
+    def batch(n: int, gen: torch.Generator) -> Batch:
+        x, y = mlp_batch(n, gen)
+        return x, torch.zeros(n, 4), y
+
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        out = model(b[0], b[1])
+        F.mse_loss(out, b[2]).backward()
+        return (out, b[1]), dot_grads(params)
+
+    run_case(Case(MutatesInput, batch, step), mode=mode)
+
+
+class IntermediateHook(nn.Module):
+    """A hook on an intermediate registered inside forward (grad clipping), a no_grad
+    region and a layer applied twice; a dict output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = torch.tanh(self.fc1(x))
+        if h.requires_grad:
+            h.register_hook(lambda g: g.clamp(-0.01, 0.01))
+        with torch.no_grad():
+            target = self.fc1(x).sigmoid()
+        h2 = torch.tanh(self.fc1(h))
+        return {"out": self.fc2(h2), "target": target}
+
+
+def test_hook_on_an_intermediate_no_grad_region_and_a_layer_used_twice(mode: str) -> None:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        d = model(b[0])
+        loss = F.mse_loss(d["out"], b[1]) + (d["out"].mean() - d["target"].mean()) ** 2
+        loss.backward()
+        return (d["out"], d["target"], loss), dot_grads(params)
+
+    run_case(Case(IntermediateHook, mlp_batch, step), mode=mode)
+
+
+def test_retain_grad_grad_outputs_allow_unused_and_set_to_none_false(mode: str) -> None:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        for p in params.values():  # grads accumulate into existing tensors
+            p.grad = torch.ones_like(p) * 0.01
+        out = model(b[0])
+        out.retain_grad()
+        out.backward(gradient=b[1])
+        gx = torch.autograd.grad(
+            model(b[0]).sum(),
+            [params["fc1.weight"], torch.zeros(1, requires_grad=True)],
+            allow_unused=True,
+        )
+        assert gx[1] is None
+        return (out, out.grad, gx[0]), dot_grads(params)
+
+    run_case(Case(MLP, mlp_batch, step), mode=mode)
+
+
+class CkptDropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def block(h: torch.Tensor) -> torch.Tensor:
+            return F.dropout(torch.relu(self.a(h)), 0.3, self.training)
+
+        h = ckpt.checkpoint(block, x, use_reentrant=False)
+        return h, self.b(h)
+
+
+def test_checkpoint_with_dropout_replays_the_forward_mask(mode: str) -> None:
+    """The recomputed block must draw the forward's dropout mask: with loss sum(c * h),
+    h = dropout(relu(a(x))), a.bias's gradient is sum(c * (h > 0)) / 0.7."""
+    torch.manual_seed(0)
+    model = CkptDropout()
+    compiled = stoker.compile(model, **MODES[mode][0])
+    for n in (32, 32, 24):
+        x, c = torch.randn(n, 8), torch.randn(n, 16)
+        model.zero_grad(set_to_none=True)
+        with stoker.autograd_enabled(MODES[mode][1]) if mode == "ca_paused" else nullcontext():
+            h, out = compiled(x)
+            ((h * c).sum() + out.sum()).backward()
+        keep = (h.detach() > 0).float()
+        g_h = c + model.b.weight.detach().sum(0)
+        torch.testing.assert_close(
+            model.a.bias.grad, (g_h * keep / 0.7).sum(0), rtol=1e-4, atol=1e-4
+        )
+
+
+class Zoo(nn.Module):
+    """Embedding with max_norm (renormalises its weight in place in forward), attention
+    through SDPA, LayerNorm, GELU, a label-smoothed cross-entropy with ignore_index."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 8, max_norm=1.0, padding_idx=0)
+        self.qkv, self.ln = nn.Linear(8, 24), nn.LayerNorm(8)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.emb(idx)
+        q, k, v = self.qkv(h).unflatten(-1, (3, 2, 4)).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = self.ln(h + a.transpose(1, 2).flatten(2))
+        return self.head(F.gelu(h))
+
+
+def test_embedding_max_norm_sdpa_layernorm_label_smoothing(mode: str) -> None:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        out = model(b[0])
+        tgt = b[1].masked_fill(b[1] == 3, -100)
+        loss = F.cross_entropy(out.flatten(0, 1), tgt.flatten(), label_smoothing=0.1)
+        loss.backward()
+        return (out, loss), dot_grads(params)
+
+    run_case(Case(Zoo, tok_batch, step), mode=mode)
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
+        return self.fc(h.mean((2, 3)))
+
+
+def test_conv_batchnorm_channels_last_input(mode: str) -> None:
+    def batch(n: int, gen: torch.Generator) -> Batch:
+        x = torch.randn(n, 3, 6, 6, generator=gen)
+        return x.to(memory_format=torch.channels_last), torch.randn(n, 4, generator=gen)
+
+    run_case(Case(ConvNet, batch, backward_step), mode=mode)
+
+
+def test_freezing_and_unfreezing_parameters_between_steps(mode: str) -> None:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        n_step = int(b[0].shape[0])  # batch sizes pick the phase
+        params["fc1.weight"].requires_grad_(n_step != 5)
+        params["fc2.bias"].requires_grad_(n_step == 4)
+        return backward_step(model, params, b)
+
+    run_case(Case(MLP, mlp_batch, step, batch_sizes=(4, 5, 5, 4)), mode=mode)
+
+
+def test_bf16_parameters(mode: str) -> None:
+    def build() -> nn.Module:
+        return MLP().to(torch.bfloat16)
+
+    def batch(n: int, gen: torch.Generator) -> Batch:
+        return tuple(t.to(torch.bfloat16) for t in mlp_batch(n, gen))
+
+    run_case(Case(build, batch, backward_step, bf16=True), mode=mode)
+
+
+def test_backward_in_another_thread(mode: str) -> None:
+    """On CUDA the engine runs backwards on its device threads: a backward compiled at its
+    first call (lazy_backward) must compile there too."""
+    import threading
+
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        out = model(b[0])
+        loss = F.mse_loss(out, b[1])
+        err: list[BaseException] = []
+
+        def run() -> None:
+            try:  # the engine hook is process-wide: the caller's setting holds here
+                loss.backward()
+            except BaseException as e:  # re-raised in the test's thread
+                err.append(e)
+
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+        if err:
+            raise err[0]
+        return (out, loss), dot_grads(params)
+
+    run_case(Case(MLP, mlp_batch, step, batch_sizes=(4, 4, 6)), mode=mode)
+
+
+class TransposedOut(nn.Module):
+    """Fresh outputs with non-contiguous strides (pointwise ops keep their input's
+    transposed layout); their grads arrive contiguous, expanded, or transposed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(6, 5))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = torch.sin(x.t()) * self.w  # (6, 5), strides (1, 6)
+        return a, torch.exp(a) + 1
+
+
+def transposed_case() -> Case:
+    def batch(n: int, gen: torch.Generator) -> Batch:
+        return torch.randn(5, 6, generator=gen), torch.randn(5, 6, generator=gen)
+
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        a, e = model(b[0])
+        loss = (a * b[1].t()).sum() + e.sum() + (e.t() * b[1]).mean()
+        loss.backward()
+        return (a, e, torch.tensor(a.stride()), torch.tensor(e.stride())), dot_grads(params)
+
+    return Case(TransposedOut, batch, step, batch_sizes=(5, 5, 5))
+
+
+def test_non_contiguous_fresh_outputs(mode: str) -> None:
+    run_case(transposed_case(), mode=mode)
