@@ -775,3 +775,49 @@ def transposed_case() -> Case:
 
 def test_non_contiguous_fresh_outputs(mode: str) -> None:
     run_case(transposed_case(), mode=mode)
+
+
+class NoGradFor(torch.autograd.Function):
+    """Passes its second input through with no gradient (returns None for it)."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a + b.detach()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        return g, None
+
+
+class Chained(nn.Module):
+    """Two separately compiled models (stoker.compile'd parts), the first's auxiliary
+    output fed to a custom Function that gives it no gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = MultiOut(), MLP(d=4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _h, aux, *_ = self.first(x)
+        return NoGradFor.apply(self.second(out), aux[:, :1].expand(-1, 4))
+
+
+def test_separately_compiled_parts_and_a_function_returning_no_grad(mode: str) -> None:
+    def build() -> nn.Module:
+        m = Chained()
+        if build.compiled:  # type: ignore[attr-defined]
+            m.first = stoker.compile(m.first, **MODES[mode][0])  # type: ignore[assignment]
+            m.second = stoker.compile(m.second, **MODES[mode][0])  # type: ignore[assignment]
+        build.compiled = True  # type: ignore[attr-defined]
+        return m
+
+    build.compiled = False  # type: ignore[attr-defined]
+
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        out = getattr(model, "_orig_mod", model)(b[0])  # the parts are compiled, not the whole
+        F.mse_loss(out, b[1]).backward()
+        return (out,), dot_grads(params)
+
+    # compiled autograd traced a tensor where the Function gives None: zeros reach the
+    # parameters that only it feeds (docs/autograd.md)
+    run_case(Case(build, mlp_batch, step, zero_for_none=("ca",)), mode=mode)
