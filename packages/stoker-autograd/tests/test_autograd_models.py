@@ -636,3 +636,22 @@ def test_custom_backward_returning_none_for_an_input_that_requires_grad() -> Non
         m(torch.randn(5, 6)).backward()
 
     compare(M, step, steps=3)
+
+
+def test_custom_backward_returning_none_for_a_parameter_leaves_its_grad_none() -> None:
+    """None straight into a parameter's accumulate-grad: .grad stays None, as in eager."""
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.c = nn.Linear(6, 4), nn.Parameter(torch.randn(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return _NoGradForSecond.apply(self.a(x), self.c).pow(2).sum()
+
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        m(torch.randn(5, 6)).backward()
+
+    _, model = compare(M, step, steps=3)
+    assert model.c.grad is None

@@ -148,6 +148,8 @@ def _zeros_for_none(ctx: Any, grads: tuple[Any, ...]) -> tuple[Any, ...]:
         if g is not None or i >= len(edges) or edges[i][0] is None:
             continue
         fn, nr = edges[i]
+        if type(fn).__name__ == "AccumulateGrad":
+            continue  # `accumulate_grad` takes None (the leaf keeps its .grad, as in eager)
         meta = fn._input_metadata[nr]
         out[i] = torch.zeros(meta.shape, dtype=meta.dtype, device=meta.device)
     return tuple(out)
