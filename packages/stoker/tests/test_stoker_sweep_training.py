@@ -821,3 +821,109 @@ def test_separately_compiled_parts_and_a_function_returning_no_grad(mode: str) -
     # compiled autograd traced a tensor where the Function gives None: zeros reach the
     # parameters that only it feeds (docs/autograd.md)
     run_case(Case(build, mlp_batch, step, zero_for_none=("ca",)), mode=mode)
+
+
+class NoMaterialize(torch.autograd.Function):
+    """Two outputs, one non-differentiable, grads not materialized (None for an unused
+    output, handled in the backward)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ctx.set_materialize_grads(False)
+        idx = x.argmax(-1)
+        ctx.mark_non_differentiable(idx)
+        ctx.save_for_backward(x)
+        return x.sin(), x.cos(), idx
+
+    @staticmethod
+    def backward(ctx: Any, gs: Any, gc: Any, gi: Any) -> torch.Tensor | None:
+        (x,) = ctx.saved_tensors
+        out = None if gs is None else gs * x.cos()
+        if gc is not None:
+            out = -gc * x.sin() if out is None else out - gc * x.sin()
+        return out
+
+
+class FnInside(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.c = (
+            nn.Linear(8, 16),
+            nn.Linear(16, 4),
+            nn.Parameter(torch.randn(16)),
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s, _cos, idx = NoMaterialize.apply(self.fc1(x))
+        h = NoGradFor.apply(s, self.c)
+        return self.fc2(h), idx
+
+
+def test_custom_functions_inside_the_compiled_model(mode: str) -> None:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        out, idx = model(b[0])
+        F.mse_loss(out, b[1]).backward()
+        return (out, idx), dot_grads(params)
+
+    run_case(Case(FnInside, mlp_batch, step), mode=mode)
+
+
+def test_input_gradient_of_a_frozen_model(mode: str) -> None:
+    """Saliency / adversarial steps: every parameter frozen, the gradient is the input's;
+    then a loss of a model whose output needs no gradient raises as in eager."""
+
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        mod = getattr(model, "_orig_mod", model)
+        mod.requires_grad_(False)
+        x = b[0].requires_grad_()
+        out = model(x)
+        F.mse_loss(out, b[1]).backward()
+        with pytest.raises(RuntimeError, match="does not require grad"):
+            F.mse_loss(model(b[0].detach()), b[1]).backward()
+        mod.requires_grad_(True)
+        return (out, x.grad), dot_grads(params)
+
+    run_case(Case(BN, mlp_batch, step), mode=mode)
+
+
+class SameTwice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.tanh(self.fc(x))
+        return y, y, self.fc.weight, y.detach(), x
+
+
+def test_the_same_tensor_returned_twice_a_parameter_and_a_detached_output(mode: str) -> None:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        x = b[0].requires_grad_()
+        y1, y2, w, yd, xx = model(x)
+        assert (y1 is y2) and (xx is x) and (w is params["fc.weight"]), "eager returns these"
+        assert not yd.requires_grad
+        loss = F.mse_loss(y1, b[1]) + (y2 * 2).sum() + w.pow(2).sum() + (xx * 3).sum()
+        loss.backward()
+        return (y1, y2, yd, x.grad), dot_grads(params)
+
+    run_case(Case(SameTwice, mlp_batch, step), mode=mode)
+
+
+class DecaysInForward(nn.Module):
+    """Updates a parameter and a buffer in place in forward (under no_grad), then uses
+    both: the backward must read the updated values, as eager's does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 4))
+        self.register_buffer("ema", torch.zeros(8, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.w.mul_(0.9)
+            self.ema.mul_(0.5).add_(self.w)
+        return torch.tanh(x @ self.w) * (x @ self.ema).sigmoid()
+
+
+def test_parameter_and_buffer_updated_in_place_in_forward(mode: str) -> None:
+    run_case(Case(DecaysInForward, mlp_batch, backward_step), mode=mode)
