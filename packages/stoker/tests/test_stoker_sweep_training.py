@@ -927,3 +927,35 @@ class DecaysInForward(nn.Module):
 
 def test_parameter_and_buffer_updated_in_place_in_forward(mode: str) -> None:
     run_case(Case(DecaysInForward, mlp_batch, backward_step), mode=mode)
+
+
+class CheckpointsCompiledParts(nn.Module):
+    """Non-reentrant checkpointing around separately compiled blocks: their compiled
+    forwards run again inside the backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([MLP(d=8, h=16, o=8) for _ in range(2)])
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = x + ckpt.checkpoint(b, x, use_reentrant=False)
+        return self.head(x)
+
+
+def test_checkpoint_around_compiled_blocks(mode: str) -> None:
+    def build() -> nn.Module:
+        m = CheckpointsCompiledParts()
+        if build.compiled:  # type: ignore[attr-defined]
+            for i, b in enumerate(m.blocks):
+                m.blocks[i] = stoker.compile(b, **MODES[mode][0])
+        build.compiled = True  # type: ignore[attr-defined]
+        return m
+
+    build.compiled = False  # type: ignore[attr-defined]
+
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        return backward_step(getattr(model, "_orig_mod", model), params, b)  # the parts only
+
+    run_case(Case(build, mlp_batch, step), mode=mode)
