@@ -933,20 +933,22 @@ class CheckpointsCompiledParts(nn.Module):
     """Non-reentrant checkpointing around separately compiled blocks: their compiled
     forwards run again inside the backward."""
 
-    def __init__(self) -> None:
+    def __init__(self, reentrant: bool = False) -> None:
         super().__init__()
         self.blocks = nn.ModuleList([MLP(d=8, h=16, o=8) for _ in range(2)])
         self.head = nn.Linear(8, 4)
+        self.reentrant = reentrant
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for b in self.blocks:
-            x = x + ckpt.checkpoint(b, x, use_reentrant=False)
+            x = x + ckpt.checkpoint(b, x, use_reentrant=self.reentrant)
         return self.head(x)
 
 
-def test_checkpoint_around_compiled_blocks(mode: str) -> None:
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint_around_compiled_blocks(mode: str, reentrant: bool) -> None:
     def build() -> nn.Module:
-        m = CheckpointsCompiledParts()
+        m = CheckpointsCompiledParts(reentrant)
         if build.compiled:  # type: ignore[attr-defined]
             for i, b in enumerate(m.blocks):
                 m.blocks[i] = stoker.compile(b, **MODES[mode][0])
@@ -959,3 +961,17 @@ def test_checkpoint_around_compiled_blocks(mode: str) -> None:
         return backward_step(getattr(model, "_orig_mod", model), params, b)  # the parts only
 
     run_case(Case(build, mlp_batch, step), mode=mode)
+
+
+def test_fp16_autocast_with_grad_scaler(mode: str) -> None:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(b[0])
+            loss = F.mse_loss(out.float(), b[1])
+        scaler.scale(loss).backward()
+        opt = torch.optim.SGD(params.values(), lr=0.0)
+        scaler.unscale_(opt)
+        return (out, loss), dot_grads(params)
+
+    run_case(Case(Checkpointed, mlp_batch, step, bf16=True), mode=mode)
