@@ -975,3 +975,16 @@ def test_fp16_autocast_with_grad_scaler(mode: str) -> None:
         return (out, loss), dot_grads(params)
 
     run_case(Case(Checkpointed, mlp_batch, step, bf16=True), mode=mode)
+
+
+def test_retained_graph_backward_through_one_output_then_another(mode: str) -> None:
+    """Each backward leaves undefined what its own outputs do not reach."""
+
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        out, _h, aux, *_ = model(b[0])
+        F.mse_loss(out, b[1]).backward(retain_graph=True)
+        first = dot_grads(params)
+        aux.pow(2).sum().backward()
+        return (out, aux), {**{k + "@1": v for k, v in first.items()}, **dot_grads(params)}
+
+    run_case(Case(MultiOut, mlp_batch, step), mode=mode)
