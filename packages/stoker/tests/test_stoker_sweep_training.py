@@ -118,8 +118,9 @@ def test_double_backward_works_or_raises_clearly(mode: str) -> None:
     except AssertionError:
         raise
     except Exception as e:  # a clear error names double backward and what to do
-        msg = str(e).lower()
+        msg = str(e)
         assert "double backward" in msg or "create_graph" in msg, repr(e)
+        assert "Dynamo graph" in msg and "<locals>" not in msg, msg  # names the graph
 
 
 # --- model structure ------------------------------------------------------------------------

@@ -138,7 +138,7 @@ def create_aot_state(
     kwargs = dict(kwargs or {})
     ctx = ctx if ctx is not None else ShapeContext(policy=config.dynamic)
     module = fn if isinstance(fn, torch.nn.Module) else None
-    name = type(fn).__qualname__ if module is not None else getattr(fn, "__qualname__", "fn")
+    name = _name_of(fn, module)
 
     # parameters and buffers: lifted as the first primals, guarded as self.<path>
     params = dict(module.named_parameters()) if module is not None else {}
@@ -248,6 +248,19 @@ def _dims_of(spec: Any) -> dict[int, Dim] | None:
     if isinstance(spec, Sequence) and not isinstance(spec, str):
         return {d: v for d, v in enumerate(spec) if isinstance(v, Dim)} or None
     return None
+
+
+def _name_of(fn: Any, module: torch.nn.Module | None) -> str:
+    """What errors and reports call the function: a Dynamo graph (a GraphModule of a
+    class made per graph, ``GraphModule.__new__.<locals>.GraphModuleImpl``) by its
+    compile id, as ``TORCH_LOGS`` and stoker's report name it."""
+    if module is None:
+        return str(getattr(fn, "__qualname__", "fn"))
+    name = type(fn).__qualname__
+    if isinstance(fn, torch.fx.GraphModule) and "<locals>" in name:
+        cid = torch._guards.CompileContext.current_compile_id()
+        return "Dynamo graph" if cid is None else f"Dynamo graph {cid}"
+    return name
 
 
 @contextlib.contextmanager
