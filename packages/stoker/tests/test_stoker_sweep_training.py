@@ -989,3 +989,31 @@ def test_retained_graph_backward_through_one_output_then_another(mode: str) -> N
         return (out, aux), {**{k + "@1": v for k, v in first.items()}, **dot_grads(params)}
 
     run_case(Case(MultiOut, mlp_batch, step), mode=mode)
+
+
+class Breaks(nn.Module):
+    """A graph break (a host read, data-dependent control flow): two compiled graphs per
+    forward, eager code between, one backward through both; the loss made inside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(8, 16), nn.Linear(16, 4), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(self.fc1(x))
+        head = self.fc2 if float(h.mean()) > 0 else self.fc3
+        out = head(h * 2)
+        return F.mse_loss(out, y), out
+
+
+def test_graph_break_between_two_compiled_graphs(mode: str) -> None:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        loss, out = model(*b)
+        loss.backward()
+        return (loss, out), dot_grads(params)
+
+    def batch(n: int, gen: torch.Generator) -> Batch:
+        x, y = mlp_batch(n, gen)
+        return x + (1.0 if n % 2 else -1.0), y  # both branches over the steps
+
+    run_case(Case(Breaks, batch, step, batch_sizes=(4, 5, 4, 5)), mode=mode)
