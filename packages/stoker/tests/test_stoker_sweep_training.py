@@ -1017,3 +1017,36 @@ def test_graph_break_between_two_compiled_graphs(mode: str) -> None:
         return x + (1.0 if n % 2 else -1.0), y  # both branches over the steps
 
     run_case(Case(Breaks, batch, step, batch_sizes=(4, 5, 4, 5)), mode=mode)
+
+
+def test_parameter_changed_between_forward_and_backward_raises_or_stays_right(
+    mode: str,
+) -> None:
+    """An optimizer step (or EMA) between forward and backward: eager raises a version
+    error; stoker must raise too or give the gradient of the forward that ran."""
+    torch.manual_seed(0)
+    model = MLP()
+    compiled = stoker.compile(model, **MODES[mode][0])
+    x, y = mlp_batch(4, torch.Generator().manual_seed(0))
+    for _ in range(2):  # the compile, then the steady call
+        model.zero_grad(set_to_none=True)
+        with stoker.autograd_enabled(False):
+            F.mse_loss(model(x), y).backward()
+        want = {k: p.grad.clone() for k, p in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+        with stoker.autograd_enabled(MODES[mode][1]) if mode == "ca_paused" else nullcontext():
+            loss = F.mse_loss(compiled(x), y)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.5)
+            try:
+                loss.backward()
+            except RuntimeError as e:
+                assert "modified by an inplace operation" in str(e), e
+            else:
+                for k, p in model.named_parameters():
+                    torch.testing.assert_close(p.grad, want[k], msg=k)
+            finally:
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.sub_(0.5)
