@@ -1050,3 +1050,34 @@ def test_parameter_changed_between_forward_and_backward_raises_or_stays_right(
                 with torch.no_grad():
                     for p in model.parameters():
                         p.sub_(0.5)
+
+
+class Norms(nn.Module):
+    """BatchNorm with a cumulative average (momentum=None: num_batches_tracked decides
+    the factor), GroupNorm, InstanceNorm with running stats."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.bn = nn.Linear(8, 16), nn.BatchNorm1d(16, momentum=None)
+        self.gn = nn.GroupNorm(4, 16)
+        self.inn = nn.InstanceNorm1d(16, track_running_stats=True, affine=True)
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.gn(self.bn(self.fc(x)))
+        h = self.inn(h.unsqueeze(-1).expand(-1, -1, 3)).mean(-1)
+        return self.out(F.silu(h))
+
+
+def test_norm_layers_with_running_stats_train_then_eval(mode: str) -> None:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        mod = getattr(model, "_orig_mod", model)
+        out = model(b[0])
+        F.mse_loss(out, b[1]).backward()
+        mod.eval()
+        with torch.no_grad():
+            ev = model(b[0])
+        mod.train()
+        return (out, ev), dot_grads(params)
+
+    run_case(Case(Norms, mlp_batch, step, batch_sizes=(4, 6, 4)), mode=mode)
