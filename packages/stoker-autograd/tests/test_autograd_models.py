@@ -604,3 +604,54 @@ def test_guards_added_while_retracing_name_the_backward_node() -> None:
     named = [line for line in text.splitlines() if "while retracing" in line]
     assert any("Backward" in line for line in named), text
     assert "origin unknown" not in text, text
+
+
+class _NoGradForSecond(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a + b.detach()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        return g, None  # no gradient for b, which requires grad
+
+
+def test_custom_backward_returning_none_for_an_input_that_requires_grad() -> None:
+    """The captured graph reads the Function's grad for b (through b's expand and slice
+    backwards); a None there crashed the compiled backward ("add(): argument 'input'
+    must be Tensor, not NoneType").  It now reads zeros: eager's values."""
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(6, 4), nn.Linear(6, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b = self.b(x)
+            out = _NoGradForSecond.apply(self.a(x), b[:, :1].expand(-1, 4))
+            return out.pow(2).sum() + b.sum() * 0.1
+
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        m(torch.randn(5, 6)).backward()
+
+    compare(M, step, steps=3)
+
+
+def test_custom_backward_returning_none_for_a_parameter_leaves_its_grad_none() -> None:
+    """None straight into a parameter's accumulate-grad: .grad stays None, as in eager."""
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.c = nn.Linear(6, 4), nn.Parameter(torch.randn(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return _NoGradForSecond.apply(self.a(x), self.c).pow(2).sum()
+
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        m(torch.randn(5, 6)).backward()
+
+    _, model = compare(M, step, steps=3)
+    assert model.c.grad is None

@@ -387,3 +387,22 @@ def test_fresh_outputs_in_each_structure(structure: str) -> None:
         aot_function(f),
         lambda: [torch.randn(4, 3, requires_grad=True), torch.randn(3, 5, requires_grad=True)],
     )
+
+
+def test_the_callers_saved_tensor_hooks_see_no_traced_tensor() -> None:
+    """A compile inside ``saved_tensors_hooks`` (a checkpoint's recomputation, CPU
+    offloading): the hooks get the compiled Function's real saved tensors at run time,
+    never the fake tensors of the trace (a checkpoint's hook stopped the trace)."""
+    seen: list[str] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen.append(type(t).__name__)
+        return t
+
+    f = aot_function(lambda x: (x.sin() * x).sum())
+    x = torch.randn(4, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = f(x)  # the first call compiles, inside the hooks
+    y.backward()
+    assert seen and set(seen) == {"Tensor"}, seen
+    torch.testing.assert_close(x.grad, x.detach().cos() * x.detach() + x.detach().sin())

@@ -122,3 +122,35 @@ def test_a_wrapper_forwarding_attributes_is_called_unpacked() -> None:
     assert call_boxed(Wrapper(Inner()), [torch.ones(1)]) == "wrapper(1)"
     assert call_boxed(Wrapper(boxed), [torch.ones(1), torch.ones(1)]) == "wrapper(2)"
     assert call_boxed(Inner(), [torch.ones(1)]) == "inner"
+
+
+def test_a_lazy_backward_is_called_boxed() -> None:
+    """lazy_backward: the backward compiled at its first call still takes the list, so
+    it can free each saved tensor after its last reader (it was called unpacked)."""
+    from stoker_capture import aot_function
+
+    calls: list[str] = []
+
+    class Boxed:
+        def __init__(self, gm: fx.GraphModule) -> None:
+            self.gm = gm
+
+        def __call__(self, *args: torch.Tensor) -> object:
+            calls.append("unpacked")
+            return self.gm(*args)
+
+        def call_boxed(self, args: list[torch.Tensor]) -> object:
+            calls.append("boxed")
+            a = list(args)
+            args.clear()
+            return self.gm(*a)
+
+    for lazy in (False, True):
+        calls.clear()
+        f = aot_function(
+            lambda x: (x.sin() * x).sum(), bw_compiler=lambda gm, ex: Boxed(gm), lazy_backward=lazy
+        )
+        x = torch.randn(5, requires_grad=True)
+        f(x).backward()
+        torch.testing.assert_close(x.grad, x.detach().cos() * x.detach() + x.detach().sin())
+        assert calls == ["boxed"], (lazy, calls)

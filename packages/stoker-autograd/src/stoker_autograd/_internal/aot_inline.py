@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx as fx
 
+from stoker_capture._internal.runtime_fn import undefined_grads
+
 if TYPE_CHECKING:
     from .capture import CaptureInstance
 
@@ -128,6 +130,16 @@ def inline_aot_backward(
     # 3. the epilogue: one grad per Function input.  The Function's inputs are
     # (sink, *primals); the backward graph returns one grad per primal.
     assert outputs is not None
+    # grads that read only tangents the engine materialized as zeros (outputs outside
+    # the loss) stay undefined, as in eager (stoker_capture.undefined_grads)
+    undefined = {
+        k
+        for g, k in zip(pgrads, tangent_of)
+        if k is not None and g.node.target is torch.ops.aten.zeros.default
+    }
+    if undefined:
+        drop = undefined_grads(info, undefined)
+        outputs = [None if d else o for o, d in zip(outputs, drop)]
     extra = len(output_metadatas) - len(outputs)
     if extra < 0 or any(m is not None for m in output_metadatas[:extra]):
         raise NotImplementedError("AOT backward outputs do not match the Function's inputs")

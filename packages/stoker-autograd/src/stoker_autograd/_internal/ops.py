@@ -128,6 +128,30 @@ def call_backward(ctx: Any, saved_tensors: Sequence[torch.Tensor], *grads: Any) 
         out = user_fn(proxy_ctx, *grads)
     if not isinstance(out, tuple):
         out = (out,)
+    if any(g is None for g in out):
+        out = _zeros_for_none(ctx, out)
+    return tuple(out)
+
+
+def _zeros_for_none(ctx: Any, grads: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Zeros where a backward returned None for an input whose graph wants a gradient.
+
+    A backward may return None for an input that requires grad ("no gradient"); eager's
+    engine then skips the nodes that gradient would feed.  The captured graph was traced
+    for a tensor there and reads one, so it gets zeros of the size, dtype and device the
+    next node expects (its ``_input_metadata``): the same values; a leaf reached only
+    this way gets a zero ``.grad`` where eager leaves None.
+    """
+    edges = ctx.next_functions
+    out = list(grads)
+    for i, g in enumerate(out):
+        if g is not None or i >= len(edges) or edges[i][0] is None:
+            continue
+        fn, nr = edges[i]
+        if type(fn).__name__ == "AccumulateGrad":
+            continue  # `accumulate_grad` takes None (the leaf keeps its .grad, as in eager)
+        meta = fn._input_metadata[nr]
+        out[i] = torch.zeros(meta.shape, dtype=meta.dtype, device=meta.device)
     return tuple(out)
 
 

@@ -18,6 +18,7 @@ import torch.fx as fx
 from stoker_shapes import GuardSet
 
 from .autocast import autocast_off
+from .boxed import call_boxed, mark_boxed
 from .capture import CapturedGraph
 from .config import Compiler, PartitionFn
 from .errors import GuardViolationError, StokerCaptureError
@@ -170,9 +171,18 @@ class _LazyBackward:
         self.compiled: Callable[..., Any] | None = None
 
     def __call__(self, *args: Any) -> Any:
+        return self.call_boxed(list(args))
+
+    def call_boxed(self, args: list[Any]) -> Any:
+        """Called with the list (`call_boxed`): the compiled backward frees each saved
+        tensor after its last reader, as one compiled eagerly does."""
         if self.compiled is None:
-            self.compiled = self._compile()
-        return self.compiled(*args)
+            compiled = self._compile()
+            # a graph run as is (the aten executor): boxed, as make_function_class does
+            self.compiled = (
+                mark_boxed(compiled) if isinstance(compiled, fx.GraphModule) else compiled
+            )
+        return call_boxed(self.compiled, args)
 
     def _compile(self) -> Callable[..., Any]:
         env = self.state.ctx.shape_env

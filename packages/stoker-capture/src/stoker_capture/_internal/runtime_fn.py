@@ -22,6 +22,15 @@ from .boxed import call_boxed, mark_boxed
 from .errors import UnsupportedError
 
 _AOT_IDS = itertools.count()
+_HOOK = torch._C._dynamo.compiled_autograd
+
+
+def compiled_autograd_on() -> bool:
+    """Whether a compiled-autograd compiler is registered with the engine (read by
+    swapping it out and back: the engine has no getter)."""
+    prior = _HOOK.set_autograd_compiler(None, False)
+    _HOOK.set_autograd_compiler(*prior)
+    return prior[0] is not None
 
 
 def next_aot_id() -> int:
@@ -38,6 +47,48 @@ class AOTBackwardInfo:
     num_saved_tensors: int
     num_tangents: int
     aot_id: int  # unique per compiled function
+
+
+_TANGENT_DEPS: dict[int, tuple[frozenset[int], ...]] = {}  # by aot_id
+
+
+def tangent_deps(info: AOTBackwardInfo) -> tuple[frozenset[int], ...]:
+    """Per output of ``info.bw_module``: the tangents it reads, directly or not."""
+    deps = _TANGENT_DEPS.get(info.aot_id)
+    if deps is None:
+        first = info.num_saved_symints + info.num_saved_tensors
+        seen: dict[fx.Node, frozenset[int]] = {}
+        placeholders = 0
+        out: tuple[frozenset[int], ...] = ()
+        for node in info.bw_module.graph.nodes:
+            if node.op == "placeholder":
+                k = placeholders - first
+                seen[node] = frozenset((k,)) if k >= 0 else frozenset()
+                placeholders += 1
+            elif node.op == "output":
+                outs = node.args[0] if isinstance(node.args[0], list | tuple) else node.args
+                out = tuple(
+                    seen.get(o, frozenset()) if isinstance(o, fx.Node) else frozenset()
+                    for o in outs
+                )
+            else:
+                seen[node] = frozenset().union(
+                    *(seen.get(a, frozenset()) for a in node.all_input_nodes)
+                )
+        deps = _TANGENT_DEPS[info.aot_id] = out
+    return deps
+
+
+def undefined_grads(info: AOTBackwardInfo, undefined: set[int]) -> list[bool]:
+    """Which grads of the backward to leave undefined when the tangents ``undefined`` are.
+
+    A grad is a linear function of the tangents it reads: one that reads only undefined
+    (zero) tangents is zero, and eager's engine never computes it, so the input's grad
+    stays None (a parameter used only by outputs outside the loss keeps ``.grad is None``,
+    which optimizers with weight decay or momentum treat differently from zeros).  A grad
+    that reads no tangent at all is left alone.
+    """
+    return [bool(d) and d <= undefined for d in tangent_deps(info)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +126,15 @@ def make_function_class(
         ctx._stoker_symints = [int(s) for s in outs[n_fw + n_t :]]
         sink.extend(outs[k] for k in side)
         result = tuple(outs[k] for k in returned)
+        if not compiled_autograd_on():
+            # the eager engine: grads of outputs outside the loss arrive as None, so the
+            # backward can leave the grads that only they feed undefined, as eager does
+            # (compiled autograd materializes them as zeros nodes, which it recognises)
+            ctx.set_materialize_grads(False)
+            ctx._stoker_like = [
+                (r.shape, r.dtype, r.device) if isinstance(r, torch.Tensor) else None
+                for r in result
+            ]
         nd = [result[k] for k in plan.non_differentiable if isinstance(result[k], torch.Tensor)]
         if nd:
             ctx.mark_non_differentiable(*nd)
@@ -88,9 +148,15 @@ def make_function_class(
                 "function eagerly where you need higher-order gradients."
             )
         tangents: list[Any] = [None] * n_tangents
-        for g, k in zip(grads, plan.tangent_of):
-            if k is not None:
-                tangents[k] = g.contiguous() if isinstance(g, torch.Tensor) else g
+        undefined: set[int] = set()
+        for r, (g, k) in enumerate(zip(grads, plan.tangent_of)):
+            if k is None:
+                continue
+            if g is None:  # an output outside the loss (materialize_grads is off)
+                shape, dtype, device = ctx._stoker_like[r]
+                g = torch.zeros(shape, dtype=dtype, device=device)
+                undefined.add(k)
+            tangents[k] = g.contiguous() if isinstance(g, torch.Tensor) else g
         args = [*ctx._stoker_symints, *ctx.saved_tensors, *tangents]
         del tangents
         # the list is the only holder of the saved tensors now (unless retain_graph): the
@@ -98,6 +164,9 @@ def make_function_class(
         ctx.maybe_clear_saved_tensors()
         with autocast_off():  # traced without autocast; eager's backward outside it runs so
             out = call_boxed(bw, args)
+        if undefined:
+            drop = undefined_grads(info, undefined)
+            out = [None if d else g for g, d in zip(out, drop)]
         return (None, *out)
 
     return type(

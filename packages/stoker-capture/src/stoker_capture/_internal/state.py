@@ -138,7 +138,7 @@ def create_aot_state(
     kwargs = dict(kwargs or {})
     ctx = ctx if ctx is not None else ShapeContext(policy=config.dynamic)
     module = fn if isinstance(fn, torch.nn.Module) else None
-    name = type(fn).__qualname__ if module is not None else getattr(fn, "__qualname__", "fn")
+    name = _name_of(fn, module)
 
     # parameters and buffers: lifted as the first primals, guarded as self.<path>
     params = dict(module.named_parameters()) if module is not None else {}
@@ -206,6 +206,7 @@ def create_aot_state(
     # every torch version (the numbers agree with eager's fast path).
     stack.enter_context(_mha_fastpath_disabled())
     stack.enter_context(_lstm_hidden_shape_fixed())
+    stack.enter_context(_saved_tensors_hooks_deferred())
     if joint:
         # The CPU LSTM's oneDNN path saves a workspace its fake kernel cannot describe;
         # trace the portable decomposition instead, for as long as the pipeline runs.
@@ -247,6 +248,38 @@ def _dims_of(spec: Any) -> dict[int, Dim] | None:
     if isinstance(spec, Sequence) and not isinstance(spec, str):
         return {d: v for d, v in enumerate(spec) if isinstance(v, Dim)} or None
     return None
+
+
+def _name_of(fn: Any, module: torch.nn.Module | None) -> str:
+    """What errors and reports call the function: a Dynamo graph (a GraphModule of a
+    class made per graph, ``GraphModule.__new__.<locals>.GraphModuleImpl``) by its
+    compile id, as ``TORCH_LOGS`` and stoker's report name it."""
+    if module is None:
+        return str(getattr(fn, "__qualname__", "fn"))
+    name = type(fn).__qualname__
+    if isinstance(fn, torch.fx.GraphModule) and "<locals>" in name:
+        cid = torch._guards.CompileContext.current_compile_id()
+        return "Dynamo graph" if cid is None else f"Dynamo graph {cid}"
+    return name
+
+
+@contextlib.contextmanager
+def _saved_tensors_hooks_deferred() -> Iterator[None]:
+    """The caller's saved-tensor hooks (``torch.autograd.graph.saved_tensors_hooks``:
+    non-reentrant checkpointing's recomputation, CPU offloading) do not see the tensors
+    our tracing saves: they run at run time, around the compiled Function, as they do
+    around eager ops.  A compile inside a checkpoint's recomputation otherwise fed the
+    fake tensors of the trace to the checkpoint's hook, which stopped the trace with
+    its ``_StopRecomputationError``."""
+    set_tracing = getattr(torch._C._autograd, "_saved_tensors_hooks_set_tracing", None)
+    if set_tracing is None:  # older torch: nothing to defer
+        yield
+        return
+    prior = set_tracing(True)
+    try:
+        yield
+    finally:
+        set_tracing(prior)
 
 
 @contextlib.contextmanager
