@@ -6,7 +6,7 @@ small autotuner, and helpers the generated wrapper calls. One file per job:
 - `fastlaunch.py`: the lean launch path (compiled binaries called directly);
 - `warmload.py`: a warm process launches the binaries an earlier one recorded;
 - `autotune.py`: autotune results on disk;
-- `layout.py`: input layouts and random seeds for the wrapper;
+- `layout.py`: input layouts, buffer prototypes and random seeds for the wrapper;
 - here: the parallel precompile, and the names the wrappers import.
 
 Cache layout under `$STOKER_CACHE_DIR` (default `~/.cache/stoker`):
@@ -30,7 +30,7 @@ import torch
 from ..srcmodule import exec_module
 from .autotune import _Tuned
 from .launcher import Launcher, cdiv, next_pow2
-from .layout import PRECOMPILE_SEED, check_layout, ensure_layout, new_seed
+from .layout import PRECOMPILE_SEED, check_layout, ensure_layout, new_seed, prototype
 from .modules import (
     MODULE_FORMAT,
     cache_dir,
@@ -56,6 +56,7 @@ __all__ = [
     "new_seed",
     "next_pow2",
     "precompile",
+    "prototype",
 ]
 
 

@@ -1,4 +1,4 @@
-"""Helpers the generated wrapper calls: input layouts and random seeds."""
+"""Helpers the generated wrapper calls: input layouts, buffer prototypes, random seeds."""
 
 from __future__ import annotations
 
@@ -29,6 +29,17 @@ def check_layout(t: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...]
 def ensure_layout(t: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...]) -> torch.Tensor:
     """An extern result in the layout later kernels were generated for."""
     return check_layout(t, size, stride)
+
+
+def prototype(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An empty real tensor whose ``new_empty_strided(size, stride)`` allocates the
+    wrapper's buffers of `dtype` on `device` (cheaper per call than `torch.empty_strided`
+    with keyword arguments). Made outside any fake or dispatch mode: a wrapper may be
+    loaded while a compiler traces (Dynamo's fake mode), and its buffers are real."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return torch.empty(0, dtype=dtype, device=device)
 
 
 def new_seed() -> int:
