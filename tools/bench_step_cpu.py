@@ -163,11 +163,13 @@ def _instrument(parts: Parts) -> None:
     from stoker_triton._internal.runtime import launcher, modules
 
     parts.patch(cap_compile.CompiledFn, "__call__", "stoker forward runtime (CompiledFn)")
-    parts.patch(pipeline.CompiledGraph, "__call__", "graph wrapper (generated)")
+    # (the boxed entries: `__call__` boxes its arguments and calls them; the backward's
+    # segments and compiled graphs are called boxed)
+    parts.patch(pipeline.CompiledGraph, "call_boxed", "graph wrapper (generated)")
     parts.patch(launcher.Launcher, "__call__", "kernel launch", record=True)
     parts.patch(ag_runtime, "runtime_wrapper", "compiled autograd: runtime_wrapper")
     parts.patch(ag_runtime.CompiledBackward, "__call__", "compiled autograd: guards, arguments")
-    parts.patch(segments.SegmentedBackward, "__call__", "compiled autograd: segment dispatch")
+    parts.patch(segments.SegmentedBackward, "call_boxed", "compiled autograd: segment dispatch")
     parts.patch(segments, "_apply_accumulates", "compiled autograd: accumulate-grad")
 
     # extern calls: the callables among a wrapper's constants (aten ops, size functions)
