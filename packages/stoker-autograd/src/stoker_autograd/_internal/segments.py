@@ -316,23 +316,25 @@ def _apply_accumulates(
 
 
 def _reader(acc: fx.Node) -> Callable[[dict[fx.Node, Any]], tuple[Any, ...]] | None:
-    """How to read an accumulate's arguments: nodes from the env, plain constants as
-    they are; its usual form (nodes, then constants) by one C call (`itemgetter`)."""
-    spec: list[tuple[bool, Any]] = []
-    for x in acc.args:
+    """How to read an accumulate's arguments: one generated line that looks its nodes
+    up in the env and puts its plain constants (None, bools) beside them."""
+    scope: dict[str, Any] = {}
+    items: list[str] = []
+    for i, x in enumerate(acc.args):
         if isinstance(x, fx.Node):
-            spec.append((True, x))
+            scope[f"n{i}"] = x
+            items.append(f"env[n{i}]")
         elif x is None or isinstance(x, bool | int | float | str):
-            spec.append((False, x))
+            scope[f"c{i}"] = x
+            items.append(f"c{i}")
         else:
             return None
     if acc.kwargs:
         return None
-    nodes = [x for node, x in spec if node]
-    if len(nodes) >= 2 and all(node for node, _ in spec[: len(nodes)]):
-        get, tail = operator.itemgetter(*nodes), tuple(x for _, x in spec[len(nodes) :])
-        return lambda env: get(env) + tail  # type: ignore[no-any-return]
-    return lambda env: tuple(env[x] if node else x for node, x in spec)
+    src = f"def read(env):\n    return ({', '.join(items)},)\n"
+    exec(compile(src, "<stoker accumulate-grad arguments>", "exec"), scope)
+    read: Callable[[dict[fx.Node, Any]], tuple[Any, ...]] = scope["read"]
+    return read
 
 
 _use_count: Callable[[int], int] = torch._C._storage_Use_Count
