@@ -160,13 +160,21 @@ def _instrument(parts: Parts) -> None:
     from stoker_autograd._internal import segments
     from stoker_capture._internal import compile as cap_compile
     from stoker_triton._internal import graphcache, pipeline
-    from stoker_triton._internal.runtime import launcher, modules
+    from stoker_triton._internal.runtime import fastlaunch, launcher, modules
 
     parts.patch(cap_compile.CompiledFn, "__call__", "stoker forward runtime (CompiledFn)")
     # (the boxed entries: `__call__` boxes its arguments and calls them; the backward's
     # segments and compiled graphs are called boxed)
     parts.patch(pipeline.CompiledGraph, "call_boxed", "graph wrapper (generated)")
-    parts.patch(launcher.Launcher, "__call__", "kernel launch", record=True)
+    # a launch: what the wrapper calls (`Launcher.go`): the slow path until a binary is
+    # kept, then the generated lean function (each one timed as it is made)
+    parts.patch(launcher.Launcher, "_go", "kernel launch", record=True)
+    make_lean = fastlaunch.FastPath.lean
+
+    def timed_lean(self: Any, *a: Any) -> Any:
+        return parts.wrap("kernel launch", make_lean(self, *a), record=True)
+
+    fastlaunch.FastPath.lean = timed_lean  # type: ignore[method-assign]
     parts.patch(ag_runtime, "runtime_wrapper", "compiled autograd: runtime_wrapper")
     parts.patch(ag_runtime.CompiledBackward, "__call__", "compiled autograd: guards, arguments")
     parts.patch(segments.SegmentedBackward, "call_boxed", "compiled autograd: segment dispatch")

@@ -134,13 +134,17 @@ class WrapperCodegen:
             "# stoker-triton generated wrapper",
             "import torch",
             "from torch import empty_strided, as_strided",
-            "from stoker_triton._internal.runtime import check_layout, ensure_layout, new_seed, prototype",
+            "from stoker_triton._internal.runtime import (",
+            "    check_layout, ensure_layout, launch_target, new_seed, prototype,",
+            ")",
             "",
             "",
             "def make_call(launchers, consts):",
         ]
         for name in self.kernels:
             out.append(f"    {name} = launchers[{name!r}]")
+        if self.kernels:  # the device, stream and launch hooks: read once per call
+            out.append("    target = launch_target(launchers)")
         body_start = len(out)
         self.emit("def call(args):", 1)
         names = [n if isinstance(n, str) else "_" for n in p.inputs]
@@ -157,6 +161,8 @@ class WrapperCodegen:
                 self.emit(f"{sym} = {names[i]}.stride({d})")
             else:
                 self.emit(f"{sym} = {names[i]}.storage_offset()")
+        if self.kernels:
+            self.emit("tgt = target()")
         if names:
             # the wrapper now holds every input: a caller that passed its own list
             # (`CompiledGraph.call_boxed`) lets each input go after its last reader
@@ -220,7 +226,7 @@ class WrapperCodegen:
                 ]
                 if ks.uses_seed:
                     call_args.append("seed")
-                self.emit(f"{step.name}({', '.join(call_args)})")
+                self.emit(f"{step.name}.go(tgt, {', '.join(call_args)})")
             else:
                 op = self.const(step.op)
                 args = ", ".join(self.arg(a) for a in step.args)

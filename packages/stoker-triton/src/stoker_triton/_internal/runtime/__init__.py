@@ -29,6 +29,7 @@ import torch
 
 from ..srcmodule import exec_module
 from .autotune import _Tuned
+from .fastlaunch import no_target
 from .launcher import Launcher, cdiv, next_pow2
 from .layout import PRECOMPILE_SEED, check_layout, ensure_layout, new_seed, prototype
 from .modules import (
@@ -50,6 +51,7 @@ __all__ = [
     "ensure_layout",
     "exec_module",
     "interpreting",
+    "launch_target",
     "load_module",
     "module_store",
     "native_target",
@@ -58,6 +60,16 @@ __all__ = [
     "precompile",
     "prototype",
 ]
+
+
+def launch_target(launchers: dict[str, Launcher]) -> Callable[[], tuple[Any, ...] | None]:
+    """What a generated wrapper calls once per graph call and passes to each launch
+    (`Launcher.go`): the current device and stream and the launch hooks, read once
+    (issue 11); `no_target` where no launcher launches lean (the interpreter)."""
+    for lau in launchers.values():
+        if lau.fast is not None:
+            return lau.fast.target
+    return no_target
 
 
 def native_target(device: torch.device) -> tuple[str, Any, int] | None:
