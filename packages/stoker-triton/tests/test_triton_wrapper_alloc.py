@@ -5,6 +5,7 @@ same layout when the extern op returns fresh memory (issue 11)."""
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import sympy
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -87,3 +88,12 @@ def test_a_freed_buffer_is_handed_over_only_where_holding_it_keeps_the_peak() ->
     sa, sb, sc, sd = _buf("a", s), _buf("b", s), _buf("c", s), _buf("d", 16)
     assert _plan([sa, sb, sc, sd], ["+a", "+b", "-a", "+c"]) == {"c": "a"}
     assert _plan([sa, sb, sc, sd], ["+a", "-a", "+d", "+c"]) == {}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_prototype_for_a_device_not_here_allocates_when_called() -> None:
+    """A graph compiled for fake CUDA inputs on a CPU machine loads its wrapper: the
+    prototype stands in, and only an allocation (a call on that device) fails."""
+    p = prototype(torch.float32, torch.device("cuda", 0))
+    with pytest.raises((RuntimeError, AssertionError)):
+        p.new_empty_strided((2,), (1,))

@@ -54,9 +54,9 @@ class WrapperCodegen:
         self.output_kind = output_kind  # "tuple" | "list" | "single"
         self.lines: list[str] = []
         self.consts: list[Any] = []
-        # buffers an extern op reads whose result may alias them (a view op, an op of
-        # unknown kind): never handed to a later allocation, the result may still see
-        # them; and extern results that are fresh memory, which may be
+        # `extern_args`: buffers an extern reads whose result may alias them (a view op,
+        # an op of unknown kind): never handed to a later allocation, as the result may
+        # still see them. `fresh_results`: extern results in new memory, which may be.
         self.extern_args: set[str] = set()
         self.fresh_results: set[str] = set()
         for step in sched.steps:
