@@ -160,14 +160,21 @@ def _instrument(parts: Parts) -> None:
     from stoker_autograd._internal import segments
     from stoker_capture._internal import compile as cap_compile
     from stoker_triton._internal import graphcache, pipeline
-    from stoker_triton._internal.runtime import launcher, modules
+    from stoker_triton._internal.runtime import fastlaunch, launcher, modules
 
     parts.patch(cap_compile.CompiledFn, "__call__", "stoker forward runtime (CompiledFn)")
-    parts.patch(pipeline.CompiledGraph, "__call__", "graph wrapper (generated)")
-    parts.patch(launcher.Launcher, "__call__", "kernel launch", record=True)
+    # (the boxed entries: `__call__` boxes its arguments and calls them; the backward's
+    # segments and compiled graphs are called boxed)
+    parts.patch(pipeline.CompiledGraph, "call_boxed", "graph wrapper (generated)")
+    # a launch: what the wrapper calls (`Launcher.go`): the slow path until a binary is
+    # kept, then the generated lean function (each one timed as it is made)
+    if not hasattr(launcher.Launcher, "_go"):  # an older checkout: wrappers call the launcher
+        parts.patch(launcher.Launcher, "__call__", "kernel launch", record=True)
+    else:
+        _instrument_go(parts, launcher.Launcher, fastlaunch.FastPath)
     parts.patch(ag_runtime, "runtime_wrapper", "compiled autograd: runtime_wrapper")
     parts.patch(ag_runtime.CompiledBackward, "__call__", "compiled autograd: guards, arguments")
-    parts.patch(segments.SegmentedBackward, "__call__", "compiled autograd: segment dispatch")
+    parts.patch(segments.SegmentedBackward, "call_boxed", "compiled autograd: segment dispatch")
     parts.patch(segments, "_apply_accumulates", "compiled autograd: accumulate-grad")
 
     # extern calls: the callables among a wrapper's constants (aten ops, size functions)
@@ -196,6 +203,17 @@ def _instrument(parts: Parts) -> None:
         for attr in ("load_module", "load_stored"):
             if hasattr(mod, attr):
                 setattr(mod, attr, loader(getattr(mod, attr)))
+
+
+def _instrument_go(parts: Parts, launcher: Any, fast_path: Any) -> None:
+    """Time `Launcher.go`: its slow path, and each lean function as it is made."""
+    parts.patch(launcher, "_go", "kernel launch", record=True)
+    make_lean = fast_path.lean
+
+    def timed_lean(self: Any, *a: Any) -> Any:
+        return parts.wrap("kernel launch", make_lean(self, *a), record=True)
+
+    fast_path.lean = timed_lean
 
 
 def _is_op(v: Any) -> bool:

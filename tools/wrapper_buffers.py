@@ -4,9 +4,10 @@
 
 Captures the model's joint graph (static shapes), partitions it, compiles the
 forward and backward graphs with stoker-triton and counts, per wrapper: the
-`empty_strided` buffers and their elements (what kernels store), and the peak
-of elements live at once (kernel buffers and extern results, from allocation
-to their `del`; the returned ones stay live). Elements are shown as MiB at 4
+buffers it allocates and their elements (what kernels store), and the peak of
+elements live at once (kernel buffers and extern results, from allocation to
+their `del`, a freed buffer that a later allocation takes counted once; the
+returned ones stay live). Elements are shown as MiB at 4
 bytes (the fp32 suite models; a bf16 entry such as cnn-m-bf16 is captured under
 autocast, and its MiB overstate its 2-byte buffers). `--out` also writes the
 wrappers and graphs.
@@ -22,8 +23,13 @@ import tempfile
 
 import torch
 
-_ALLOC = re.compile(r"\s+(buf\d+) = empty_strided\(\(([^)]*)\), \(([^)]*)\)")
-_EXTERN = re.compile(r"\s+(buf\d+) = ensure_layout\(\1, \(([^)]*)\), \(([^)]*)\)")
+# a buffer allocated (through its dtype's prototype, or `empty_strided` where the
+# device has no index); an extern result's layout check; a freed buffer taken; a free
+_ALLOC = re.compile(r"\s+(buf\d+) = (?:P\d+\.new_)?empty_strided\(\(([^)]*)\), \(([^)]*)\)")
+_EXTERN = re.compile(
+    r"\s+if (buf\d+)\.stride\(\) != .*: \1 = ensure_layout\(\1, \(([^)]*)\), \(([^)]*)\)"
+)
+_REUSE = re.compile(r"\s+(buf\d+) = (buf\d+)  # reuse")
 _DEL = re.compile(r"\s+del (buf\d+)")
 
 
@@ -39,6 +45,9 @@ def count(wrapper: str) -> tuple[int, int, int]:
     live: dict[str, int] = {}
     for line in wrapper.splitlines():
         m, e, d = _ALLOC.match(line), _EXTERN.match(line), _DEL.match(line)
+        r = _REUSE.match(line)
+        if r:  # the new name holds the old one's memory
+            live[r.group(1)] = live.pop(r.group(2), 0)
         if m:
             n += 1
             total += _extent(m.group(2), m.group(3))

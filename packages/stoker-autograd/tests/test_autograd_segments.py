@@ -375,6 +375,49 @@ def test_a_gradient_the_compiler_returns_twice_is_not_stolen() -> None:
     assert stoker_autograd.stats()["cache_hits"] >= 1
 
 
+class _Scale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(4, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a * x
+
+
+def _returns_its_inputs(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """A compiler that hands back an input tensor for an output of equal value."""
+
+    def run(*args: Any) -> Any:
+        ins = [a for a in args if isinstance(a, torch.Tensor)]
+        outs = []
+        for o in gm(*args):
+            same = [i for i in ins if i.shape == o.shape and torch.equal(i, o)]
+            outs.append(same[0] if same else o)
+        return tuple(outs)
+
+    return run
+
+
+def test_a_gradient_that_is_a_segment_input_is_copied_not_stolen() -> None:
+    """A compiled segment may return one of its inputs as a gradient (here the
+    caller's own ``gradient=`` tensor): its storage is held by one tensor only, yet
+    that tensor is also an input, so stealing would make ``.grad`` the caller's
+    tensor: it is copied, and changing the caller's tensor leaves ``.grad`` alone."""
+    m = _Scale()
+    x = torch.ones(4, 6)
+    with stoker_autograd.enable(compiler=_returns_its_inputs):
+        for _ in range(3):
+            m.zero_grad()
+            gout = torch.randn(4, 6)
+            m(x).backward(gout)
+            assert m.a.grad is not None
+            assert m.a.grad.untyped_storage().data_ptr() != gout.untyped_storage().data_ptr()
+            want = gout.clone()
+            gout.zero_()
+            torch.testing.assert_close(m.a.grad, want)
+    assert stoker_autograd.stats()["cache_hits"] >= 1
+
+
 def test_a_segment_makes_its_python_code_only_when_it_runs() -> None:
     """A compiler that loads a segment from its cache never runs the graph module: its
     code is not generated for it (gpt-m's backward: 643 nodes), yet runs when called."""

@@ -199,3 +199,35 @@ def test_tensor_guards_do_not_depend_on_autocast(built_under: str) -> None:
                 assert g.explain(good) is None
                 assert not g.check(bad)
                 assert "dtype" in (g.explain(bad) or "")
+
+
+@pytest.mark.parametrize("kind", [list, tuple])
+def test_ints_guarded_by_value_compare_as_one_slice(kind: type) -> None:
+    """A run of ints guarded by value in one list or tuple (compiled autograd's sizes)
+    is checked by one slice comparison; it passes and fails exactly as the per-item
+    guards do: a changed value, a bool or float equal to the value, a shorter list."""
+    sizes = [-100, 16, 1, 8, 48, 2**40, 16, 0]
+    ctx = ShapeContext(policy="static")
+    ctx.fakeify(torch.randn(2), Source.arg(0))
+    ctx.fakeify(kind(sizes), Source.arg(1))
+    ctx.fakeify([3, 1.5], Source.arg(2))  # a run of one int: checked alone
+    gs = ctx.produce_guards()
+    assert gs.source.count("___s = args[1][0:8]") == 1, gs.source
+    assert "args[1][3]" not in gs.source
+    # each guard is kept (explain names the one that fails); a reloaded set checks alike
+    assert "type(args[1][3]) is int and args[1][3] == 8" in [g.code for g in gs.guards]
+    loaded = GuardSet.from_json(gs.to_json())
+    t = torch.randn(2)
+    assert gs.check((t, kind(sizes), [3, 1.5])) and loaded.check((t, kind(sizes), [3, 1.5]))
+    bad: list[list[Any]] = []
+    for i in range(len(sizes)):
+        for other in (sizes[i] + 1, float(sizes[i]), "x"):
+            bad.append([*sizes[:i], other, *sizes[i + 1 :]])
+    bad.append([*sizes[:2], True, *sizes[3:]])  # True == 1 but is not an int
+    bad += [sizes[:-1], [*sizes, 1]]
+    for b in bad:
+        args = (t, kind(b), [3, 1.5])
+        assert not gs.check(args), b
+        assert gs.explain(args) is not None, b
+    assert not gs.check((t, list(sizes) if kind is tuple else tuple(sizes), [3, 1.5]))
+    assert not gs.check((t, kind(sizes), [4, 1.5]))

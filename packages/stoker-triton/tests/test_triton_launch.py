@@ -102,7 +102,16 @@ rt.launch_enter_hook.add(hook) if chain else setattr(rt, "launch_enter_hook", ho
 step("hooked", a, o, 64, 1, 32)
 rt.launch_enter_hook.remove(hook) if chain else setattr(rt, "launch_enter_hook", None)
 step("unhooked", a, o, 64, 1, 32)
-out["lean"] = lau.lean is not None and lau.lean(a, o, 64, 1, 32) is True  # its key: the kept one
+# the wrapper's path: `go` is the lean launch, given the target its graph call read once
+target = lau.fast.target()
+out["lean"] = lau.go is lau.lean and lau.go(target, a, o, 64, 1, 32) is True  # the kept key
+# a target read while a hook is set is None: the launch takes the binder, as above
+rt.launch_enter_hook.add(hook) if chain else setattr(rt, "launch_enter_hook", hook)
+r0 = len(runs)
+hooked_target = lau.fast.target()
+lau.go(hooked_target, a, o, 64, 1, 32)
+out["hooked target"] = [hooked_target is None, len(runs) - r0]
+rt.launch_enter_hook.remove(hook) if chain else setattr(rt, "launch_enter_hook", None)
 print("RESULT", json.dumps(out))
 """
 
@@ -119,6 +128,7 @@ def test_later_launches_skip_the_binder_new_specializations_do_not(tmp_path: Pat
     # the steady launches are one generated function (`lean_function`); a launch hook
     # sends launches through the binder while it is set, and they come back after
     assert s.pop("lean") is True
+    assert s.pop("hooked target") == [True, 1]
     assert (s.pop("hooked")["runs"], s.pop("unhooked")["runs"]) == (1, 0)
     # the binder runs once per specialization, then never again for it
     binder = {name: st["runs"] for name, st in s.items()}

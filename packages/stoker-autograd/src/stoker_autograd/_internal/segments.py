@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import operator
 import weakref
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,9 +103,9 @@ class _Segment:
     # per accumulate: outputs read last by it, dropped right after (a copied gradient
     # is freed before the next one is copied, as when each accumulate had its segment)
     drops: list[list[fx.Node]] = field(default_factory=list)
-    # per accumulate: its arguments as (is a node, node or constant), read from the env
-    # without fx.map_arg (None: an argument of another kind, mapped by fx)
-    readers: list[tuple[tuple[bool, Any], ...] | None] | None = None
+    # per accumulate: a function reading its arguments from the env without fx.map_arg
+    # (None: an argument of another kind, mapped by fx)
+    readers: list[Callable[[dict[fx.Node, Any]], tuple[Any, ...]] | None] | None = None
 
     @property
     def steals(self) -> bool:
@@ -277,27 +278,32 @@ def _apply_accumulates(
     function whose outputs are static buffers (``fn.static_outputs``: a CUDA graph's,
     overwritten by its next replay) never gives up a gradient: it is copied.
     """
-    shared: dict[int, int] | None = None
+    values: list[Any] | None = None  # the segment's live inputs and outputs
+    ids: dict[int, int] | None = None  # how often each object is among them
+    shared: dict[int, int] | None = None  # how many of them share each storage
     static = getattr(step.fn, "static_outputs", False)  # e.g. CUDA graphs' static buffers
     readers = step.readers
     if readers is None:
         readers = step.readers = [_reader(acc) for acc, _ in step.accumulates]
-    for (acc, may_steal), drops, spec in zip(step.accumulates, step.drops, readers):
-        if spec is not None:
-            a: Any = [env[x] if node else x for node, x in spec]
-        else:
-            a = fx.map_arg(acc.args, env.__getitem__)
+    for (acc, may_steal), drops, read in zip(step.accumulates, step.drops, readers):
+        a: Any = read(env) if read is not None else fx.map_arg(acc.args, env.__getitem__)
         if may_steal and not static and a[0].grad is None:
-            if shared is None:
+            variable, variable_grad, g, has_post_hooks = a
+            if values is None:
                 values = [env.get(n) for n in step.inputs] + [r() for r in dropped]
                 values += [env.get(n) for n in step.outputs]
-                shared = _storage_counts(values)
-            variable, variable_grad, g, has_post_hooks = a
+                ids = Counter(map(id, values))
             storage = g.untyped_storage()
-            fresh = (
-                shared.get(storage.data_ptr(), 0) == 1
-                and g.numel() * g.element_size() == storage.nbytes()  # fills its storage
-            )
+            if _use_count(storage._cdata) == 2:
+                # g's and `storage`'s own references: one tensor holds this storage, so
+                # the values sharing it are g's occurrences (no storage read per value)
+                assert ids is not None
+                alone = ids.get(id(g), 0) == 1
+            else:
+                if shared is None:
+                    shared = _storage_counts(values)
+                alone = shared.get(storage.data_ptr(), 0) == 1
+            fresh = alone and g.nbytes == storage.nbytes()  # fills its storage
             del storage
             if fresh and g._is_view():  # of a buffer nobody else holds: eager steals it too
                 g = g.detach()
@@ -309,17 +315,29 @@ def _apply_accumulates(
             env.pop(n, None)
 
 
-def _reader(acc: fx.Node) -> tuple[tuple[bool, Any], ...] | None:
-    """How to read an accumulate's arguments: nodes from the env, plain constants as they are."""
-    out: list[tuple[bool, Any]] = []
-    for x in acc.args:
+def _reader(acc: fx.Node) -> Callable[[dict[fx.Node, Any]], tuple[Any, ...]] | None:
+    """How to read an accumulate's arguments: one generated line that looks its nodes
+    up in the env and puts its plain constants (None, bools) beside them."""
+    scope: dict[str, Any] = {}
+    items: list[str] = []
+    for i, x in enumerate(acc.args):
         if isinstance(x, fx.Node):
-            out.append((True, x))
+            scope[f"n{i}"] = x
+            items.append(f"env[n{i}]")
         elif x is None or isinstance(x, bool | int | float | str):
-            out.append((False, x))
+            scope[f"c{i}"] = x
+            items.append(f"c{i}")
         else:
             return None
-    return tuple(out) if not acc.kwargs else None
+    if acc.kwargs:
+        return None
+    src = f"def read(env):\n    return ({', '.join(items)},)\n"
+    exec(compile(src, "<stoker accumulate-grad arguments>", "exec"), scope)
+    read: Callable[[dict[fx.Node, Any]], tuple[Any, ...]] = scope["read"]
+    return read
+
+
+_use_count: Callable[[int], int] = torch._C._storage_Use_Count
 
 
 def _is_tensor(v: Any) -> bool:

@@ -201,6 +201,7 @@ _NAMESPACE_BASE: dict[str, Any] = {
     "Parameter": torch.nn.Parameter,
     "int": int,
     "float": float,
+    "___int": frozenset({int}),
     # TensorGuards reads thread-local dispatch keys: check them with autocast's excluded
     "___autocast_on": torch._C._is_any_autocast_enabled,
     "___no_autocast": torch._C._DisableAutocast,
@@ -230,6 +231,72 @@ def _tensor_guards(specs: Sequence[TensorSpec]) -> Any:
             )
     except (RuntimeError, TypeError, AssertionError):
         return None  # e.g. a CUDA spec loaded on a machine without CUDA
+
+
+def _int_item(g: Guard) -> tuple[str, int, int] | None:
+    """(container, index, value) of a guard ``type(c[i]) is int and c[i] == v`` (a
+    Python int input guarded by value), else None."""
+    src = g.scalar
+    if g.kind != "constant" or src is None or src.kind != "item" or src.base is None:
+        return None
+    if type(src.key) is not int or src.key < 0:
+        return None
+    head = f"type({src.name}) is int and {src.name} == "
+    if not g.code.startswith(head):
+        return None
+    text = g.code[len(head) :]
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return (src.base.name, src.key, value) if repr(value) == text else None
+
+
+def _sequence_lengths(containers: Sequence[Guard]) -> dict[str, tuple[str, int]]:
+    """Container name -> (list or tuple, length), from its guard (checked first)."""
+    out: dict[str, tuple[str, int]] = {}
+    for g in containers:
+        for kind in ("list", "tuple"):
+            name, sep, n = g.code.removeprefix("type(").partition(f") is {kind} and len(")
+            if sep and n.startswith(f"{name}) == ") and n[len(name) + 5 :].isdigit():
+                out[name] = (kind, int(n[len(name) + 5 :]))
+    return out
+
+
+def _constant_checks(guards: Sequence[Guard], containers: Sequence[Guard]) -> list[str]:
+    """The lines checking `guards` in order, where a run of ints guarded by value at
+    consecutive indices of one list or tuple (compiled autograd's sizes: one per size
+    the engine passes) is one comparison of a slice with the values and of its items'
+    types with ``int`` (C loops, not a Python line per value; issue 11). Equivalent:
+    the container's type and length are checked before, so the slice has every item."""
+    seqs = _sequence_lengths(containers)
+    lines: list[str] = []
+    run: list[tuple[str, int, int, str]] = []  # (container, index, value, code)
+
+    def flush() -> None:
+        if len(run) < 3:
+            lines.extend(f"if not ({code}): return False" for *_, code in run)
+        else:
+            c, first, last = run[0][0], run[0][1], run[-1][1]
+            values = ", ".join(str(v) for _, _, v, _ in run)
+            values = f"[{values}]" if seqs[c][0] == "list" else f"({values})"
+            lines.append(f"___s = {c}[{first}:{last + 1}]")
+            lines.append(
+                f"if not (___s == {values} and {{*map(type, ___s)}} == ___int): return False"
+            )
+        run.clear()
+
+    for g in guards:
+        item = _int_item(g)
+        if item is not None and item[0] in seqs and item[1] < seqs[item[0]][1]:
+            if run and (run[-1][0] != item[0] or run[-1][1] + 1 != item[1]):
+                flush()
+            run.append((*item, g.code))
+            continue
+        flush()
+        lines.append(f"if not ({g.code}): return False")
+    flush()
+    return lines
 
 
 class GuardSet:
@@ -274,9 +341,7 @@ class GuardSet:
                 body.append(f"if not ({spec.python_check(var)}): return False")
         rest = [g for g in self.guards if g.kind != "container"]
         bound_at = {"alias": 0, "constant": 0, "type": 0}
-        for g in rest:
-            if g.kind in bound_at:
-                body.append(f"if not ({g.code}): return False")
+        body += _constant_checks([g for g in rest if g.kind in bound_at], containers)
         for name, expr in self.bindings:
             body.append(f"{name} = {expr}")
         for g in rest:

@@ -15,10 +15,13 @@ from typing import Any
 import sympy
 import torch
 
+from . import reuse
 from .codegen_kernel import KernelSource
 from .codegen_ops import IndexPrinter
 from .ir import Buffer, BufferRef, ExternNode, Program, ScatterNode, SymRef
 from .scheduler import Kernel, Schedule
+
+_FREED = ("kernel", "extern", "input")  # buffer kinds the wrapper deletes after their last use
 
 
 class PyPrinter(IndexPrinter):
@@ -51,10 +54,20 @@ class WrapperCodegen:
         self.output_kind = output_kind  # "tuple" | "list" | "single"
         self.lines: list[str] = []
         self.consts: list[Any] = []
+        # `extern_args`: buffers an extern reads whose result may alias them (a view op,
+        # an op of unknown kind): never handed to a later allocation, as the result may
+        # still see them. `fresh_results`: extern results in new memory, which may be.
         self.extern_args: set[str] = set()
+        self.fresh_results: set[str] = set()
         for step in sched.steps:
             if isinstance(step, ExternNode):
-                self.extern_args |= _refs(step.args) | _refs(list(step.kwargs.values()))
+                if returns_fresh(step.op):
+                    self.fresh_results |= {o for o in step.outputs if o is not None}
+                else:
+                    self.extern_args |= _refs(step.args) | _refs(list(step.kwargs.values()))
+        # one empty tensor per dtype, whose `new_empty_strided` allocates a buffer (its
+        # dtype and device are the prototype's: no keyword arguments parsed per call)
+        self.protos: dict[torch.dtype, str] = {}  # dtype -> the line making its prototype
 
     def const(self, obj: Any) -> str:
         for i, c in enumerate(self.consts):
@@ -62,6 +75,23 @@ class WrapperCodegen:
                 return f"C{i}"
         self.consts.append(obj)
         return f"C{len(self.consts) - 1}"
+
+    def alloc(self, buf: Buffer) -> str:
+        """The line allocating `buf` (uninitialized, its size and stride). On a device
+        with an index (or the CPU), through its dtype's prototype: half the CPU cost of
+        `empty_strided(size, stride, dtype=, device=)` (issue 11); else the current device's."""
+        size, stride = _tuple(buf.size), _tuple(buf.stride)
+        dev = self.p.device
+        if dev.type != "cpu" and dev.index is None:
+            return (
+                f"{buf.name} = empty_strided({size}, {stride}, "
+                f"dtype={self.const(buf.dtype)}, device={self.const(dev)})"
+            )
+        if buf.dtype not in self.protos:
+            dtype, device = self.const(buf.dtype), self.const(dev)
+            self.protos[buf.dtype] = f"P{len(self.protos)} = prototype({dtype}, {device})"
+        proto = self.protos[buf.dtype].split(" ", 1)[0]
+        return f"{buf.name} = {proto}.new_empty_strided({size}, {stride})"
 
     def emit(self, s: str, indent: int = 2) -> None:
         self.lines.append("    " * indent + s)
@@ -104,13 +134,17 @@ class WrapperCodegen:
             "# stoker-triton generated wrapper",
             "import torch",
             "from torch import empty_strided, as_strided",
-            "from stoker_triton._internal.runtime import check_layout, ensure_layout, new_seed",
+            "from stoker_triton._internal.runtime import (",
+            "    check_layout, ensure_layout, launch_target, new_seed, prototype,",
+            ")",
             "",
             "",
             "def make_call(launchers, consts):",
         ]
         for name in self.kernels:
             out.append(f"    {name} = launchers[{name!r}]")
+        if self.kernels:  # the device, stream and launch hooks: read once per call
+            out.append("    target = launch_target(launchers)")
         body_start = len(out)
         self.emit("def call(args):", 1)
         names = [n if isinstance(n, str) else "_" for n in p.inputs]
@@ -127,6 +161,8 @@ class WrapperCodegen:
                 self.emit(f"{sym} = {names[i]}.stride({d})")
             else:
                 self.emit(f"{sym} = {names[i]}.storage_offset()")
+        if self.kernels:
+            self.emit("tgt = target()")
         if names:
             # the wrapper now holds every input: a caller that passed its own list
             # (`CompiledGraph.call_boxed`) lets each input go after its last reader
@@ -142,33 +178,33 @@ class WrapperCodegen:
             self.emit(f"{cname} = consts[{cname!r}]")
         if p.random_streams:
             self.emit("seed = new_seed()")
-        dev = self.const(p.device)
         produced = {n.name for st in s.steps if isinstance(st, Kernel) for n in st.nodes}
         for b0 in p.buffers.values():
             if (
                 b0.kind == "kernel" and b0.name not in produced
             ):  # empty tensors: nothing computes them
-                self.emit(
-                    f"{b0.name} = empty_strided({_tuple(b0.size)}, {_tuple(b0.stride)}, dtype={self.const(b0.dtype)}, device={dev})"
-                )
-        pool: dict[tuple[str, str, str], list[str]] = {}
+                self.emit(self.alloc(b0))
         protected = set(s.outputs) | set(p.constants)
         protected |= {v.buf for v in p.output_views.values()}
-        # allocation keys still to come after each step: a freed buffer is kept
-        # for reuse only when a later allocation can take it, else deleted
-        alloc_keys: list[set[tuple[str, str, str]]] = []
-        for step in s.steps:
-            keys: set[tuple[str, str, str]] = set()
-            if isinstance(step, Kernel):
-                for node in step.nodes:
-                    b0 = p.buffers[node.name]
-                    keys.add((_tuple(b0.size), _tuple(b0.stride), str(b0.dtype)))
-            alloc_keys.append(keys)
-        future: list[set[tuple[str, str, str]]] = [set() for _ in s.steps]
-        acc: set[tuple[str, str, str]] = set()
-        for i in range(len(s.steps) - 1, -1, -1):
-            future[i] = set(acc)
-            acc |= alloc_keys[i]
+
+        def frees(name: str) -> bool:
+            """The wrapper lets `name` go after its last reader."""
+            kind = p.buffers[name].kind if name in p.buffers else None
+            return name not in protected and name not in s.internal and kind in _FREED
+
+        # a freed buffer handed to a later allocation of its layout (`reuse.plan`: never
+        # raising the peak), unless an extern result may still see it
+        taken = reuse.plan(
+            p,
+            reuse.events(p, s, frees),
+            key=lambda b: (_tuple(b.size), _tuple(b.stride), str(b.dtype)),
+            may_take=lambda n: p.buffers[n].kind == "kernel" and n not in self.extern_args,
+            may_give=lambda n: (
+                (p.buffers[n].kind == "kernel" or n in self.fresh_results)
+                and n not in self.extern_args
+            ),
+        )
+        given = set(taken.values())
         for i, step in enumerate(s.steps):
             if isinstance(step, Kernel):
                 ks = self.kernels[step.name]
@@ -177,14 +213,11 @@ class WrapperCodegen:
                         continue
                     if isinstance(node, ScatterNode):
                         continue  # mutates the buffer its init node allocated
-                    nb = p.buffers[node.name]
-                    key = (_tuple(nb.size), _tuple(nb.stride), str(nb.dtype))
-                    if pool.get(key) and node.name not in self.extern_args:
-                        self.emit(f"{node.name} = {pool[key].pop()}  # reuse")
+                    if node.name in taken:  # (its old name let go: it is freed with the new)
+                        self.emit(f"{node.name} = {taken[node.name]}  # reuse")
+                        self.emit(f"del {taken[node.name]}")
                     else:
-                        self.emit(
-                            f"{node.name} = empty_strided({key[0]}, {key[1]}, dtype={self.const(nb.dtype)}, device={dev})"
-                        )
+                        self.emit(self.alloc(p.buffers[node.name]))
                 call_args = [
                     *ks.pointer_args,
                     py(ks.xnumel),
@@ -193,7 +226,7 @@ class WrapperCodegen:
                 ]
                 if ks.uses_seed:
                     call_args.append("seed")
-                self.emit(f"{step.name}({', '.join(call_args)})")
+                self.emit(f"{step.name}.go(tgt, {', '.join(call_args)})")
             else:
                 op = self.const(step.op)
                 args = ", ".join(self.arg(a) for a in step.args)
@@ -207,21 +240,10 @@ class WrapperCodegen:
                     if not step.single:
                         self.emit(f"{o} = _r[{k}]")
                     self.emit_layout_check(o, "ensure_layout")
-            # free what this step read last
+            # free what this step read last (a buffer a later allocation takes: kept)
             for bname, last in s.last_use.items():
-                if (
-                    last == i
-                    and bname not in protected
-                    and bname not in s.internal
-                    and bname in p.buffers
-                    and p.buffers[bname].kind in ("kernel", "extern", "input")
-                ):
-                    buf = p.buffers[bname]
-                    bkey = (_tuple(buf.size), _tuple(buf.stride), str(buf.dtype))
-                    if buf.kind == "kernel" and bname not in self.extern_args and bkey in future[i]:
-                        pool.setdefault(bkey, []).append(bname)
-                    else:
-                        self.emit(f"del {bname}")
+                if last == i and frees(bname) and bname not in given:
+                    self.emit(f"del {bname}")
         rets = []
         for k, o in enumerate(p.outputs):
             if k in p.output_views:
@@ -267,7 +289,16 @@ class WrapperCodegen:
         else:
             self.emit("return call", 1)
         consts_lines = [f"    C{i} = consts['C{i}']" for i in range(len(self.consts))]
+        consts_lines += [f"    {line}" for line in self.protos.values()]
         return "\n".join(out[:body_start] + consts_lines + self.lines) + "\n"
+
+
+def returns_fresh(op: Any) -> bool:
+    """Whether `op` returns only new memory: an aten overload whose schema marks no
+    result as an alias of an argument (a view op's result aliases its input)."""
+    if not isinstance(op, torch._ops.OpOverload):
+        return False
+    return all(r.alias_info is None for r in op._schema.returns)
 
 
 def _refs(x: Any) -> set[str]:
@@ -326,6 +357,3 @@ def generate_wrapper(
     consts = {f"C{i}": c for i, c in enumerate(g.consts)}
     consts.update(program.constants)
     return src, consts
-
-
-_ = (Buffer, torch)

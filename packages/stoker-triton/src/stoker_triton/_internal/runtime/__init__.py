@@ -6,7 +6,7 @@ small autotuner, and helpers the generated wrapper calls. One file per job:
 - `fastlaunch.py`: the lean launch path (compiled binaries called directly);
 - `warmload.py`: a warm process launches the binaries an earlier one recorded;
 - `autotune.py`: autotune results on disk;
-- `layout.py`: input layouts and random seeds for the wrapper;
+- `layout.py`: input layouts, buffer prototypes and random seeds for the wrapper;
 - here: the parallel precompile, and the names the wrappers import.
 
 Cache layout under `$STOKER_CACHE_DIR` (default `~/.cache/stoker`):
@@ -29,8 +29,9 @@ import torch
 
 from ..srcmodule import exec_module
 from .autotune import _Tuned
+from .fastlaunch import no_target
 from .launcher import Launcher, cdiv, next_pow2
-from .layout import PRECOMPILE_SEED, check_layout, ensure_layout, new_seed
+from .layout import PRECOMPILE_SEED, check_layout, ensure_layout, new_seed, prototype
 from .modules import (
     MODULE_FORMAT,
     cache_dir,
@@ -50,13 +51,25 @@ __all__ = [
     "ensure_layout",
     "exec_module",
     "interpreting",
+    "launch_target",
     "load_module",
     "module_store",
     "native_target",
     "new_seed",
     "next_pow2",
     "precompile",
+    "prototype",
 ]
+
+
+def launch_target(launchers: dict[str, Launcher]) -> Callable[[], tuple[Any, ...] | None]:
+    """What a generated wrapper calls once per graph call and passes to each launch
+    (`Launcher.go`): the current device and stream and the launch hooks, read once
+    (issue 11); `no_target` where no launcher launches lean (the interpreter)."""
+    for lau in launchers.values():
+        if lau.fast is not None:
+            return lau.fast.target
+    return no_target
 
 
 def native_target(device: torch.device) -> tuple[str, Any, int] | None:

@@ -206,35 +206,37 @@ def key_function(n_args: int, n_ptrs: int) -> Callable[..., tuple[Any, ...]]:
     return _exec(src, f"<stoker launch key {n_args}/{n_ptrs}>", "key")
 
 
-def lean_function(n_args: int, n_ptrs: int) -> Callable[[FastPath], Callable[..., bool]]:
+def lean_function(
+    n_args: int, n_ptrs: int
+) -> Callable[[FastPath, Callable[..., None]], Callable[..., bool | None]]:
     """A maker of one kernel's whole lean launch as one straight-line function (the
-    steady path, issue 11): `make(fast)(*args)` checks that no launch hook is set, keys
-    the arguments as `key_function` does, and launches the kept binary as
-    `FastPath.launch` does; False (nothing launched) when a hook is set, the key is
-    new, or an argument is of another kind: the caller takes the slow path."""
+    steady path, issue 11): `make(fast, slow)(target, *args)` keys the arguments as
+    `key_function` does and launches the kept binary as `FastPath.launch` does, with
+    `target` = (device, stream, enter hook, exit hook) as `FastPath.target` read them
+    once for the whole graph call; it returns True when it launched, else what
+    `slow(*args)` returns (None: no target (a launch hook is set), a new key, an
+    argument of another kind, a pre-run hook)."""
     names, lines, parts, launch = _key_parts(n_args, n_ptrs)
-    src = f"""def make(fast):
-    entries, knobs, device, stream = fast.entries, fast.abi.runtime_knobs, fast.abi.device, fast.abi.stream
+    args = ", ".join(names)
+    src = f"""def make(fast, slow):
+    entries = fast.entries
 
-    def lean({", ".join(names)}):
-        enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
-        if (enter is not None or leave is not None) and (
-            getattr(enter, "calls", True) or getattr(leave, "calls", True)
-        ):
-            return False  # a launch hook is set (Abi.hooks_off)
+    def lean(target, {args}):
+        if target is None:
+            return slow({args})  # a launch hook is set (Abi.hooks_off)
         fn = fast.fn
         if fn is not None and fn.pre_run_hooks:
-            return False
+            return slow({args})
         try:
 {"".join(f"            {ln}" + chr(10) for ln in lines)}            key = ({", ".join(parts)},)
         except (AttributeError, TypeError, ValueError, RuntimeError):
-            return False
-        dev = device()
+            return slow({args})
+        dev, stream, enter, leave = target
         entry = entries.get((dev, key))
         if entry is None:
-            return False
+            return slow({args})
         run, function, meta, grid, xb, rb = entry
-        run(grid, 1, 1, stream(dev), function, meta, None, enter, leave, {", ".join(launch)}, xb, rb)
+        run(grid, 1, 1, stream, function, meta, None, enter, leave, {", ".join(launch)}, xb, rb)
         return True
 
     return lean
@@ -242,20 +244,47 @@ def lean_function(n_args: int, n_ptrs: int) -> Callable[[FastPath], Callable[...
     return _exec(src, f"<stoker lean launch {n_args}/{n_ptrs}>", "make")
 
 
+def target_function(adapter: Abi) -> Callable[[], tuple[Any, ...] | None]:
+    """What a graph call reads once for all its launches (issue 11): the current device
+    and its stream, and the launch hooks as `JITFunction.run` passes them; None while a
+    launch hook is set (`Abi.hooks_off`: every launch then takes Triton's binder)."""
+    knobs, device, stream = adapter.runtime_knobs, adapter.device, adapter.stream
+
+    def target() -> tuple[Any, ...] | None:
+        enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
+        if (enter is not None or leave is not None) and (
+            getattr(enter, "calls", True) or getattr(leave, "calls", True)
+        ):
+            return None
+        dev = device()
+        return (dev, stream(dev), enter, leave)
+
+    return target
+
+
+def no_target() -> None:
+    """The launch target where no launch is lean (the interpreter, another backend)."""
+    return None
+
+
 class FastPath:
     """One kernel's compiled binaries by launch key (see the module docstring)."""
 
-    __slots__ = ("abi", "entries", "fn", "keyfns")
+    __slots__ = ("abi", "entries", "fn", "keyfns", "target")
 
-    def lean(self, n_args: int, n_ptrs: int) -> Callable[..., bool]:
-        """This kernel's one-function steady launch for `n_args` arguments (`lean_function`)."""
-        return lean_function(n_args, n_ptrs)(self)
+    def lean(
+        self, n_args: int, n_ptrs: int, slow: Callable[..., None]
+    ) -> Callable[..., bool | None]:
+        """This kernel's one-function steady launch for `n_args` arguments (`lean_function`);
+        `slow(*args)` launches what it cannot."""
+        return lean_function(n_args, n_ptrs)(self, slow)
 
     def __init__(self, fn: Any, adapter: Abi) -> None:
         self.fn = fn  # the JITFunction (None until a warm launcher imports its module)
         self.abi = adapter
         self.entries: dict[tuple[Any, ...], Entry] = {}
         self.keyfns: dict[tuple[int, int], Callable[..., tuple[Any, ...]]] = {}
+        self.target = target_function(adapter)  # read once per graph call (`launch_target`)
 
     def key(
         self, args: tuple[Any, ...], n_ptrs: int

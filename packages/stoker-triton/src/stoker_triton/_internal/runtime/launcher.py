@@ -86,7 +86,10 @@ class Launcher:
         # binaries an earlier process launched, by `warmload.spec_text` (read at the first launch)
         self.binaries: dict[str, Any] | None = None
         # the steady launch (key, kept binary, launch in one function), once a binary is kept
-        self.lean: Callable[..., bool] | None = None
+        self.lean: Callable[..., bool | None] | None = None
+        # what the generated wrapper calls per launch: `go(target, *args)` with the launch
+        # target its graph call read once (`launch_target`); the lean launch once there is one
+        self.go: Callable[..., bool | None] = self._go
 
     @property
     def fn(self) -> Any:
@@ -157,10 +160,17 @@ class Launcher:
         return list(dict.fromkeys([first, *out]))
 
     def __call__(self, *args: Any) -> None:
-        # args: pointers..., xnumel, rnumel, sizes..., [seed]; xnumel/rnumel are found by position
-        lean = self.lean
-        if lean is not None and lean(*args):
-            return  # the steady path: a binary kept for these arguments' key, launched
+        """Launch with `args` (pointers..., xnumel, rnumel, sizes..., [seed]), the launch
+        target read now (a caller other than a generated wrapper)."""
+        self.go(self.fast.target() if self.fast is not None else None, *args)
+
+    def _go(self, target: Any, *args: Any) -> None:
+        """`go` until a lean launch exists: the target is read again where needed."""
+        self._launch(*args)
+
+    def _launch(self, *args: Any) -> None:
+        """A launch the lean path does not serve: a kept binary through `FastPath`, a warm
+        binary, or Triton's binder (xnumel/rnumel are found by position)."""
         fast, key, launch_args = self.fast, None, args
         if fast is not None:
             got = fast.key(args, self.n_ptrs)
@@ -214,7 +224,7 @@ class Launcher:
     def _go_lean(self, n_args: int) -> None:
         """From now on, launches with a kept key take `FastPath.lean`'s one function."""
         if self.lean is None and self.fast is not None:
-            self.lean = self.fast.lean(n_args, self.n_ptrs)
+            self.lean = self.go = self.fast.lean(n_args, self.n_ptrs, self._launch)
 
     def _warm(
         self,

@@ -1,6 +1,8 @@
-"""Helpers the generated wrapper calls: input layouts and random seeds."""
+"""Helpers the generated wrapper calls: input layouts, buffer prototypes, random seeds."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -29,6 +31,35 @@ def check_layout(t: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...]
 def ensure_layout(t: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...]) -> torch.Tensor:
     """An extern result in the layout later kernels were generated for."""
     return check_layout(t, size, stride)
+
+
+def prototype(dtype: torch.dtype, device: torch.device) -> Any:
+    """An empty real tensor whose ``new_empty_strided(size, stride)`` allocates the
+    wrapper's buffers of `dtype` on `device` (cheaper per call than `torch.empty_strided`
+    with keyword arguments). Made outside any fake or dispatch mode: a wrapper may be
+    loaded while a compiler traces (Dynamo's fake mode), and its buffers are real. On a
+    device this process cannot use (a graph compiled for fake CUDA inputs on a CPU
+    machine) a stand-in that allocates by `torch.empty_strided` when called."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        try:
+            return torch.empty(0, dtype=dtype, device=device)
+        except (RuntimeError, AssertionError):  # no such device here (now)
+            return _Deferred(dtype, device)
+
+
+class _Deferred:
+    """A prototype on a device unusable when the wrapper was loaded: each allocation
+    asks for the device again (and fails, as `empty_strided` would, if it still is)."""
+
+    __slots__ = ("device", "dtype")
+
+    def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
+        self.dtype, self.device = dtype, device
+
+    def new_empty_strided(self, size: Any, stride: Any) -> torch.Tensor:
+        return torch.empty_strided(size, stride, dtype=self.dtype, device=self.device)
 
 
 def new_seed() -> int:

@@ -15,7 +15,7 @@ from stoker_shapes._internal.diskcache import cache_root
 from ..srcmodule import exec_module
 
 # Bump when the generated modules' layout changes: older entries become misses.
-MODULE_FORMAT = "1"
+MODULE_FORMAT = "2"  # 2: wrappers launch by `Launcher.go(target, ...)`
 
 
 def cache_dir() -> Path:

@@ -1,0 +1,99 @@
+"""How the generated wrapper allocates: buffers from a per-dtype prototype, and
+freed extern results and extern arguments handed to a later allocation of the
+same layout when the extern op returns fresh memory (issue 11)."""
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import sympy
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from triton_helpers import check, device, fresh
+
+from stoker_triton._internal import reuse
+from stoker_triton._internal.codegen_wrapper import returns_fresh
+from stoker_triton._internal.ir import Buffer
+from stoker_triton._internal.runtime import prototype
+
+aten = torch.ops.aten
+
+
+def _matmul_chain(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    m = a @ b  # an extern result, read by one kernel
+    r = m.relu()  # a kernel buffer read by the next extern
+    q = r @ b
+    return (q.sin() * 2,)  # a kernel buffer of m's layout: takes m's or r's memory
+
+
+def test_a_freed_extern_result_or_argument_is_reused_and_results_stay_right() -> None:
+    a, b = torch.randn(8, 8, device=device()), torch.randn(8, 8, device=device())
+    fn = check(_matmul_chain, a, b)
+    src = fn.wrapper_source
+    assert "# reuse" in src, src
+    assert src.count("empty_strided(") == 1, src  # only relu's buffer is new
+    for _ in range(2):  # a second call allocates again: no value kept from the first
+        x, y = fresh([a, b])
+        torch.testing.assert_close(fn(x, y)[0], _matmul_chain(x, y)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_only_ops_whose_schema_returns_no_alias_count_as_fresh() -> None:
+    assert returns_fresh(aten.mm.default) and returns_fresh(aten.cumsum.default)
+    assert returns_fresh(aten.native_layer_norm.default)  # several fresh results
+    # a view's result aliases its input; an in-place op returns its argument
+    assert not returns_fresh(aten.transpose.int) and not returns_fresh(aten.view.default)
+    assert not returns_fresh(aten.add_.Tensor)
+    assert not returns_fresh(aten.mm) and not returns_fresh(lambda x: x)  # not an overload
+
+
+def test_buffer_prototypes_are_real_tensors_when_made_under_a_fake_mode() -> None:
+    """A wrapper may be loaded while a compiler traces (Dynamo's fake mode is active):
+    its prototypes, hence its buffers, must still be real."""
+    with FakeTensorMode():
+        p = prototype(torch.float16, torch.device("cpu"))
+    assert not isinstance(p, FakeTensor) and p.numel() == 0
+    buf = p.new_empty_strided((2, 3), (1, 2))
+    assert buf.dtype == torch.float16 and buf.stride() == (1, 2) and not buf.requires_grad
+
+
+def _buf(name: str, n: Any, kind: str = "kernel") -> Buffer:
+    return Buffer(name, (n,), (1,), 0, torch.float32, torch.device("cpu"), kind)
+
+
+def _plan(bufs: list[Buffer], order: list[str]) -> dict[str, str]:
+    """`reuse.plan` over events written as "+name" (allocated) and "-name" (freed)."""
+    prog = SimpleNamespace(buffers={b.name: b for b in bufs})
+    evs = [reuse.Event(e[1:], e[0] == "+", i) for i, e in enumerate(order)]
+    return reuse.plan(
+        prog,  # type: ignore[arg-type]
+        evs,
+        key=lambda b: (b.size, b.stride, b.dtype),
+        may_take=lambda n: True,
+        may_give=lambda n: True,
+    )
+
+
+def test_a_freed_buffer_is_handed_over_only_where_holding_it_keeps_the_peak() -> None:
+    a, b, big, c, d = _buf("a", 16), _buf("b", 16), _buf("big", 64), _buf("c", 16), _buf("d", 8)
+    # a is freed, then `big` is allocated (the peak, b + big), then c: holding a over
+    # `big` would raise the peak by a's bytes: c is allocated anew
+    assert _plan([a, b, big, c], ["+a", "+b", "-a", "+big", "-big", "+c"]) == {}
+    # b is freed after `big`: handed to c (nothing allocated in between)
+    got = _plan([a, b, big, c], ["+a", "+b", "-a", "+big", "-b", "-big", "+c"])
+    assert got == {"c": "b"}
+    # held over a smaller allocation, below the peak: handed over
+    assert _plan([a, big, c, d], ["+big", "+a", "-big", "-a", "+d", "+c"]) == {"c": "a"}
+    # symbolic sizes: only when nothing is allocated between the free and the reuse
+    s = sympy.Symbol("s0", positive=True, integer=True)
+    sa, sb, sc, sd = _buf("a", s), _buf("b", s), _buf("c", s), _buf("d", 16)
+    assert _plan([sa, sb, sc, sd], ["+a", "+b", "-a", "+c"]) == {"c": "a"}
+    assert _plan([sa, sb, sc, sd], ["+a", "-a", "+d", "+c"]) == {}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_prototype_for_a_device_not_here_allocates_when_called() -> None:
+    """A graph compiled for fake CUDA inputs on a CPU machine loads its wrapper: the
+    prototype stands in, and only an allocation (a call on that device) fails."""
+    p = prototype(torch.float32, torch.device("cuda", 0))
+    with pytest.raises((RuntimeError, AssertionError)):
+        p.new_empty_strided((2,), (1,))
