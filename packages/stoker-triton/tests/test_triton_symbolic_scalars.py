@@ -122,3 +122,32 @@ def test_a_symbol_nothing_binds_is_a_compile_error_naming_it() -> None:
         match=rf"{sym.node.expr}: from graph node _local_scalar_dense = aten\._local_scalar_dense",
     ):
         compile_graph(gm, [fx, ft])
+
+
+def test_check_bound_reads_names_in_every_scope() -> None:
+    """A name is bound by any binding in any scope (arguments, assignments, ``for``,
+    ``with``, imports, ``def``, a comprehension's variable, ``del``), as the wrapper's
+    closures use them; a name read and bound nowhere is reported."""
+    from types import SimpleNamespace
+
+    from stoker_triton._internal.codegen_wrapper import UnboundSymbolError, check_bound
+
+    ok = (
+        "import math as m\n"
+        "def make_call(launchers, consts):\n"
+        "    C0 = consts['C0']\n"
+        "    def call(args):\n"
+        "        a, = args\n"
+        "        for i in range(2):\n"
+        "            with open('x') as f:\n"
+        "                b = [j * i for j in (a, C0, m.pi)]\n"
+        "        del a\n"
+        "        return b, launchers, f\n"
+        "    return call\n"
+    )
+    program: Any = SimpleNamespace(symbol_origins={})
+    check_bound(ok, program)
+    for unbound in ("s7", "u0"):
+        src = ok.replace("return b, launchers, f", f"return b, launchers, f, {unbound} * 2")
+        with pytest.raises(UnboundSymbolError, match=rf"  {unbound}: from an unknown source"):
+            check_bound(src, program)

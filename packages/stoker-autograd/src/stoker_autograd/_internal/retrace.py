@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -23,8 +24,8 @@ import sympy
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
-from torch._decomp import core_aten_decompositions
 from torch._dispatch.python import enable_python_dispatcher
+from torch.fx.experimental import proxy_tensor
 from torch.fx.experimental.proxy_tensor import (
     ProxyTorchDispatchMode,
     PythonKeyTracer,
@@ -34,6 +35,7 @@ from torch.fx.experimental.proxy_tensor import (
     track_tensor_tree,
 )
 
+from stoker_capture._internal.capture import _core_aten_table
 from stoker_shapes import Dim, GuardSet, Origin, ShapeContext, Source
 
 from . import ops
@@ -411,7 +413,8 @@ def retrace(
         stack.enter_context(ctx.tracing())
         stack.enter_context(enable_python_dispatcher())
         stack.enter_context(rp.mode)
-        stack.enter_context(decompose(core_aten_decompositions()))  # type: ignore[arg-type]
+        # the table stoker-capture materialized once per process (~0.06 s per call)
+        stack.enter_context(decompose(_core_aten_table()))
         for node in gm.graph.nodes:
             try:
                 with _naming_origins(ctx, node):
@@ -526,6 +529,64 @@ def _replay_node(rp: _Replayer, node: fx.Node, placeholders: dict[fx.Node, int])
         env[node] = rp.opaque(node)
         return
     args, kwargs = pytree.tree_map_only(fx.Node, lambda n: env[n], (node.args, node.kwargs))
-    if any(isinstance(a, _Opaque) for a in pytree.tree_leaves((args, kwargs))):
+    leaves = pytree.tree_leaves((args, kwargs))
+    if any(isinstance(a, _Opaque) for a in leaves):
         raise RetraceError(f"{node.format_node()} takes a hook or ctx object but is not opaque")
+    if _recorded_as_is(node.target):  # e.g. an inlined AOT backward's core-aten op
+        out = _record(rp, node.target, args, kwargs, leaves)  # type: ignore[arg-type]
+        if out is not NotImplemented:
+            env[node] = out
+            return
     env[node] = node.target(*args, **kwargs)  # type: ignore[operator]
+
+
+@functools.cache
+def _recorded_as_is(op: Any) -> bool:
+    """Does the proxy mode record ``op`` as one node of itself, whatever its arguments?
+
+    True for an aten op that the decomposition table, a CompositeImplicitAutograd
+    kernel and the proxy mode's special cases all leave alone: the core-aten ops of
+    an inlined AOT backward (the joint trace decomposed them already).
+    """
+    return (
+        isinstance(op, torch._ops.OpOverload)
+        and op.namespace == "aten"
+        and op not in _core_aten_table()
+        and ProxyTorchDispatchMode not in op.python_key_table
+        and not op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
+        and not op._schema.is_mutable
+        and torch.Tag.data_dependent_output not in op.tags
+        and op is not torch.ops.aten.lift_fresh.default
+    )
+
+
+def _record(
+    rp: _Replayer,
+    op: torch._ops.OpOverload,
+    args: Any,
+    kwargs: dict[str, Any],
+    leaves: list[Any],
+) -> Any:
+    """``op(*args, **kwargs)`` on the fakes, recorded as the proxy mode records an op it
+    neither decomposes nor treats specially (``proxy_call``'s common path: a node named
+    after the op, then the result bound to it), without dispatching through the proxy
+    mode, whose argument flattening, decomposition lookups and constant propagation
+    cost about a fifth of the retrace.  NotImplemented where the proxy mode would take
+    another path: a tensor argument without a proxy, or with a known constant value."""
+    tracer = rp.tracer
+    for a in leaves:
+        if isinstance(a, torch.Tensor):
+            slot = fetch_object_proxy(tracer, a)
+            if slot is a or slot.constant is not None:  # type: ignore[union-attr]
+                return NotImplemented
+    pargs = rp.proxy(args)
+    pkwargs = {k: rp.proxy(v) for k, v in kwargs.items()}
+    name = tracer.graph._target_to_str(op.overloadpacket.__name__)
+    # as inside the proxy mode's handler: the mode is off, so the size arithmetic of
+    # the fake kernel and of the value's metadata is not traced
+    with disable_proxy_modes_tracing():
+        out_proxy = tracer.create_proxy("call_function", op, pargs, pkwargs, name=name)
+        with proxy_tensor._enable_thunkify(tracer):
+            out = op(*args, **kwargs)
+        track_tensor_tree(out, out_proxy, constant=None, tracer=tracer)
+    return out

@@ -11,6 +11,7 @@ an inner one when RBLOCK does.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 
 import sympy
@@ -37,6 +38,7 @@ INNER_SPLIT_MAX_OUTPUTS = 32
 SPLITTABLE = frozenset({"sum", "prod", "max", "min", "any", "all"})
 
 
+@functools.lru_cache(maxsize=4096)  # a model's layers repeat their indices (sympy.expand)
 def strides(index: Expr, x: sympy.Symbol, r: sympy.Symbol) -> tuple[Expr, Expr]:
     """The steps of a flat `index` when `x` and when `r` advance by one (at 0)."""
     at = {x: 0, r: 0}

@@ -100,9 +100,12 @@ def lower_graph(
     for i, n in enumerate(in_names):
         if isinstance(n, str):
             b = ctx.buffers[n]
-            for e in (*b.size, *b.stride, b.offset):
+            exprs = (*b.size, *b.stride, b.offset)
+            if any(s not in symbols for e in exprs for s in getattr(e, "free_symbols", ())):
+                # (formatted only here: printing every input's sizes cost 3000 sympy prints)
                 where = f"input {i} ({placeholders[i].name}): size {b.size}, stride {b.stride}"
-                _note_origin(e, symbols, origins, where)
+                for e in exprs:
+                    _note_origin(e, symbols, origins, where)
         elif isinstance(n, SymRef):
             _note_origin(n.expr, symbols, origins, f"input {i} ({placeholders[i].name}): {n.expr}")
 
