@@ -597,7 +597,9 @@ def test_guards_added_while_retracing_name_the_backward_node() -> None:
     model = _TokenModel()
     with stoker_autograd.enable() as session:
         for n in (3, 5, 7):
-            model(torch.randint(0, 11, (n, 5))[:, :-1]).pow(2).mean().backward()
+            out = model(torch.randint(0, 11, (n, 5))[:, :-1])
+            # padding the batch x T rows: its backward guards on them (`!= 1`)
+            nn.functional.pad(out, (0, 0, 1, 1)).pow(2).mean().backward()
     # the graph replayed with .grad defined compiled a symbolic variant: retrace guards
     graph = next(g for g in session.graphs if len(g.variants) == 2)
     text = str(graph.variants[-1].guards)
@@ -792,3 +794,30 @@ def test_limitation_none_from_two_custom_backwards_still_gives_zeros() -> None:
     assert m.b.weight.grad is not None and not m.b.weight.grad.any()  # zeros, not None
     assert m.a.weight.grad is not None and ref.a.weight.grad is not None
     torch.testing.assert_close(m.a.weight.grad, ref.a.weight.grad)
+
+
+def test_custom_backward_none_through_an_inlined_aot_backward_leaves_its_grad_none() -> None:
+    """The None reaches a stoker-capture compiled block (``aot_module``) whose backward is
+    inlined: eager's Function returns None for the gradients that read only undefined
+    tangents (``undefined_grads``); the pass follows the block's gradients to the
+    grads they read, so the block's parameters keep ``.grad`` None too."""
+    stoker_capture = pytest.importorskip("stoker_capture")
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(6, 4)
+            self.b = nn.Sequential(nn.Linear(6, 4), nn.Tanh())
+            self.cb = stoker_capture.aot_module(self.b)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return _NoGradForSecond.apply(self.a(x), self.cb(x)).pow(2).sum()
+
+    def step(m: nn.Module, log: list[str], i: int) -> None:
+        m.zero_grad()
+        m(torch.randn(5, 6)).backward()
+        log.append(f"b grads None: {[p.grad is None for p in m.b.parameters()]}")
+
+    log, model = compare(M, step, steps=3)
+    assert log.count("b grads None: [True, True]") == 3, log
+    assert model.a.weight.grad is not None

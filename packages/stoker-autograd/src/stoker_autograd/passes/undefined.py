@@ -4,9 +4,12 @@ A custom ``autograd.Function``'s backward may return None for an input ("no
 gradient").  Eager's engine propagates it as an undefined gradient: a built-in node
 whose incoming gradients are all undefined yields undefined ones (its generated
 ``apply`` computes nothing), a sum of undefined gradients is undefined, and an
-accumulate-grad of an undefined gradient leaves ``.grad`` alone.  The captured graph
-computes with zeros there (`ops.call_backward`), so a leaf reached only through the
-None got a zero ``.grad`` where eager leaves None.
+accumulate-grad of an undefined gradient leaves ``.grad`` alone; stoker-capture's
+Function returns None for a gradient that reads only undefined tangents (an inlined AOT
+backward's gradient node carries ``meta["stoker_aot_reads"]``: which of its
+prologue's grads it reads).  The captured graph computes with zeros there
+(`ops.call_backward`), so a leaf reached only through the None got a zero ``.grad``
+where eager leaves None.
 
 `mark_undefined_leaves` gives each `call_backward` node the leaves whose every
 gradient flows from its outputs alone (``undefined_leaves=((leaf, (i, ...)), ...)``):
@@ -22,10 +25,11 @@ import torch
 import torch.fx as fx
 
 from .._internal import ops
+from .._internal.aot_inline import aot_backward_prologue
 from ._common import graph_pass, is_accumulate_grad
 
 # A value some gradient other than a custom backward's output may reach (the loss's
-# seed, a hook's result, an aten op of an inlined AOT backward, ...): never undefined.
+# seed, a hook's result, an aten op inside an inlined AOT backward, ...): never undefined.
 DEFINED = None
 Sources = frozenset[tuple[fx.Node, int]] | None
 
@@ -54,10 +58,17 @@ def mark_undefined_leaves(g: fx.Graph) -> None:
         return
     src: dict[fx.Node, Sources] = {}
     leaves: dict[fx.Node, list[tuple[fx.Node, tuple[int, ...]]]] = {c: [] for c in calls}
+    prologues = {n.name: n for n in g.nodes if n.target is aot_backward_prologue}
     for n in g.nodes:
         if n.op != "call_function":
             continue
-        if n.target is operator.getitem and isinstance(n.args[0], fx.Node):
+        reads = n.meta.get("stoker_aot_reads")
+        if reads is not None and reads[0] in prologues:  # a gradient of an inlined AOT block
+            grads = prologues[reads[0]].args[2]
+            assert isinstance(grads, list | tuple)
+            picked = [grads[i] for i in reads[1]]
+            src[n] = _union([src.get(x) if isinstance(x, fx.Node) else DEFINED for x in picked])
+        elif n.target is operator.getitem and isinstance(n.args[0], fx.Node):
             base, i = n.args[0], n.args[1]
             if base.target is ops.call_backward and isinstance(i, int):
                 src[n] = frozenset({(base, i)})
