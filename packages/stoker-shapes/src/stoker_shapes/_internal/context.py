@@ -424,11 +424,11 @@ class ShapeContext:
             vr = env.var_to_range.get(d.symbol)
             if vr is not None:
                 lo, hi = int(vr.lower), vr.upper
+                # int_oo (no max) says is_finite, but has no int value
+                top = int(hi) if hi.is_finite and hi != int_oo else None
                 want_hi = d.dim.max
-                if (
-                    lo > d.dim.lower
-                    or (want_hi is not None and hi.is_finite and int(hi) < want_hi)
-                    or (want_hi is None and hi.is_finite and int(hi) < 2**62)
+                if lo > d.dim.lower or (
+                    top is not None and top < (2**62 if want_hi is None else want_hi)
                 ):
                     origin = self.range_origins.get(d.symbol) or Origin()
                     raise SpecializationError(
