@@ -280,4 +280,34 @@ def test_run_all_applies_every_pass_and_keeps_the_graph_well_formed() -> None:
     out = passes.run_all(g)
     out.lint()
     assert pos(out, "acc_w") < pos(out, "unrelated")
-    assert len(passes.PIPELINE) == 8
+    assert len(passes.PIPELINE) == 9
+
+
+def test_mark_undefined_leaves_lists_the_leaves_only_a_custom_backward_reaches() -> None:
+    """``w`` is reached from output 1 of the custom backward alone (through a built-in
+    node); ``v`` from output 0 and the loss's seed (a defined gradient): only ``w``."""
+    b = B()
+    seed = b.item(b.inputs, 0, "seed")
+    v, w = b.item(b.inputs, 1, "v"), b.item(b.inputs, 2, "w")
+    ctx = b.item(b.hooks, 0, "ctx")
+    call = b.op(ops.call_backward, ctx, [], seed, name="call")
+    g0, g1 = b.item(call, 0, "g0"), b.item(call, 1, "g1")
+    tanh = ops.BoundBackward("TanhBackward0", lambda *a: a, False, True)
+    t = b.op(tanh, [g1], [True], name="tanh_bw")
+    t0 = b.item(t, 0, "t0")
+    both = b.op(torch.add, g0, seed, name="both")
+    b.acc(v, both, "acc_v")
+    b.acc(w, t0, "acc_w")
+    g = check_pure(passes.mark_undefined_leaves, b.done())
+    call_new = next(n for n in g.nodes if n.name == "call")
+    leaves = call_new.kwargs["undefined_leaves"]
+    assert [(leaf.name, idx) for leaf, idx in leaves] == [("w", (1,))]
+    # a C++ custom Function's backward materializes zeros: no leaf behind it is listed
+    b2 = B()
+    seed2, w2 = b2.item(b2.inputs, 0, "seed"), b2.item(b2.inputs, 1, "w")
+    call2 = b2.op(ops.call_backward, b2.item(b2.hooks, 0, "ctx"), [], seed2, name="call")
+    cpp = ops.BoundBackward("CppNodeX0", lambda *a: a, True, False)
+    c = b2.op(cpp, [b2.item(call2, 0, "g0")], name="cpp_bw")
+    b2.acc(w2, b2.item(c, 0, "c0"), "acc_w")
+    g2 = passes.mark_undefined_leaves(b2.done())
+    assert "undefined_leaves" not in next(n for n in g2.nodes if n.name == "call").kwargs

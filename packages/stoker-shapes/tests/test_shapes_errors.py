@@ -79,6 +79,22 @@ def test_narrowed_dim_is_an_error_only_when_strict(trace: Tracer) -> None:
         ctx.check_dims(strict=True)
 
 
+def test_dim_without_max_narrowed_from_above_is_an_error_when_strict(trace: Tracer) -> None:
+    """No max: the range is unbounded (int_oo, which says it is finite but has no int
+    value); a branch that caps it is reported, an unbranched trace is not."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.shape[0] < 100 else x
+
+    ctx = ShapeContext()
+    trace(ctx, f, torch.randn(16), dynamic=[{0: Dim("n")}])
+    with pytest.raises(SpecializationError, match=r"only supports sizes in \[2, 99\]"):
+        ctx.check_dims(strict=True)
+    ctx = ShapeContext()
+    trace(ctx, lambda x: x * 2, torch.randn(16), dynamic=[{0: Dim("n")}])
+    ctx.check_dims(strict=True)
+
+
 def branch_on_data(x: torch.Tensor) -> torch.Tensor:
     if x.sum() > 0:
         return x

@@ -191,3 +191,26 @@ def test_dynamic_view_input_binds_its_stride_and_offset() -> None:
     assert gs.check((other[3:, 2:],))
     # offsets 0 and 1 are specialized like sizes: a contiguous copy (offset 0) recompiles
     assert not gs.check((other[3:, 2:].contiguous(),))
+
+
+def test_dims_without_max_are_unbounded_so_a_multiple_of_one_can_be_solved() -> None:
+    """``b.view(a, 10)`` with two Dims: the shape env solves ``b == 10*a`` for ``a``.
+    A Dim without max used to get the finite stand-in 2**62, whose division by 10 is
+    rounded in floats: ``tgt_bound=VR[20, 4611686018427388160] not a subset of
+    src_bound=VR[20, 4611686018427387904]`` (compiled autograd retraces a backward
+    that views a gradient to ``batch x 10`` this way, and fell back to eager)."""
+    ctx = ShapeContext(policy="static")
+    x, y = ctx.fakeify(
+        [torch.randn(3, 4), torch.randn(30)],
+        Source.arg(0),
+        dynamic=[[Dim("a"), False], [Dim("b")]],
+    )
+    with ctx.tracing():
+        out = (y.view(x.shape[0], 10)[:, :4] * x).sum(0)
+    assert tuple(out.shape) == (4,)
+    gs = ctx.produce_guards()
+    for n in (2, 9, 1000):
+        assert gs.check(([torch.randn(n, 4), torch.randn(10 * n)],)), n
+    assert not gs.check(([torch.randn(5, 4), torch.randn(40)],))  # b != 10*a
+    assert not gs.check(([torch.randn(1, 4), torch.randn(10)],))  # 0 and 1 specialize
+    assert "<=" not in str(gs), str(gs)  # no upper bound was asked for

@@ -72,3 +72,40 @@ def test_gpt_batch_and_sequence_length_varying_together_stay_compiled() -> None:
                 torch.testing.assert_close(pc.grad, pe.grad, atol=1e-5, rtol=1e-4)
     st = stoker_autograd.stats()
     assert st["fallbacks"] == 0 and st["recompiles"] <= st["captures"], st
+
+
+@pytest.mark.parametrize("how", ["dynamic=True", "mark_dynamic", "automatic"])
+def test_gpt_batch_varying_at_length_10_keeps_the_backward_compiled(how: str) -> None:
+    """The backward views the gradient of the head's ``batch x 10`` rows back to
+    ``(batch, 10, C)``: the retrace solves ``rows == 10*batch``, which failed while a Dim
+    without max was bounded by 2**62 (``tgt_bound=VR[20, 4611686018427388160] not a subset
+    of src_bound=...``) and the backward fell back to eager, whatever Dynamo's forward
+    was told (``dynamic=True``, ``mark_dynamic`` with a range, automatic)."""
+    spec = get_model("gpt")
+    eager = spec.build(block_size=16, n_layer=1, n_embd=32)
+    model = copy.deepcopy(eager)
+    compiled = stoker.compile(model, dynamic=True if how == "dynamic=True" else None)
+    gen = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fallback warns
+        for b in (2, 3, 5, 4):
+            seq = torch.randint(0, 65, (b, 11), generator=gen)
+            ids = seq[:, :-1]
+            if how == "mark_dynamic":
+                ids = ids.clone()
+                torch._dynamo.mark_dynamic(ids, 0, min=2, max=64)
+            eager.zero_grad()
+            model.zero_grad()
+            with stoker.autograd_enabled(False):  # the eager engine
+                spec.loss(eager(ids), seq[:, 1:]).backward()
+            spec.loss(compiled(ids), seq[:, 1:]).backward()
+            for pe, pc in zip(eager.parameters(), model.parameters(), strict=True):
+                assert pe.grad is not None and pc.grad is not None
+                torch.testing.assert_close(pc.grad, pe.grad, atol=1e-5, rtol=1e-4)
+    st = stoker_autograd.stats()
+    # a symbolic forward from the start: one capture, whose backward compiles static, then
+    # with the batch symbolic, then no more.  Automatic: Dynamo's forward recompiles at
+    # batch 3 (another AOT Function: another capture), which compiles static, then symbolic
+    want = (2, 3, 1, 2) if how == "automatic" else (1, 2, 1, 3)
+    got = tuple(st[k] for k in ("captures", "compiles", "recompiles", "cache_hits"))
+    assert got == want and st["fallbacks"] == 0, st

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx as fx
 
-from stoker_capture._internal.runtime_fn import undefined_grads
+from stoker_capture._internal.runtime_fn import tangent_deps, undefined_grads
 
 if TYPE_CHECKING:
     from .capture import CaptureInstance
@@ -140,8 +140,22 @@ def inline_aot_backward(
     if undefined:
         drop = undefined_grads(info, undefined)
         outputs = [None if d else o for o, d in zip(outputs, drop)]
+    _mark_tangent_reads(info, pro.name, tangent_of, outputs)
     extra = len(output_metadatas) - len(outputs)
     if extra < 0 or any(m is not None for m in output_metadatas[:extra]):
         raise NotImplementedError("AOT backward outputs do not match the Function's inputs")
     grads = [None] * extra + outputs
     return [None if m is None else g for g, m in zip(grads, output_metadatas)]
+
+
+def _mark_tangent_reads(
+    info: Any, prologue: str, tangent_of: Sequence[int | None], outputs: Sequence[Any]
+) -> None:
+    """On each gradient's node, the prologue's name and the positions of the grads it
+    reads (``meta["stoker_aot_reads"]``): `passes.mark_undefined_leaves` follows an
+    undefined gradient through the block as eager's Function does (`undefined_grads`)."""
+    deps = tangent_deps(info)
+    for o, d in zip(outputs, deps):
+        if isinstance(o, fx.Proxy) and d:
+            reads = tuple(g for g, k in enumerate(tangent_of) if k is not None and k in d)
+            o.node.meta["stoker_aot_reads"] = (prologue, reads)

@@ -115,8 +115,16 @@ class _BackwardCtx:
 _HAS_BOXED = hasattr(torch.autograd.Function, "boxed_grads_call")
 
 
-def call_backward(ctx: Any, saved_tensors: Sequence[torch.Tensor], *grads: Any) -> tuple[Any, ...]:
-    """Run a custom ``autograd.Function``'s Python backward (or vjp) with its real ctx."""
+def call_backward(
+    ctx: Any,
+    saved_tensors: Sequence[torch.Tensor],
+    *grads: Any,
+    undefined_leaves: Sequence[tuple[torch.Tensor, Sequence[int]]] = (),
+) -> tuple[Any, ...]:
+    """Run a custom ``autograd.Function``'s Python backward (or vjp) with its real ctx.
+
+    ``undefined_leaves``: each leaf whose every gradient flows from the listed outputs
+    alone (`passes.mark_undefined_leaves`); see `_keep_undefined`."""
     fwd_cls = ctx._forward_cls
     proxy_ctx = _BackwardCtx(ctx, saved_tensors)
     get_user_fn = getattr(ctx, "_get_user_fn", None)
@@ -129,8 +137,28 @@ def call_backward(ctx: Any, saved_tensors: Sequence[torch.Tensor], *grads: Any) 
     if not isinstance(out, tuple):
         out = (out,)
     if any(g is None for g in out):
+        if undefined_leaves:
+            _keep_undefined(out, undefined_leaves)
         out = _zeros_for_none(ctx, out)
     return tuple(out)
+
+
+def _keep_undefined(
+    out: Sequence[Any], leaves: Sequence[tuple[torch.Tensor, Sequence[int]]]
+) -> None:
+    """Eager leaves ``.grad`` None when no defined gradient reaches the leaf; the graph
+    will accumulate the zeros `_zeros_for_none` makes.  A leaf whose ``.grad`` is None
+    now and whose outputs are all None gets ``.grad = None`` back when the backward ends
+    (a callback queued on its graph task: the compiled backward runs it last)."""
+    pending = [v for v, idx in leaves if v.grad is None and all(out[i] is None for i in idx)]
+    if not pending:
+        return
+
+    def reset() -> None:
+        for v in pending:
+            v.grad = None
+
+    torch.autograd.Variable._execution_engine.queue_callback(reset)
 
 
 def _zeros_for_none(ctx: Any, grads: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -139,8 +167,8 @@ def _zeros_for_none(ctx: Any, grads: tuple[Any, ...]) -> tuple[Any, ...]:
     A backward may return None for an input that requires grad ("no gradient"); eager's
     engine then skips the nodes that gradient would feed.  The captured graph was traced
     for a tensor there and reads one, so it gets zeros of the size, dtype and device the
-    next node expects (its ``_input_metadata``): the same values; a leaf reached only
-    this way gets a zero ``.grad`` where eager leaves None.
+    next node expects (its ``_input_metadata``): the same values (a leaf reached only
+    this way keeps ``.grad`` None: `_keep_undefined`).
     """
     edges = ctx.next_functions
     out = list(grads)

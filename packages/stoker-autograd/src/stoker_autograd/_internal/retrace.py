@@ -161,7 +161,9 @@ class _Replayer:
     def opaque(self, node: fx.Node) -> Any:
         args = pytree.tree_map_only(fx.Node, lambda n: self.env[n], node.args)
         pargs = self.proxy(args)
-        out: Any = self.tracer.create_proxy("call_function", node.target, pargs, dict(node.kwargs))
+        kwargs = pytree.tree_map_only(fx.Node, lambda n: self.env[n], dict(node.kwargs))
+        pkwargs = {k: self.proxy(v) for k, v in kwargs.items()}  # e.g. undefined_leaves
+        out: Any = self.tracer.create_proxy("call_function", node.target, pargs, pkwargs)
         out.node.meta.update(
             {k: v for k, v in node.meta.items() if k.startswith(("autograd", "stoker"))}
         )

@@ -23,6 +23,7 @@ from .reorder import (
     reorder_tensor_pre_hooks,
     schedule_pre_hooks_early,
 )
+from .undefined import mark_undefined_leaves
 
 Pass = Callable[[fx.Graph], fx.Graph]
 
@@ -35,6 +36,7 @@ PIPELINE: tuple[Pass, ...] = (
     reorder_post_acc_grad_hooks,
     reorder_post_hooks,
     dce,
+    mark_undefined_leaves,
 )
 
 
@@ -68,6 +70,7 @@ __all__ = [
     "Pass",
     "dce",
     "delay_unpack_hooks",
+    "mark_undefined_leaves",
     "place_pre_hooks_before_node",
     "place_size_checks_after_their_call",
     "reorder_accumulate_grad",

@@ -23,6 +23,7 @@ from torch.fx.experimental.symbolic_shapes import (
     StatelessSymbolicContext,
 )
 from torch.utils import _pytree as pytree
+from torch.utils._sympy.numbers import int_oo
 
 from .dims import Dim, Policy
 from .errors import DataDependentError, ShapeInputError, SpecializationError
@@ -330,7 +331,12 @@ class ShapeContext:
         if dim is None:
             return
         lo, hi = dim.lower, dim.max
-        self.shape_env.constrain_symbol_range(sym, compiler_min=lo, compiler_max=hi or (2**62))
+        # no max: unbounded (int_oo), as torch's own dynamic dims.  A finite stand-in such
+        # as 2**62 broke the shape env's solver: a guard `s1 == 10*s0` divides the bound
+        # in floats, and the rounded bound of 10*s0 is then no subset of s1's
+        self.shape_env.constrain_symbol_range(
+            sym, compiler_min=lo, compiler_max=int_oo if hi is None else hi
+        )
         self.range_origins[sym] = Origin(note=f"bound of {dim!r}")
         first = self._by_dim.get(dim)
         if first is None:
@@ -418,11 +424,11 @@ class ShapeContext:
             vr = env.var_to_range.get(d.symbol)
             if vr is not None:
                 lo, hi = int(vr.lower), vr.upper
+                # int_oo (no max) says is_finite, but has no int value
+                top = int(hi) if hi.is_finite and hi != int_oo else None
                 want_hi = d.dim.max
-                if (
-                    lo > d.dim.lower
-                    or (want_hi is not None and hi.is_finite and int(hi) < want_hi)
-                    or (want_hi is None and hi.is_finite and int(hi) < 2**62)
+                if lo > d.dim.lower or (
+                    top is not None and top < (2**62 if want_hi is None else want_hi)
                 ):
                     origin = self.range_origins.get(d.symbol) or Origin()
                     raise SpecializationError(

@@ -1,0 +1,145 @@
+"""Symbolic sizes in the retraced backward: batch and sequence length varying, alone
+and together, through an inlined stoker-capture AOT backward (``aot_module`` with
+symbolic sizes) and through the plain eager autograd graph; gradients equal eager's
+on fresh inputs, the backward is compiled (no fallback warning) and recompiles as
+the rules say (docs/autograd.md, *Guards*).
+
+The model views the incoming gradient to ``batch x 10`` rows: the retrace solves
+``s_rows == 10*s_batch`` for ``s_batch``, which failed while a Dim without max had
+the finite bound 2**62 (divided by 10 in floats: ``tgt_bound=VR[20,
+4611686018427388160] not a subset of src_bound=VR[20, 4611686018427387904]``) and
+the backward ran uncompiled."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+
+import stoker_autograd
+from stoker_autograd._internal import ops
+
+stoker_capture = pytest.importorskip("stoker_capture")
+
+
+class Attention(nn.Module):
+    """Layer norm, heads split by views of ``(B, T, C)``, causal attention, a residual."""
+
+    def __init__(self, c: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln = nn.LayerNorm(c)
+        self.qkv = nn.Linear(c, 3 * c)
+        self.proj = nn.Linear(c, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (
+            z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+            for z in self.qkv(self.ln(x)).split(c, dim=-1)
+        )
+        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out: torch.Tensor = x + self.proj(a.transpose(1, 2).reshape(b, t, c))
+        return out
+
+
+def _segmented(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    return gm  # a compiler: the retraced graph arrives cut into segments
+
+
+def _train(
+    sizes: list[tuple[int, int]], aot: str | None, compiler: Any = None
+) -> tuple[stoker_autograd.Session, list[dict[str, int]]]:
+    """One step per (batch, T): the model (AOT-compiled unless ``aot`` is None) under
+    stoker-autograd and a copy on the eager engine, on the same fresh input; checks
+    every gradient and that stoker-autograd never warned (a fallback warns)."""
+    stoker_autograd.reset_stats()
+    torch.manual_seed(0)
+    model = Attention()
+    ref = copy.deepcopy(model)
+    fn = model if aot is None else stoker_capture.aot_module(model, dynamic=aot)
+    after: list[dict[str, int]] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with stoker_autograd.enable(compiler=compiler) as session:
+            for b, t in sizes:
+                x = torch.randn(b, t, 16)
+                model.zero_grad()
+                ref.zero_grad()
+                fn(x).pow(2).sum().backward()
+                with stoker_autograd.disabled():
+                    ref(x).pow(2).sum().backward()
+                for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+                    assert p.grad is not None and q.grad is not None, name
+                    torch.testing.assert_close(
+                        p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=f"{name} at {(b, t)}"
+                    )
+                after.append(dict(stoker_autograd.stats()))
+    ours = [str(w.message) for w in caught if "stoker-autograd" in str(w.message)]
+    assert not ours, ours
+    return session, after
+
+
+def _inlined(session: stoker_autograd.Session) -> None:
+    """Every captured graph inlined the AOT backward (no opaque custom-backward call)
+    and was compiled (no variant given up)."""
+    for g in session.graphs:
+        nodes = list(g.gm.graph.nodes)
+        assert not [n for n in nodes if n.target is ops.call_backward]
+        assert any(n.meta.get("stoker_aot") for n in nodes)
+        assert g.failed is None, g.failed
+
+
+# (batch, T): the batch changes (one symbolic recompile), then T (another: the
+# positions seen to change grow), then both together (batch x T rows: no recompile)
+SIZES = [(2, 10), (3, 10), (2, 12), (4, 7), (5, 9)]
+
+
+# per AOT mode: captures and compiles after each step.  "dynamic": one AOT forward,
+# one capture; its backward compiles static, then with the batch symbolic, then batch
+# and T.  "auto": the AOT forward recompiles when the batch, then T, changes (another
+# Function: another capture); the third capture recompiles once when both change.
+EXPECTED = {
+    "dynamic": ([1, 1, 1, 1, 1], [1, 2, 3, 3, 3], [3], 2),
+    "auto": ([1, 2, 3, 3, 3], [1, 2, 3, 4, 4], [1, 1, 2], 1),
+}
+
+
+@pytest.mark.parametrize("compiler", [None, _segmented], ids=["aten", "segmented"])
+@pytest.mark.parametrize("dynamic", sorted(EXPECTED))
+def test_inlined_aot_backward_with_symbolic_batch_and_length(dynamic: str, compiler: Any) -> None:
+    session, after = _train(SIZES, dynamic, compiler)
+    _inlined(session)
+    captures, compiles, variants, recompiles = EXPECTED[dynamic]
+    assert [s["captures"] for s in after] == captures, after
+    assert [s["compiles"] for s in after] == compiles, after
+    assert [len(g.variants) for g in session.graphs] == variants
+    assert after[-1]["fallbacks"] == 0 and after[-1]["recompiles"] == recompiles, after
+
+
+def test_eager_graph_backward_with_symbolic_batch_and_length() -> None:
+    """The same backward without stoker-capture: the engine's own nodes view the
+    gradient to ``batch x 10`` too (it fell back the same way)."""
+    session, after = _train(SIZES, None)
+    assert [s["compiles"] for s in after] == [1, 2, 3, 3, 3], after
+    assert after[-1]["captures"] == 1 and after[-1]["fallbacks"] == 0, after
+    assert session.graphs[0].failed is None
+
+
+def test_sizes_0_and_1_specialize_and_the_symbolic_variant_still_serves() -> None:
+    """Batch 1 is never symbolic: it recompiles a static variant (the engine graph) or
+    recaptures (the AOT forward specialized it too: another Function); batch 5 after it
+    runs the symbolic variant compiled before, with nothing new.  Batch 0 likewise."""
+    sizes = [(2, 10), (3, 10), (1, 10), (5, 10), (0, 10), (6, 10)]
+    session, after = _train(sizes, None)
+    assert [s["compiles"] for s in after] == [1, 2, 3, 3, 4, 4], after
+    assert after[-1]["fallbacks"] == 0, after
+    session, after = _train(sizes, "dynamic")
+    _inlined(session)
+    assert [s["captures"] for s in after] == [1, 1, 2, 2, 3, 3], after
+    assert [s["compiles"] for s in after] == [1, 2, 3, 3, 4, 4], after
+    assert after[-1]["fallbacks"] == 0 and after[-1]["recompiles"] == 1, after
