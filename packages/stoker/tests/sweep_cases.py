@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 import stoker
 
-Batch = tuple[torch.Tensor, ...]
+Batch = tuple[Any, ...]  # tensors (and Python scalars passed to the model)
 # step(model, params, batch) -> (forward outputs to compare, grads by parameter name)
 Step = Callable[[Callable[..., Any], dict[str, nn.Parameter], Batch], tuple[Any, dict[str, Any]]]
 
@@ -38,7 +38,9 @@ def _outputs(out: Any) -> list[torch.Tensor]:
 def _close(got: torch.Tensor, want: torch.Tensor, what: str, bf16: bool) -> None:
     assert got.dtype == want.dtype, (what, got.dtype, want.dtype)
     assert got.shape == want.shape, (what, got.shape, want.shape)
-    if bf16:  # relative to the tensor's largest magnitude (see test_stoker_autocast.py)
+    if not want.is_floating_point():  # ids, masks, counters: exact
+        assert torch.equal(got, want), f"{what}: {got} != {want}"
+    elif bf16:  # relative to the tensor's largest magnitude (see test_stoker_autocast.py)
         scale = float(want.abs().max()) or 1.0
         err = float((got.float() - want.float()).abs().max())
         assert err <= 2e-2 * scale, f"{what}: max error {err:.3g} > 2e-2 * {scale:.3g}"
@@ -94,7 +96,10 @@ def run_case(case: Case, backend: str = "aten", mode: str = "ca") -> Any:
     gen = torch.Generator().manual_seed(1)
     for i, n in enumerate(case.batch_sizes):
         batch = case.batch(n, gen)
-        batch_c = tuple(t.clone().requires_grad_(t.requires_grad) for t in batch)
+        batch_c = tuple(
+            t.clone().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t
+            for t in batch
+        )
         with stoker.autograd_enabled(False):
             opt_e.zero_grad(set_to_none=True)
             out_e, grads_e = case.step(eager, pe, batch)

@@ -11,6 +11,7 @@ import math
 import os
 import textwrap
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import nullcontext
 from itertools import product
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch._dynamo
 import torch.nn as nn
 import torch.nn.functional as F
 from interpret_script import run_interpreted
-from sweep_cases import MLP, Batch, Case, dot_grads, run_case
+from sweep_cases import MLP, MODES, Batch, Case, dot_grads, run_case
 from test_stoker_sweep_training import ConvNet
 
 import stoker
@@ -204,6 +205,98 @@ def test_batch_one_then_three_then_one(mode: str, how: str) -> None:
 def test_empty_batch_between_others(mode: str) -> None:
     compiled = sweep(MLP, mlp_batch, sum_step, (3, 0, 4, 0, 5), "dynamic_true", mode)
     check_compiles(compiled, 2, ["x"])
+
+
+def accumulate_step(model: Any, params: Params, b: Batch) -> Any:
+    """Micro-batches of 4, the last one partial: sizes change inside one optimizer step."""
+    outs, n = [], b[0].shape[0]
+    for x, y in zip(b[0].split(4), b[1].split(4)):
+        out = model(x)
+        (F.mse_loss(out, y, reduction="sum") / n).backward()
+        outs.append(out)
+    return outs, dot_grads(params)
+
+
+@pytest.mark.parametrize("how", ["dynamic_true", "automatic"])
+def test_micro_batches_with_a_partial_last_one(mode: str, how: str) -> None:
+    compiled = sweep(MLP, mlp_batch, accumulate_step, (11, 10, 12, 7), how, mode)
+    check_compiles(compiled, 2 if how == "automatic" else 1, ["x"])
+
+
+class Sliced(nn.Module):
+    """A Python int argument that changes (Dynamo makes it a symbolic input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.fc2 = nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+        h = self.fc(x)[:, :n]
+        return self.fc2(h.mean(1) * n), h
+
+
+def test_an_int_argument_that_changes(mode: str) -> None:
+    def batch(n: int, gen: torch.Generator) -> Batch:
+        x, y = seq_features(n, gen)
+        return x, (n % 100) // 2, y
+
+    sweep(
+        Sliced, batch, multi_out_step, (bt(2, 5), bt(2, 8), bt(3, 9), bt(2, 12)), "automatic", mode
+    )
+
+
+class Dropped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(x * self.w, 0.5, self.training)
+
+
+@pytest.mark.parametrize("how", ["dynamic_true", "automatic"])
+def test_dropout_mask_of_a_dynamic_batch(mode: str, how: str) -> None:
+    """Random masks differ from eager's: w's gradient must be the mask the forward used,
+    sum((h != 0) * x / 0.5), at every size."""
+    torch.manual_seed(0)
+    model = Dropped()
+    compiled = stoker.compile(model, **HOW[how][0], **MODES[mode][0])
+    for n in (4, 6, 5, 9):
+        x = torch.randn(n, 8)
+        model.zero_grad()
+        with stoker.autograd_enabled(MODES[mode][1]) if mode == "ca_paused" else nullcontext():
+            h = compiled(x)
+            h.sum().backward()
+        want = ((h.detach() != 0).float() * x / 0.5).sum(0)
+        torch.testing.assert_close(model.w.grad, want, rtol=1e-5, atol=1e-5)
+        assert 0.2 < float((h != 0).float().mean()) < 0.8
+
+
+def test_dynamic_false_recompiles_up_to_the_limit_then_runs_eager() -> None:
+    """Always static: one graph per size until ``recompile_limit``, then Dynamo runs the
+    frame eagerly; the numbers stay eager's throughout."""
+    case = Case(
+        MLP,
+        mlp_batch,
+        mse_input_grad_step,
+        tuple(range(2, 9)),
+        compile_kw={"dynamic": False, "recompile_limit": 3},
+    )
+    compiled = run_case(case)
+    assert len(compiled.stoker_report.compiles) == 3
+
+
+def test_bf16_autocast_with_a_dynamic_sequence() -> None:
+    def step(model: Any, params: Params, b: Batch) -> Any:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(b[0])
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), b[1].flatten())
+        loss.backward()
+        return (logits, loss), dot_grads(params)
+
+    sizes = (bt(2, 5), bt(2, 7), bt(3, 7), bt(4, 12))
+    case = Case(Block, seq_batch, step, sizes, bf16=True, compile_kw={"dynamic": True})
+    check_compiles(run_case(case), 1, backward_dims=2)
 
 
 # --- a tiny GPT block, sequence length dynamic ----------------------------------------------
