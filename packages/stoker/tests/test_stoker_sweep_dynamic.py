@@ -16,12 +16,13 @@ from itertools import product
 from typing import Any
 
 import pytest
+import test_stoker_sweep_training as tr
 import torch
 import torch._dynamo
 import torch.nn as nn
 import torch.nn.functional as F
 from interpret_script import run_interpreted
-from sweep_cases import MLP, MODES, Batch, Case, dot_grads, run_case
+from sweep_cases import MLP, MODES, Batch, Case, backward_step, dot_grads, run_case
 from test_stoker_sweep_training import ConvNet
 
 import stoker
@@ -122,16 +123,21 @@ def report_of(compiled: Any) -> Any:
 
 
 def check_compiles(
-    compiled: Any, graphs: int, changed: Sequence[str] = (), backward_dims: int = 1
+    compiled: Any,
+    graphs: int,
+    changed: Sequence[str] = (),
+    backward_dims: int = 1,
+    frames: int = 1,
 ) -> None:
     """`graphs` Dynamo graphs compiled; a reason per cached graph that missed before each
     recompile, each naming one of `changed` (the input whose size changed).  stoker-autograd
     recompiles a captured backward at most once per size position that changed
-    (`backward_dims`: static, then that size symbolic), each with a reason naming the size."""
+    (`backward_dims`: static, then that size symbolic), each with a reason naming the size.
+    `frames`: Dynamo frames of the model (a graph break makes two), `graphs` each."""
     rep = report_of(compiled)
     reasons = [r.reason for r in rep.recompiles]
-    assert len(rep.compiles) == graphs, (len(rep.compiles), reasons)
-    assert len(reasons) >= graphs - 1 and (graphs > 1 or not reasons), reasons
+    assert len(rep.compiles) == graphs * frames, (len(rep.compiles), reasons)
+    assert len(reasons) >= frames * (graphs - 1) and (graphs > 1 or not reasons), reasons
     for r in reasons:
         assert "size" in r and any(c in r for c in changed), reasons
     st = stoker_autograd.stats()
@@ -297,6 +303,26 @@ def test_bf16_autocast_with_a_dynamic_sequence() -> None:
     sizes = (bt(2, 5), bt(2, 7), bt(3, 7), bt(4, 12))
     case = Case(Block, seq_batch, step, sizes, bf16=True, compile_kw={"dynamic": True})
     check_compiles(run_case(case), 1, backward_dims=2)
+
+
+# the training sweep's structural cases (hooks, custom Functions, checkpointing, several
+# outputs, retain_graph, norm layers' running stats) with the batch dynamic
+STRUCTURAL = {
+    "hooks": tr.hooks_case,
+    "custom_function": lambda: Case(tr.CustomFn, mlp_batch, backward_step),
+    "checkpoint": lambda: Case(tr.Checkpointed, mlp_batch, backward_step),
+    "several_outputs": tr.multi_out_case,
+    "retain_graph": tr.retain_graph_case,
+    "norm_running_stats": lambda: Case(tr.Norms, mlp_batch, backward_step),
+}
+
+
+@pytest.mark.parametrize(("name", "mode"), rotated(product(STRUCTURAL)))
+def test_training_sweep_structures_with_a_dynamic_batch(name: str, mode: str) -> None:
+    case = STRUCTURAL[name]()
+    case.batch_sizes, case.compile_kw = (4, 6, 3, 9, 4), {"dynamic": True}
+    # BatchNorm(momentum=None) reads float(num_batches_tracked): a graph break, two graphs
+    check_compiles(run_case(case, mode=mode), 1, frames=2 if name == "norm_running_stats" else 1)
 
 
 # --- a tiny GPT block, sequence length dynamic ----------------------------------------------
@@ -511,6 +537,11 @@ def test_interpreted_triton_dynamic_tiny_cases() -> None:
                 stoker.reset()
                 rep = t.sweep(*args, mode=mode, backend="interpret").stoker_report
                 assert {r.executor for r in rep.compiles} == {"interpret"}, rep.compiles
+            stoker.reset()  # hooks: compiled autograd cuts the backward at the Python calls
+            case = t.STRUCTURAL["hooks"]()
+            case.batch_sizes, case.compile_kw = (4, 6, 3), {"dynamic": True}
+            rep = t.run_case(case, backend="interpret", mode="ca").stoker_report
+            assert {r.executor for r in rep.compiles} == {"interpret"}, rep.compiles
             print("ok")
             """
         )
