@@ -591,6 +591,33 @@ def test_new_batch_sizes_recompile_once_mlp() -> None:
     assert st["captures"] == 1 and st["compiles"] <= 2 and st["recompiles"] <= 1, st
 
 
+def test_a_backward_recompile_says_which_size_changed() -> None:
+    """`recompile_reasons()` and the ``stoker.recompiles`` log: one line per recompile, the
+    failed size guard with the value seen, worded for stoker-autograd's automatic dynamic
+    (the static size is static until it changes, not "declare it with a Dim")."""
+    import logging
+
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: seen.append(r.getMessage())  # type: ignore[method-assign]
+    log = logging.getLogger("stoker.recompiles")
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        compare(mlp, _batch_step(lambda n: torch.randn(n, 6)), steps=4)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    st, why = stoker_autograd.stats(), stoker_autograd.recompile_reasons()
+    assert st["recompiles"] == len(why) == 1, (st, why)
+    assert "size()[0] == 3 failed: got 5" in why[0] and "until it changes" in why[0], why
+    assert "Dim" not in why[0], why
+    assert seen == [f"recompiling {why[0]}"], seen
+    stoker_autograd.reset_stats()
+    assert stoker_autograd.recompile_reasons() == []
+
+
 def test_guards_added_while_retracing_name_the_backward_node() -> None:
     """explain() of a miss names the autograd node whose retrace added the guard,
     not just the user's ``loss.backward()`` line (or nothing: "origin unknown")."""

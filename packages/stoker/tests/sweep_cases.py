@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 import stoker
 
-Batch = tuple[torch.Tensor, ...]
+Batch = tuple[Any, ...]  # tensors (and Python scalars passed to the model)
 # step(model, params, batch) -> (forward outputs to compare, grads by parameter name)
 Step = Callable[[Callable[..., Any], dict[str, nn.Parameter], Batch], tuple[Any, dict[str, Any]]]
 
@@ -38,7 +38,9 @@ def _outputs(out: Any) -> list[torch.Tensor]:
 def _close(got: torch.Tensor, want: torch.Tensor, what: str, bf16: bool) -> None:
     assert got.dtype == want.dtype, (what, got.dtype, want.dtype)
     assert got.shape == want.shape, (what, got.shape, want.shape)
-    if bf16:  # relative to the tensor's largest magnitude (see test_stoker_autocast.py)
+    if not want.is_floating_point():  # ids, masks, counters: exact
+        assert torch.equal(got, want), f"{what}: {got} != {want}"
+    elif bf16:  # relative to the tensor's largest magnitude (see test_stoker_autocast.py)
         scale = float(want.abs().max()) or 1.0
         err = float((got.float() - want.float()).abs().max())
         assert err <= 2e-2 * scale, f"{what}: max error {err:.3g} > 2e-2 * {scale:.3g}"
@@ -56,6 +58,9 @@ class Case:
     compile_kw: dict[str, Any] = field(default_factory=dict)
     # modes where a zero gradient may stand for eager's None (a documented difference)
     zero_for_none: tuple[str, ...] = ()
+    # how the model is compiled, given the mode's options (default: stoker.compile)
+    compiler: Callable[..., Any] | None = None
+    optimizer: str = "sgd"  # "sgd" (SGD + momentum) or "adamw"
 
 
 # How the compiled model's backward runs: through stoker-autograd (the default), with
@@ -68,24 +73,33 @@ MODES: dict[str, tuple[dict[str, Any], bool]] = {
 }
 
 
+_OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2),
+}
+
+
 def run_case(case: Case, backend: str = "aten", mode: str = "ca") -> Any:
-    """Train eager and compiled copies with SGD+momentum; compare every step.  Returns the
-    compiled model."""
+    """Train eager and compiled copies with the case's optimizer; compare every step.
+    Returns the compiled model."""
     compile_kw, autograd_on = MODES[mode]
     torch.manual_seed(0)
     eager = case.build()
     torch.manual_seed(0)  # built again, not deep-copied: hooks must close over their own model
     model = case.build()
-    compiled = stoker.compile(model, backend=backend, **case.compile_kw, **compile_kw)
+    compile_fn = case.compiler or stoker.compile
+    compiled = compile_fn(model, backend=backend, **case.compile_kw, **compile_kw)
     pe = dict(eager.named_parameters())
     # (a part compiled on its own is reached through its `_orig_mod`)
     pc = {k.replace("_orig_mod.", ""): p for k, p in model.named_parameters()}
-    opt_e = torch.optim.SGD(pe.values(), lr=0.1, momentum=0.9)
-    opt_c = torch.optim.SGD(pc.values(), lr=0.1, momentum=0.9)
+    opt_e, opt_c = (_OPTIMIZERS[case.optimizer](list(p.values())) for p in (pe, pc))
     gen = torch.Generator().manual_seed(1)
     for i, n in enumerate(case.batch_sizes):
         batch = case.batch(n, gen)
-        batch_c = tuple(t.clone().requires_grad_(t.requires_grad) for t in batch)
+        batch_c = tuple(
+            t.clone().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t
+            for t in batch
+        )
         with stoker.autograd_enabled(False):
             opt_e.zero_grad(set_to_none=True)
             out_e, grads_e = case.step(eager, pe, batch)

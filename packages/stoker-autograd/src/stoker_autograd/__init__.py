@@ -16,6 +16,7 @@ from ._internal.engine import (
     is_enabled,
     off,
     on,
+    recompile_reasons,
     reset_stats,
     stats,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "on",
     "on_backward_start",
     "passes",
+    "recompile_reasons",
     "reset_stats",
     "skip_compile",
     "stats",

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .capture import CaptureInstance
-from .session import Compiler, Session, Stats, aten_executor
+from .session import RECOMPILE_REASONS, Compiler, Session, Stats, aten_executor
 
 STATS = Stats()
 """Process-wide counters (`stats()`); every session adds to them."""
@@ -96,9 +96,16 @@ def cache_outcomes() -> dict[str, int]:
     return dict(graphstore.outcomes)
 
 
+def recompile_reasons() -> list[str]:
+    """Why each backward was compiled again since `reset_stats()` (one line per recompile,
+    naming the graph and the guard that failed with the value seen: a size that changed)."""
+    return list(RECOMPILE_REASONS)
+
+
 def reset_stats() -> None:
     for k in STATS.as_dict():
         setattr(STATS, k, 0)
+    RECOMPILE_REASONS.clear()
 
 
 @contextlib.contextmanager

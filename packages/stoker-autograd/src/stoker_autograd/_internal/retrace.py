@@ -358,7 +358,9 @@ def retrace(
     between calls); positions holding the same value share one symbol, as the
     same `Dim` (a guard checks they stay equal).  Everything else is static.
     """
-    ctx = ShapeContext(policy="static")
+    # "auto": every spec below is explicit, so this only words the guards' reasons right
+    # (a static size is static until it changes; then the next compile makes it symbolic)
+    ctx = ShapeContext(policy="auto")
     dims: dict[int, Dim] = {}
 
     def spec(pos: Position, v: int) -> Dim | bool:

@@ -31,7 +31,7 @@ from stoker_capture._internal.boxed import call_boxed, mark_boxed
 from . import final_callbacks, graphstore, ops
 from .retrace import Position, Retraced, concrete_values, retrace, unpack_index
 from .segments import SegmentedBackward
-from .session import Session, aten_executor
+from .session import Session, aten_executor, note_recompile
 
 
 def runtime_wrapper(
@@ -137,7 +137,7 @@ class CompiledBackward:
         for v in self.variants:
             if v.guards.check(gargs, {}, None):
                 return _run(v, lists)
-        if self.variants:  # why the newest variant did not fit (kept for explain())
+        if self.variants:  # why the newest variant did not fit (`recompile_reasons()`)
             self.last_miss = self.variants[-1].guards.explain(gargs, {}, None)
         if self.failed is None and len(self.variants) < self.session.recompile_limit:
             warm = self._load(inputs, sizes, scalars)
@@ -161,6 +161,8 @@ class CompiledBackward:
         if self.variants and self.session.dynamic:
             last = self.variants[-1].values
             self.dynamic |= {p for p, v in now.items() if p in last and last[p] != v}
+        if self.variants:
+            note_recompile(f"backward graph {self.capture_id}", self.last_miss or "?")
         self._compile(inputs, list(sizes), list(scalars), rec.unpack_meta, now)
         return out
 

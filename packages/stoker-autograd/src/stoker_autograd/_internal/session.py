@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,21 @@ class Stats:
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
+
+
+RECOMPILE_REASONS: list[str] = []
+"""Why each backward recompile happened, since the last `reset_stats()`
+(`stoker_autograd.recompile_reasons()`): the failed guard of the newest variant, in terms
+of the graph's inputs (``inputs[2].size()[0]``, ``sizes[3]``) with the value seen."""
+
+_recompile_log = logging.getLogger("stoker.recompiles")
+
+
+def note_recompile(graph: str, reason: str) -> None:
+    """Record (and log on ``stoker.recompiles``) why `graph` is compiled again."""
+    if len(RECOMPILE_REASONS) < 1000:  # a bound for a process that recompiles forever
+        RECOMPILE_REASONS.append(f"{graph}: {reason}")
+    _recompile_log.info("recompiling %s: %s", graph, reason)
 
 
 def aten_executor(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:

@@ -94,7 +94,13 @@ def autograd_stats() -> dict[str, Any]:
     if isinstance(value, dict):
         # the warm-start cache's outcomes by reason ("miss (new key)": 1), for the report
         outcomes: dict[str, int] = getattr(stoker_autograd, "cache_outcomes", dict)()
-        return dict(value) | {f"disk cache {k}": n for k, n in sorted(outcomes.items())}
+        # why each backward was compiled again (the report's Recompiles section lists them)
+        reasons: list[str] = getattr(stoker_autograd, "recompile_reasons", list)()
+        return (
+            dict(value)
+            | {f"disk cache {k}": n for k, n in sorted(outcomes.items())}
+            | ({"recompile reasons": reasons} if reasons else {})
+        )
     if hasattr(value, "__dataclass_fields__"):
         import dataclasses
 

@@ -75,8 +75,12 @@ class StokerBackend:
         self.name_hint: str | None = None  # what stoker.compile was given, for graph labels
 
     def forget(self) -> None:
-        """Start a fresh report (`stoker.reset()` calls this on the default backend)."""
+        """Start a fresh report (`stoker.reset()` calls this on the default backend).
+
+        The backends made for torch.compile's ``mode=`` / ``options=`` write into the report
+        they were made with: they are dropped too, so later ones share the fresh report."""
         self.report = Report(path=self.options.report, options=_public_options(self.options))
+        self.__dict__.pop("_derived_backends", None)
         self._seen_failures = _failure_counts() if "torch._dynamo" in sys.modules else {}
 
     def with_options(self, **kwargs: Any) -> StokerBackend:

@@ -332,7 +332,12 @@ def _render(r: Report) -> str:
         )
     parts.append("".join(gd) or '<p class="muted">none recorded</p>')
     # recompiles
-    parts.append(_table(["frame", "reason"], [[x.frame, x.reason] for x in r.recompiles]))
+    backward = [
+        ["backward (compiled autograd)", x] for x in r.autograd.get("recompile reasons", [])
+    ]
+    parts.append(
+        _table(["frame", "reason"], [[x.frame, x.reason] for x in r.recompiles] + backward)
+    )
     # partition
     p: list[str] = []
     for c in r.compiles:
@@ -383,7 +388,8 @@ def _render(r: Report) -> str:
         )
     parts.append("".join(k))
     # autograd
-    ag = _table(["counter", "value"], [[a, b] for a, b in sorted(r.autograd.items())])
+    counters = sorted((a, b) for a, b in r.autograd.items() if a != "recompile reasons")
+    ag = _table(["counter", "value"], [[a, b] for a, b in counters])
     for gr in r.autograd_graphs:
         ag += (
             f"<details><summary>{_e(gr.stage)} <span class=muted>({gr.nodes} nodes)</span>"
