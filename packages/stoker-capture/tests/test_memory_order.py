@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import weakref
 
+import pytest
 import torch
 import torch.fx as fx
 
@@ -154,3 +155,58 @@ def test_a_lazy_backward_is_called_boxed() -> None:
         f(x).backward()
         torch.testing.assert_close(x.grad, x.detach().cos() * x.detach() + x.detach().sin())
         assert calls == ["boxed"], (lazy, calls)
+
+
+def test_boxing_shares_the_graph_and_generates_its_code_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`mark_boxed` copies no graph (a warm start boxes every loaded backward) and
+    generates the boxed code once, at the first call; results match the graph's own."""
+    from stoker_capture._internal import boxed as boxed_mod
+
+    made: list[str] = []
+    real = boxed_mod._forward_from_src
+
+    def counted(src: str, globals: dict[str, object]) -> object:
+        made.append(src)
+        return real(src, globals)
+
+    monkeypatch.setattr(boxed_mod, "_forward_from_src", counted)
+    g = fx.Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    g.output((g.call_function(aten.mul.Tensor, (g.call_function(aten.sin.default, (x,)), y)),))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    boxed = mark_boxed(gm)
+    assert boxed.graph is gm.graph and made == []
+    for _ in range(3):
+        a, b = torch.randn(5), torch.randn(5)
+        args = [a, b]
+        (got,) = call_boxed(boxed, args)
+        assert args == []
+        torch.testing.assert_close(got, gm(a, b)[0])
+    assert len(made) == 1 and "args.clear()" in made[0]
+
+
+def test_a_boxed_input_nobody_reads_is_not_held_during_the_call() -> None:
+    g = fx.Graph()
+    g.placeholder("unused")
+    x = g.placeholder("x")
+    freed = g.call_function(_probe, ())
+    g.output(g.call_function(torch.add, (x, freed)))
+    boxed = mark_boxed(fx.GraphModule(torch.nn.Module(), g))
+    args = [torch.ones(3), torch.zeros(3)]
+    _alive[:] = [weakref.ref(args[0])]
+    torch.testing.assert_close(call_boxed(boxed, args), torch.ones(3))
+
+
+def test_a_graph_with_a_default_argument_is_boxed_by_a_copy() -> None:
+    """A placeholder with a default cannot be bound from the list by position alone:
+    such a graph is boxed as a copy whose first node reads the list."""
+    g = fx.Graph()
+    x = g.placeholder("x")
+    k = g.placeholder("k", default_value=2.0)
+    g.output(g.call_function(torch.mul, (x, k)))
+    boxed = mark_boxed(fx.GraphModule(torch.nn.Module(), g))
+    assert boxed.graph is not g
+    t = torch.randn(4)
+    torch.testing.assert_close(call_boxed(boxed, [t, 3.0]), t * 3)
