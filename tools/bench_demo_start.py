@@ -7,7 +7,9 @@ within 2x of eager's first step plus load time." For each executor, one cold pro
 (empty STOKER_CACHE_DIR and TRITON_CACHE_DIR) and then ``--warm`` warm processes (the
 caches it left), each a new interpreter, do what `stoker demo` does first: the eager
 GPT's first training step (forward, loss, backward, AdamW), then the compiled copy's
-first step (same weights, same batch). Each stage below is a wrapped function, timed per
+first step (same weights, same batch), inside the demo's loop's `frozen_heap` (its setup's
+objects out of the cyclic GC's reach; the time the GC takes in the compiled first step, and
+its full collections, are printed too). Each stage below is a wrapped function, timed per
 outermost call in CPU seconds of the process (no profiler), so they nest:
 
 - Dynamo (`convert_frame._compile`: its frame trace, guards; stoker's backend inside);
@@ -93,7 +95,26 @@ def _time_capture(times: dict[str, list[float]]) -> None:
     CaptureInstance.end_capture = timed_end  # type: ignore[method-assign]
 
 
+def _gc_timer() -> list[float]:
+    """[CPU s in the cyclic GC, full collections], counted while the list's owner runs."""
+    import gc
+
+    row = [0.0, 0.0]
+    t0 = [0.0]
+
+    def cb(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            t0[0] = time.process_time()
+        else:
+            row[0] += time.process_time() - t0[0]
+            row[1] += info["generation"] == 2
+
+    gc.callbacks.append(cb)
+    return row
+
+
 def _worker(backend: str, batch: int) -> dict[str, Any]:
+    import contextlib
     import copy
 
     import torch
@@ -121,19 +142,27 @@ def _worker(backend: str, batch: int) -> dict[str, Any]:
         opt.step()
         return time.process_time() - t0
 
-    with stoker.autograd_enabled(False):
-        opt_e = torch.optim.AdamW(eager.parameters(), lr=3e-3)
-        t_eager = step(eager, opt_e)
-        t_eager_2 = step(eager, opt_e)
-    for row in times.values():  # the eager steps' backward is not a stage
-        row[:] = [0, 0.0, 0.0]
+    # the demo's loop runs with its setup's objects frozen (`demo.frozen_heap`; absent in
+    # older trees): a full GC collection in the first compiled step walks less
+    from stoker._internal import demo
+
+    loop = getattr(demo, "frozen_heap", contextlib.nullcontext)()
     compiled = stoker.compile(model, backend=backend)
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=3e-3)
     opt_c = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    t_compiled = step(compiled, opt_c)
-    stages = {k: v[2] for k, v in times.items()}
-    calls = {k: v[0] for k, v in times.items()}
-    step(compiled, opt_c)  # compiled autograd's compile lands here, cold
-    t_compiled_3 = step(compiled, opt_c)
+    with loop:
+        with stoker.autograd_enabled(False):
+            t_eager = step(eager, opt_e)
+            t_eager_2 = step(eager, opt_e)
+        for row in times.values():  # the eager steps' backward is not a stage
+            row[:] = [0, 0.0, 0.0]
+        gc_row = _gc_timer()
+        t_compiled = step(compiled, opt_c)
+        gc_first = list(gc_row)
+        stages = {k: v[2] for k, v in times.items()}
+        calls = {k: v[0] for k, v in times.items()}
+        step(compiled, opt_c)  # compiled autograd's compile lands here, cold
+        t_compiled_3 = step(compiled, opt_c)
     rep = getattr(compiled, "stoker_report", None)
     summary = rep.summary() if rep is not None else {}
     return {
@@ -143,6 +172,7 @@ def _worker(backend: str, batch: int) -> dict[str, Any]:
         "compiled third step": t_compiled_3,
         "stages": stages,
         "calls": calls,
+        "gc in the compiled first step": gc_first,
         "summary": summary,
     }
 
@@ -172,6 +202,9 @@ def _table(backend: str, cold: dict[str, Any], warm: list[dict[str, Any]]) -> st
     row("**compiled first step**", [r["compiled first step"] for _, r in cols])
     for stage in [*STAGES, CAPTURE]:
         row(stage, [r["stages"].get(stage, 0.0) for _, r in cols])
+    gc = [r.get("gc in the compiled first step", [0.0, 0.0]) for _, r in cols]
+    row("cyclic GC in the compiled first step", [g[0] for g in gc])
+    row("  full collections in it", [g[1] for g in gc])
     load = [sum(r["stages"].get(s, 0.0) for s in LOAD) for _, r in cols]
     row("load (Dynamo + compiled autograd's capture and load)", load)
     run = [r["compiled first step"] - ld for (_, r), ld in zip(cols, load)]
