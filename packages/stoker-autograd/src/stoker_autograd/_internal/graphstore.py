@@ -67,7 +67,7 @@ from .retrace import Position, check_sizes
 
 log = logging.getLogger("stoker.cache")
 
-ENTRY_FORMAT = "1"  # bump when an entry's layout or meaning changes
+ENTRY_FORMAT = "2"  # bump when an entry's layout or meaning changes (2: "code")
 _ENV_OFF = "STOKER_AUTOGRAD_CACHE"  # "0": neither read nor write entries
 
 # The Python calls a retraced graph may hold, by the name an entry stores.
@@ -367,22 +367,27 @@ def entry(
     arg_spec: Sequence[tuple[int, int]],
     guards: GuardSet,
     values: dict[Position, int],
+    code: Sequence[dict[str, Any] | None] = (),
 ) -> bytes:
     """The body of an entry: the graph (`graph_json`), where each input is read from,
-    the guards (after the compiler ran: it may add some), the sizes compiled for."""
+    the guards (after the compiler ran: it may add some), the sizes compiled for, and
+    the Python code of each part the compiler runs as is (`BoxedGraph.stored`; None:
+    not storable), so that a load generates none."""
     body = {
         "graph": nodes,
         "arg_spec": [list(x) for x in arg_spec],
         "guards": guards.to_json(),
         "values": [[*p, v] for p, v in values.items()],
+        "code": list(code),
     }
     return json.dumps(body).encode()
 
 
 def from_json(
     data: bytes,
-) -> tuple[fx.GraphModule, list[tuple[int, int]], GuardSet, dict[Position, int]]:
-    """(graph with fake values, arg_spec, guards, values) of an entry; raises on a bad one."""
+) -> tuple[fx.GraphModule, list[tuple[int, int]], GuardSet, dict[Position, int], list[Any]]:
+    """(graph with fake values, arg_spec, guards, values, code) of an entry; raises on a
+    bad one."""
     body = json.loads(data)
     ctx = ShapeContext(policy="static")
     g = fx.Graph()
@@ -403,4 +408,7 @@ def from_json(
     gm = graph_module(root, g, "StokerBackwardAten")
     arg_spec = [(int(w), int(i)) for w, i in body["arg_spec"]]
     values = {(int(w), int(i), int(dim)): int(v) for w, i, dim, v in body["values"]}
-    return gm, arg_spec, GuardSet.from_json(body["guards"]), values
+    code = body["code"]
+    if not isinstance(code, list):
+        raise ValueError("the entry's code is not a list")
+    return gm, arg_spec, GuardSet.from_json(body["guards"]), values, code
