@@ -284,6 +284,8 @@ def test_stored_boxed_code_of_another_python_or_graph(monkeypatch: pytest.Monkey
     other = mark_boxed(fx.GraphModule(torch.nn.Module(), g))
     assert not other.load(stored)  # type: ignore[attr-defined]
     assert not other.load({"graph": stored["graph"]})  # type: ignore[attr-defined]
+    old_format = mark_boxed(_twin_graphs()[0])
+    assert not old_format.load({**stored, "format": "0"})  # type: ignore[attr-defined]
     made = _count_codegen(monkeypatch)
     torch.testing.assert_close(call_boxed(other, [a, b])[0], a + b)
     assert len(made) == 1

@@ -105,7 +105,8 @@ def count(what: str) -> None:
 
 @functools.cache
 def _version() -> str:
-    """Entry format, versions and a hash of stoker-autograd's sources (no spaces)."""
+    """Entry format (and the stored code's), versions and a hash of stoker-autograd's
+    sources (no spaces)."""
     import stoker_capture
     import stoker_shapes
 
@@ -116,8 +117,10 @@ def _version() -> str:
     for p in sorted(root.rglob("*.py")):
         h.update(str(p.relative_to(root)).encode())
         h.update(p.read_bytes())
+    from stoker_capture._internal.boxed import CODE_FORMAT
+
     parts = (
-        ENTRY_FORMAT,
+        f"{ENTRY_FORMAT}.{CODE_FORMAT}",
         f"torch{torch.__version__}",
         f"autograd{__version__}",
         f"capture{getattr(stoker_capture, '__version__', '?')}",

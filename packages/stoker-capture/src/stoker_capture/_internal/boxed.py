@@ -60,6 +60,11 @@ def boxed_module(gm: fx.GraphModule) -> fx.GraphModule:
     return _LazyGraphModule(gm, g, type(gm).__name__)
 
 
+# bump when `BoxedGraph.stored`'s layout or the boxed prologue changes: older stored
+# code is then refused (generated again), whatever holds it
+CODE_FORMAT = "1"
+
+
 class _BoxedCodeGen(CodeGen):
     """FX's code generator with a boxed signature: ``def forward(self, args)``, then
     ``name = args[i]`` for each placeholder some node reads, then ``args.clear()``
@@ -155,6 +160,7 @@ class BoxedGraph:
                 return None
             refs[name] = ref
         return {
+            "format": CODE_FORMAT,
             "src": src,
             "bytecode": base64.b64encode(marshal.dumps(self._bytecode)).decode(),
             "magic": _MAGIC,
@@ -168,7 +174,7 @@ class BoxedGraph:
         if self._forward is not None:
             return False
         try:
-            if stored["graph"] != fingerprint(self.gm.graph):
+            if stored["format"] != CODE_FORMAT or stored["graph"] != fingerprint(self.gm.graph):
                 return False
             globals = {str(k): _resolve(str(r)) for k, r in stored["globals"].items()}
             src = str(stored["src"])
