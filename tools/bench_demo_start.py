@@ -1,6 +1,6 @@
 """`stoker demo`'s first step, cold and warm, by stage (issue 12's CPU warm-start target).
 
-    python tools/bench_demo_start.py [--backend aten,interpret] [--warm 2] [--batch 16]
+    python tools/bench_demo_start.py [--backend aten,interpret] [--warm 2] [--batch 16] [--no-freeze]
 
 Issue 12: "On the CPU, with the aten and interpreter executors, `stoker demo` warm is
 within 2x of eager's first step plus load time." For each executor, one cold process
@@ -9,7 +9,7 @@ caches it left), each a new interpreter, do what `stoker demo` does first: the e
 GPT's first training step (forward, loss, backward, AdamW), then the compiled copy's
 first step (same weights, same batch), inside the demo's loop's `frozen_heap` (its setup's
 objects out of the cyclic GC's reach; the time the GC takes in the compiled first step, and
-its full collections, are printed too). Each stage below is a wrapped function, timed per
+its full collections, are printed too; ``--no-freeze`` runs them without it). Each stage below is a wrapped function, timed per
 outermost call in CPU seconds of the process (no profiler), so they nest:
 
 - Dynamo (`convert_frame._compile`: its frame trace, guards; stoker's backend inside);
@@ -113,7 +113,7 @@ def _gc_timer() -> list[float]:
     return row
 
 
-def _worker(backend: str, batch: int) -> dict[str, Any]:
+def _worker(backend: str, batch: int, freeze: bool = True) -> dict[str, Any]:
     import contextlib
     import copy
 
@@ -146,7 +146,8 @@ def _worker(backend: str, batch: int) -> dict[str, Any]:
     # older trees): a full GC collection in the first compiled step walks less
     from stoker._internal import demo
 
-    loop = getattr(demo, "frozen_heap", contextlib.nullcontext)()
+    freezer = getattr(demo, "frozen_heap", None) if freeze else None
+    loop = freezer() if freezer is not None else contextlib.nullcontext()
     compiled = stoker.compile(model, backend=backend)
     opt_e = torch.optim.AdamW(eager.parameters(), lr=3e-3)
     opt_c = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -177,8 +178,9 @@ def _worker(backend: str, batch: int) -> dict[str, Any]:
     }
 
 
-def _run(backend: str, batch: int, env: dict[str, str]) -> dict[str, Any]:
+def _run(backend: str, batch: int, env: dict[str, str], freeze: bool) -> dict[str, Any]:
     cmd = [sys.executable, "-W", "ignore", __file__, "--worker", backend, "--batch", str(batch)]
+    cmd += [] if freeze else ["--no-freeze"]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if p.returncode != 0:
         raise SystemExit(f"bench_demo_start: worker ({backend}) failed:\n{p.stderr[-4000:]}")
@@ -233,10 +235,13 @@ def main() -> int:
     ap.add_argument("--warm", type=int, default=2, help="warm processes per executor")
     ap.add_argument("--batch", type=int, default=16, help="the demo's batch")
     ap.add_argument("--json", help="write the raw results here")
+    ap.add_argument(
+        "--no-freeze", action="store_true", help="run the steps without the demo's frozen_heap"
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        print(json.dumps(_worker(a.worker, a.batch)))
+        print(json.dumps(_worker(a.worker, a.batch, not a.no_freeze)))
         return 0
     results: dict[str, Any] = {}
     for backend in a.backend.split(","):
@@ -248,8 +253,8 @@ def main() -> int:
             }
             if backend == "interpret":
                 env["TRITON_INTERPRET"] = "1"
-            cold = _run(backend, a.batch, env)
-            warm = [_run(backend, a.batch, env) for _ in range(a.warm)]
+            cold = _run(backend, a.batch, env, not a.no_freeze)
+            warm = [_run(backend, a.batch, env, not a.no_freeze) for _ in range(a.warm)]
         results[backend] = {"cold": cold, "warm": warm}
         print(_table(backend, cold, warm), flush=True)
         print()

@@ -5,7 +5,10 @@ An entry (``$STOKER_CACHE_DIR/autograd/graphs/<key>``, a checked
 `stoker_shapes.DiskCache` file, JSON, no pickles) holds the retraced core-aten
 graph (each node's target by qualified name, its arguments, and the metadata of
 its value: sizes, strides, offset, dtype, device), which list and index each
-graph input is read from, the guards of the compile and the sizes it was made for.
+graph input is read from, the guards of the compile and the sizes it was made for,
+and the code of each part the compiler runs as is (`BoxedGraph.stored`: a hit
+loads it instead of generating and compiling it; the stored code is executed, so
+the cache directory is as trusted as code).
 The compiler then compiles the loaded graph as it would a retraced one, and
 stoker-triton's compiled-graph cache finds its segments.
 
@@ -15,7 +18,7 @@ stoker-triton's compiled-graph cache finds its segments.
 | the inputs | each tensor's sizes, strides, offset, dtype, device, requires_grad, type; the sizes and scalars the engine lifted, by value and type |
 | the shape state | the positions already seen to change (symbolic from now on), how capture symbols map to sizes and scalars |
 | the session | dynamic or not, the compiler's qualified name, grad mode (``create_graph``) |
-| the code | torch, stoker-autograd, stoker-capture and stoker-shapes versions, a hash of stoker-autograd's sources, the entry format |
+| the code | torch, stoker-autograd, stoker-capture and stoker-shapes versions, a hash of stoker-autograd's sources, the entry format and the stored code's (`boxed.CODE_FORMAT`) |
 
 Python objects are never stored: hooks, custom Functions' ctx and packed data are
 graph inputs read by position from the lists the engine passes at every call
