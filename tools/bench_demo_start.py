@@ -1,13 +1,15 @@
 """`stoker demo`'s first step, cold and warm, by stage (issue 12's CPU warm-start target).
 
-    python tools/bench_demo_start.py [--backend aten,interpret] [--warm 2] [--batch 16]
+    python tools/bench_demo_start.py [--backend aten,interpret] [--warm 2] [--batch 16] [--no-freeze]
 
 Issue 12: "On the CPU, with the aten and interpreter executors, `stoker demo` warm is
 within 2x of eager's first step plus load time." For each executor, one cold process
 (empty STOKER_CACHE_DIR and TRITON_CACHE_DIR) and then ``--warm`` warm processes (the
 caches it left), each a new interpreter, do what `stoker demo` does first: the eager
 GPT's first training step (forward, loss, backward, AdamW), then the compiled copy's
-first step (same weights, same batch). Each stage below is a wrapped function, timed per
+first step (same weights, same batch), inside the demo's loop's `frozen_heap` (its setup's
+objects out of the cyclic GC's reach; the time the GC takes in the compiled first step, and
+its full collections, are printed too; ``--no-freeze`` runs them without it). Each stage below is a wrapped function, timed per
 outermost call in CPU seconds of the process (no profiler), so they nest:
 
 - Dynamo (`convert_frame._compile`: its frame trace, guards; stoker's backend inside);
@@ -93,7 +95,26 @@ def _time_capture(times: dict[str, list[float]]) -> None:
     CaptureInstance.end_capture = timed_end  # type: ignore[method-assign]
 
 
-def _worker(backend: str, batch: int) -> dict[str, Any]:
+def _gc_timer() -> list[float]:
+    """[CPU s in the cyclic GC, full collections], counted while the list's owner runs."""
+    import gc
+
+    row = [0.0, 0.0]
+    t0 = [0.0]
+
+    def cb(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            t0[0] = time.process_time()
+        else:
+            row[0] += time.process_time() - t0[0]
+            row[1] += info["generation"] == 2
+
+    gc.callbacks.append(cb)
+    return row
+
+
+def _worker(backend: str, batch: int, freeze: bool = True) -> dict[str, Any]:
+    import contextlib
     import copy
 
     import torch
@@ -121,19 +142,28 @@ def _worker(backend: str, batch: int) -> dict[str, Any]:
         opt.step()
         return time.process_time() - t0
 
-    with stoker.autograd_enabled(False):
-        opt_e = torch.optim.AdamW(eager.parameters(), lr=3e-3)
-        t_eager = step(eager, opt_e)
-        t_eager_2 = step(eager, opt_e)
-    for row in times.values():  # the eager steps' backward is not a stage
-        row[:] = [0, 0.0, 0.0]
+    # the demo's loop runs with its setup's objects frozen (`demo.frozen_heap`; absent in
+    # older trees): a full GC collection in the first compiled step walks less
+    from stoker._internal import demo
+
+    freezer = getattr(demo, "frozen_heap", None) if freeze else None
+    loop = freezer() if freezer is not None else contextlib.nullcontext()
     compiled = stoker.compile(model, backend=backend)
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=3e-3)
     opt_c = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    t_compiled = step(compiled, opt_c)
-    stages = {k: v[2] for k, v in times.items()}
-    calls = {k: v[0] for k, v in times.items()}
-    step(compiled, opt_c)  # compiled autograd's compile lands here, cold
-    t_compiled_3 = step(compiled, opt_c)
+    with loop:
+        with stoker.autograd_enabled(False):
+            t_eager = step(eager, opt_e)
+            t_eager_2 = step(eager, opt_e)
+        for row in times.values():  # the eager steps' backward is not a stage
+            row[:] = [0, 0.0, 0.0]
+        gc_row = _gc_timer()
+        t_compiled = step(compiled, opt_c)
+        gc_first = list(gc_row)
+        stages = {k: v[2] for k, v in times.items()}
+        calls = {k: v[0] for k, v in times.items()}
+        step(compiled, opt_c)  # compiled autograd's compile lands here, cold
+        t_compiled_3 = step(compiled, opt_c)
     rep = getattr(compiled, "stoker_report", None)
     summary = rep.summary() if rep is not None else {}
     return {
@@ -143,12 +173,14 @@ def _worker(backend: str, batch: int) -> dict[str, Any]:
         "compiled third step": t_compiled_3,
         "stages": stages,
         "calls": calls,
+        "gc in the compiled first step": gc_first,
         "summary": summary,
     }
 
 
-def _run(backend: str, batch: int, env: dict[str, str]) -> dict[str, Any]:
+def _run(backend: str, batch: int, env: dict[str, str], freeze: bool) -> dict[str, Any]:
     cmd = [sys.executable, "-W", "ignore", __file__, "--worker", backend, "--batch", str(batch)]
+    cmd += [] if freeze else ["--no-freeze"]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if p.returncode != 0:
         raise SystemExit(f"bench_demo_start: worker ({backend}) failed:\n{p.stderr[-4000:]}")
@@ -172,6 +204,9 @@ def _table(backend: str, cold: dict[str, Any], warm: list[dict[str, Any]]) -> st
     row("**compiled first step**", [r["compiled first step"] for _, r in cols])
     for stage in [*STAGES, CAPTURE]:
         row(stage, [r["stages"].get(stage, 0.0) for _, r in cols])
+    gc = [r.get("gc in the compiled first step", [0.0, 0.0]) for _, r in cols]
+    row("cyclic GC in the compiled first step", [g[0] for g in gc])
+    row("  full collections in it", [g[1] for g in gc])
     load = [sum(r["stages"].get(s, 0.0) for s in LOAD) for _, r in cols]
     row("load (Dynamo + compiled autograd's capture and load)", load)
     run = [r["compiled first step"] - ld for (_, r), ld in zip(cols, load)]
@@ -200,10 +235,13 @@ def main() -> int:
     ap.add_argument("--warm", type=int, default=2, help="warm processes per executor")
     ap.add_argument("--batch", type=int, default=16, help="the demo's batch")
     ap.add_argument("--json", help="write the raw results here")
+    ap.add_argument(
+        "--no-freeze", action="store_true", help="run the steps without the demo's frozen_heap"
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        print(json.dumps(_worker(a.worker, a.batch)))
+        print(json.dumps(_worker(a.worker, a.batch, not a.no_freeze)))
         return 0
     results: dict[str, Any] = {}
     for backend in a.backend.split(","):
@@ -215,8 +253,8 @@ def main() -> int:
             }
             if backend == "interpret":
                 env["TRITON_INTERPRET"] = "1"
-            cold = _run(backend, a.batch, env)
-            warm = [_run(backend, a.batch, env) for _ in range(a.warm)]
+            cold = _run(backend, a.batch, env, not a.no_freeze)
+            warm = [_run(backend, a.batch, env, not a.no_freeze) for _ in range(a.warm)]
         results[backend] = {"cold": cold, "warm": warm}
         print(_table(backend, cold, warm), flush=True)
         print()

@@ -65,12 +65,24 @@ def build(name: str, seen: list[str], scale: float) -> nn.Module:
 
 
 def count_passes() -> dict[str, int]:
-    """How often the reordering passes ran and a captured graph became a module."""
+    """How often the reordering passes ran, a captured graph became a module, and the
+    compiled backward's code was generated or loaded from the entry."""
     from stoker_autograd import passes
     from stoker_autograd._internal import capture
+    from stoker_capture._internal.boxed import BoxedGraph
 
-    counts = {"passes": 0, "captured graph modules": 0}
+    counts = {"passes": 0, "captured graph modules": 0, "code generated": 0, "code loaded": 0}
     run_all, graph_module = passes.run_all, capture.graph_module
+    generate, load = BoxedGraph._generate, BoxedGraph.load
+
+    def counted_generate(self: BoxedGraph) -> Any:
+        counts["code generated"] += 1
+        return generate(self)
+
+    def counted_load(self: BoxedGraph, stored: Any) -> bool:
+        took = load(self, stored)
+        counts["code loaded"] += took
+        return took
 
     def counted_run_all(*a: Any, **k: Any) -> Any:
         counts["passes"] += 1
@@ -82,6 +94,8 @@ def count_passes() -> dict[str, int]:
 
     passes.run_all = counted_run_all  # type: ignore[assignment]
     capture.graph_module = counted_graph_module  # type: ignore[assignment]
+    BoxedGraph._generate = counted_generate  # type: ignore[method-assign]
+    BoxedGraph.load = counted_load  # type: ignore[method-assign]
     return counts
 
 

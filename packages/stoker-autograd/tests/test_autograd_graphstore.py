@@ -56,7 +56,14 @@ def test_second_process_loads_the_backward(model: str, tmp_path: Path) -> None:
     assert warm["seen"] == warm["seen_eager"], warm  # post-accumulate-grad hooks, eager order
     # keyed on the graph as captured: a hit runs no reordering pass and makes no module of it
     assert cold["counts"]["passes"] >= 1 and cold["counts"]["captured graph modules"] == 1, cold
-    assert warm["counts"] == {"passes": 0, "captured graph modules": 0}, warm
+    # the code of the backward run as is was stored with it: a hit generates none
+    assert cold["counts"]["code generated"] == 1 and cold["counts"]["code loaded"] == 0, cold
+    assert warm["counts"] == {
+        "passes": 0,
+        "captured graph modules": 0,
+        "code generated": 0,
+        "code loaded": 1,
+    }, warm
 
 
 def test_a_changed_model_misses(tmp_path: Path) -> None:
@@ -175,7 +182,7 @@ def test_tensor_constants_are_stored_and_keyed_by_value() -> None:
     root.aot0_const = torch.randn(4, 3).t()  # not contiguous: strides kept too
     gm = torch.fx.GraphModule(root, g)
     body = graphstore.entry(graphstore.graph_json(gm), [(0, 0)], GuardSet([], [], []), {})
-    loaded, arg_spec, _guards, _values = graphstore.from_json(body)
+    loaded, arg_spec, _guards, _values, _code = graphstore.from_json(body)
     const = loaded.aot0_const
     assert torch.equal(const, root.aot0_const) and const.stride() == root.aot0_const.stride()
     inp = torch.randn(3, 4)

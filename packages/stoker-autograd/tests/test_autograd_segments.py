@@ -437,9 +437,11 @@ def test_a_segment_makes_its_python_code_only_when_it_runs() -> None:
     run = SegmentedBackward(gm, compiler)
     (sub,) = given
     assert sub._needs_recompile()  # type: ignore[operator]  # a _LazyGraphModule
-    ran = run.steps[0].fn  # what runs: the boxed copy of what the compiler returned
-    assert ran._needs_recompile()  # lazy as well
+    ran = run.steps[0].fn  # what runs: what the compiler returned, boxed
+    assert ran.graph is sub.graph  # the graph is not copied to box it
+    assert not ran.has_code  # its code is made at the first call, not now
     t = torch.randn(4, 3)
     torch.testing.assert_close(run(t)[0], torch.sin(t * 3))
-    assert not ran._needs_recompile()
+    assert ran.has_code
+    assert sub._needs_recompile()  # the boxed code is the only code made
     assert "sin" in ran.code

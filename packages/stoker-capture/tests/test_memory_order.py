@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import weakref
 
+import pytest
 import torch
 import torch.fx as fx
 
@@ -154,3 +155,146 @@ def test_a_lazy_backward_is_called_boxed() -> None:
         f(x).backward()
         torch.testing.assert_close(x.grad, x.detach().cos() * x.detach() + x.detach().sin())
         assert calls == ["boxed"], (lazy, calls)
+
+
+def test_boxing_shares_the_graph_and_generates_its_code_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`mark_boxed` copies no graph (a warm start boxes every loaded backward) and
+    generates the boxed code once, at the first call; results match the graph's own."""
+    from stoker_capture._internal import boxed as boxed_mod
+
+    made: list[str] = []
+    real = boxed_mod._BoxedCodeGen.gen_fn_def
+
+    def counted(self: object, *a: object, **k: object) -> str:
+        out: str = real(self, *a, **k)  # type: ignore[arg-type]
+        made.append(out)
+        return out
+
+    monkeypatch.setattr(boxed_mod._BoxedCodeGen, "gen_fn_def", counted)
+    g = fx.Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    g.output((g.call_function(aten.mul.Tensor, (g.call_function(aten.sin.default, (x,)), y)),))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    boxed = mark_boxed(gm)
+    assert boxed.graph is gm.graph and made == []
+    for _ in range(3):
+        a, b = torch.randn(5), torch.randn(5)
+        args = [a, b]
+        (got,) = call_boxed(boxed, args)
+        assert args == []
+        torch.testing.assert_close(got, gm(a, b)[0])
+    assert len(made) == 1 and "args.clear()" in made[0] and "args.clear()" in boxed.code
+
+
+def test_a_boxed_input_nobody_reads_is_not_held_during_the_call() -> None:
+    g = fx.Graph()
+    g.placeholder("unused")
+    x = g.placeholder("x")
+    freed = g.call_function(_probe, ())
+    g.output(g.call_function(torch.add, (x, freed)))
+    boxed = mark_boxed(fx.GraphModule(torch.nn.Module(), g))
+    args = [torch.ones(3), torch.zeros(3)]
+    _alive[:] = [weakref.ref(args[0])]
+    torch.testing.assert_close(call_boxed(boxed, args), torch.ones(3))
+
+
+def test_a_graph_with_a_default_argument_is_boxed_by_a_copy() -> None:
+    """A placeholder with a default cannot be bound from the list by position alone:
+    such a graph is boxed as a copy whose first node reads the list."""
+    g = fx.Graph()
+    x = g.placeholder("x")
+    k = g.placeholder("k", default_value=2.0)
+    g.output(g.call_function(torch.mul, (x, k)))
+    boxed = mark_boxed(fx.GraphModule(torch.nn.Module(), g))
+    assert boxed.graph is not g
+    t = torch.randn(4)
+    torch.testing.assert_close(call_boxed(boxed, [t, 3.0]), t * 3)
+
+
+def _twin_graphs() -> tuple[fx.GraphModule, fx.GraphModule]:
+    """The same graph built twice (as a warm process rebuilds a stored one)."""
+
+    def build() -> fx.GraphModule:
+        g = fx.Graph()
+        x, y = g.placeholder("x"), g.placeholder("y")
+        s = g.call_function(aten.sin.default, (x,))
+        g.output((g.call_function(aten.mul.Tensor, (s, y)),))
+        return fx.GraphModule(torch.nn.Module(), g)
+
+    return build(), build()
+
+
+def _count_codegen(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    from stoker_capture._internal import boxed as boxed_mod
+
+    made: list[str] = []
+    real = boxed_mod._BoxedCodeGen.gen_fn_def
+
+    def counted(self: object, *a: object, **k: object) -> str:
+        out: str = real(self, *a, **k)  # type: ignore[arg-type]
+        made.append(out)
+        return out
+
+    monkeypatch.setattr(boxed_mod._BoxedCodeGen, "gen_fn_def", counted)
+    return made
+
+
+def test_stored_boxed_code_is_loaded_without_generating_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A warm start takes the boxed code stored with the graph: neither generated nor
+    compiled again (the bytecode is this Python's), and it computes the same."""
+    import json
+
+    first, second = _twin_graphs()
+    stored = mark_boxed(first).stored()  # type: ignore[attr-defined]
+    assert stored is not None
+    stored = json.loads(json.dumps(stored))  # as an entry holds it
+    made = _count_codegen(monkeypatch)
+    compiled: list[object] = []
+    real_compile = compile
+    monkeypatch.setattr(
+        "builtins.compile", lambda *a, **k: compiled.append(a) or real_compile(*a, **k)
+    )
+    boxed = mark_boxed(second)
+    assert boxed.load(stored)  # type: ignore[attr-defined]
+    a, b = torch.randn(6), torch.randn(6)
+    (got,) = call_boxed(boxed, [a, b])
+    monkeypatch.undo()
+    assert made == [] and compiled == []
+    torch.testing.assert_close(got, a.sin() * b)
+
+
+def test_stored_boxed_code_of_another_python_or_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bytecode of another bytecode format: compiled from the stored source. A stored
+    code of another graph is refused (generated instead); so is a broken one."""
+    first, second = _twin_graphs()
+    stored = mark_boxed(first).stored()  # type: ignore[attr-defined]
+    assert stored is not None
+    boxed = mark_boxed(second)
+    assert boxed.load({**stored, "magic": "0000", "bytecode": "bm90IGJ5dGVjb2Rl"})  # type: ignore[attr-defined]
+    a, b = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(call_boxed(boxed, [a, b])[0], a.sin() * b)
+
+    g = fx.Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    g.output((g.call_function(aten.add.Tensor, (x, y)),))  # another graph, same names
+    other = mark_boxed(fx.GraphModule(torch.nn.Module(), g))
+    assert not other.load(stored)  # type: ignore[attr-defined]
+    assert not other.load({"graph": stored["graph"]})  # type: ignore[attr-defined]
+    old_format = mark_boxed(_twin_graphs()[0])
+    assert not old_format.load({**stored, "format": "0"})  # type: ignore[attr-defined]
+    made = _count_codegen(monkeypatch)
+    torch.testing.assert_close(call_boxed(other, [a, b])[0], a + b)
+    assert len(made) == 1
+
+
+def test_boxed_code_calling_an_unnamed_function_is_not_stored() -> None:
+    g = fx.Graph()
+    x = g.placeholder("x")
+    g.output((g.call_function(lambda t: t + 1, (x,)),))
+    boxed = mark_boxed(fx.GraphModule(torch.nn.Module(), g))
+    assert boxed.stored() is None  # type: ignore[attr-defined]
+    torch.testing.assert_close(call_boxed(boxed, [torch.zeros(2)])[0], torch.ones(2))

@@ -398,3 +398,36 @@ def test_forward_wrapper_patches_dynamos_ddp_config_only_with_a_process_group(
     assert torch.equal(net(x), x + 1)
     assert seen == [default, False]
     assert torch._dynamo.config.optimize_ddp == default
+
+
+def test_demo_loop_freezes_its_setup_and_gives_it_back() -> None:
+    """`frozen_heap` (the demo's loop): garbage of the setup is collected, not frozen;
+    what is alive is frozen inside; nothing stays frozen after; a heap someone else
+    froze is left as it is."""
+    import gc
+    import weakref
+
+    from stoker._internal.demo import frozen_heap
+
+    class Cycle:
+        pass
+
+    dead = Cycle()
+    dead.me = dead  # type: ignore[attr-defined]
+    gone = weakref.ref(dead)
+    del dead
+    alive = [object()]
+    with frozen_heap():
+        assert gone() is None  # collected before freezing
+        assert gc.get_freeze_count() > 0
+        assert not any(o is alive for o in gc.get_objects())  # in the permanent generation
+    assert gc.get_freeze_count() == 0
+    assert any(o is alive for o in gc.get_objects())
+    gc.freeze()
+    try:
+        n = gc.get_freeze_count()
+        with frozen_heap():
+            pass
+        assert gc.get_freeze_count() == n  # not unfrozen by the demo
+    finally:
+        gc.unfreeze()

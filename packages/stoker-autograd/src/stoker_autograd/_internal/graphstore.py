@@ -5,7 +5,10 @@ An entry (``$STOKER_CACHE_DIR/autograd/graphs/<key>``, a checked
 `stoker_shapes.DiskCache` file, JSON, no pickles) holds the retraced core-aten
 graph (each node's target by qualified name, its arguments, and the metadata of
 its value: sizes, strides, offset, dtype, device), which list and index each
-graph input is read from, the guards of the compile and the sizes it was made for.
+graph input is read from, the guards of the compile and the sizes it was made for,
+and the code of each part the compiler runs as is (`BoxedGraph.stored`: a hit
+loads it instead of generating and compiling it; the stored code is executed, so
+the cache directory is as trusted as code).
 The compiler then compiles the loaded graph as it would a retraced one, and
 stoker-triton's compiled-graph cache finds its segments.
 
@@ -15,7 +18,7 @@ stoker-triton's compiled-graph cache finds its segments.
 | the inputs | each tensor's sizes, strides, offset, dtype, device, requires_grad, type; the sizes and scalars the engine lifted, by value and type |
 | the shape state | the positions already seen to change (symbolic from now on), how capture symbols map to sizes and scalars |
 | the session | dynamic or not, the compiler's qualified name, grad mode (``create_graph``) |
-| the code | torch, stoker-autograd, stoker-capture and stoker-shapes versions, a hash of stoker-autograd's sources, the entry format |
+| the code | torch, stoker-autograd, stoker-capture and stoker-shapes versions, a hash of stoker-autograd's sources, the entry format and the stored code's (`boxed.CODE_FORMAT`) |
 
 Python objects are never stored: hooks, custom Functions' ctx and packed data are
 graph inputs read by position from the lists the engine passes at every call
@@ -67,7 +70,7 @@ from .retrace import Position, check_sizes
 
 log = logging.getLogger("stoker.cache")
 
-ENTRY_FORMAT = "1"  # bump when an entry's layout or meaning changes
+ENTRY_FORMAT = "2"  # bump when an entry's layout or meaning changes (2: "code")
 _ENV_OFF = "STOKER_AUTOGRAD_CACHE"  # "0": neither read nor write entries
 
 # The Python calls a retraced graph may hold, by the name an entry stores.
@@ -105,7 +108,8 @@ def count(what: str) -> None:
 
 @functools.cache
 def _version() -> str:
-    """Entry format, versions and a hash of stoker-autograd's sources (no spaces)."""
+    """Entry format (and the stored code's), versions and a hash of stoker-autograd's
+    sources (no spaces)."""
     import stoker_capture
     import stoker_shapes
 
@@ -116,8 +120,10 @@ def _version() -> str:
     for p in sorted(root.rglob("*.py")):
         h.update(str(p.relative_to(root)).encode())
         h.update(p.read_bytes())
+    from stoker_capture._internal.boxed import CODE_FORMAT
+
     parts = (
-        ENTRY_FORMAT,
+        f"{ENTRY_FORMAT}.{CODE_FORMAT}",
         f"torch{torch.__version__}",
         f"autograd{__version__}",
         f"capture{getattr(stoker_capture, '__version__', '?')}",
@@ -367,22 +373,27 @@ def entry(
     arg_spec: Sequence[tuple[int, int]],
     guards: GuardSet,
     values: dict[Position, int],
+    code: Sequence[dict[str, Any] | None] = (),
 ) -> bytes:
     """The body of an entry: the graph (`graph_json`), where each input is read from,
-    the guards (after the compiler ran: it may add some), the sizes compiled for."""
+    the guards (after the compiler ran: it may add some), the sizes compiled for, and
+    the Python code of each part the compiler runs as is (`BoxedGraph.stored`; None:
+    not storable), so that a load generates none."""
     body = {
         "graph": nodes,
         "arg_spec": [list(x) for x in arg_spec],
         "guards": guards.to_json(),
         "values": [[*p, v] for p, v in values.items()],
+        "code": list(code),
     }
     return json.dumps(body).encode()
 
 
 def from_json(
     data: bytes,
-) -> tuple[fx.GraphModule, list[tuple[int, int]], GuardSet, dict[Position, int]]:
-    """(graph with fake values, arg_spec, guards, values) of an entry; raises on a bad one."""
+) -> tuple[fx.GraphModule, list[tuple[int, int]], GuardSet, dict[Position, int], list[Any]]:
+    """(graph with fake values, arg_spec, guards, values, code) of an entry; raises on a
+    bad one."""
     body = json.loads(data)
     ctx = ShapeContext(policy="static")
     g = fx.Graph()
@@ -403,4 +414,7 @@ def from_json(
     gm = graph_module(root, g, "StokerBackwardAten")
     arg_spec = [(int(w), int(i)) for w, i in body["arg_spec"]]
     values = {(int(w), int(i), int(dim)): int(v) for w, i, dim, v in body["values"]}
-    return gm, arg_spec, GuardSet.from_json(body["guards"]), values
+    code = body["code"]
+    if not isinstance(code, list):
+        raise ValueError("the entry's code is not a list")
+    return gm, arg_spec, GuardSet.from_json(body["guards"]), values, code

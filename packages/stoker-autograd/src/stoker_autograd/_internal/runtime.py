@@ -26,7 +26,7 @@ import torch
 import torch.fx as fx
 
 from stoker_capture import autocast_off, eager_autograd_engine
-from stoker_capture._internal.boxed import call_boxed, mark_boxed
+from stoker_capture._internal.boxed import BoxedGraph, call_boxed, mark_boxed
 
 from . import final_callbacks, graphstore, ops
 from .retrace import Position, Retraced, concrete_values, retrace, unpack_index
@@ -205,7 +205,7 @@ class CompiledBackward:
             self.failed = f"its guards could not be built: {e}"
             self._warn(self.failed)
             return
-        self._store(rt, guards, values, inputs, sizes, scalars)
+        self._store(fn, rt, guards, values, inputs, sizes, scalars)
         self.variants.append(Variant(guards, fn, rt.arg_spec, rt.gm, values))
         stats.compiles += 1
         if len(self.variants) > 1:
@@ -279,7 +279,7 @@ class CompiledBackward:
             return None
         path, body = got
         try:
-            gm, arg_spec, guards, values = graphstore.from_json(body)
+            gm, arg_spec, guards, values, code = graphstore.from_json(body)
         except Exception as e:
             graphstore.log.warning("stoker cache: ignoring %s (%s); compiling again", path, e)
             self._miss("corrupt entry")
@@ -290,6 +290,11 @@ class CompiledBackward:
         fn = self._compiled(gm)
         if fn is None:
             return None
+        boxed = _boxed_graphs(fn)
+        if len(boxed) == len(code):  # the stored code of what runs as is: none generated
+            for b, c in zip(boxed, code):
+                if c is not None:
+                    b.load(c)
         variant = Variant(guards, fn, arg_spec, gm, values)
         self.variants.append(variant)
         self.dynamic = dynamic
@@ -308,6 +313,7 @@ class CompiledBackward:
 
     def _store(
         self,
+        fn: Callable[..., Any],
         rt: Retraced,
         guards: Any,
         values: dict[Position, int],
@@ -318,7 +324,9 @@ class CompiledBackward:
         if self._key is None or self._entry is None:
             return
         try:
-            body = graphstore.entry(self._entry, rt.arg_spec, guards, values)
+            # the code of what runs as is, generated now rather than at its first run
+            code = [b.stored() for b in _boxed_graphs(fn)]
+            body = graphstore.entry(self._entry, rt.arg_spec, guards, values, code)
         except graphstore.Uncacheable as e:
             self._uncacheable(str(e))
             return
@@ -349,6 +357,15 @@ def _run(v: Variant, lists: tuple[list[Any], ...]) -> Any:
     args = [lists[w][i] for w, i in v.arg_spec]
     lists[0].clear()
     return call_boxed(v.fn, args)
+
+
+def _boxed_graphs(fn: Callable[..., Any]) -> list[BoxedGraph]:
+    """What of a compiled backward runs as is, in order (its code can be stored)."""
+    if isinstance(fn, BoxedGraph):
+        return [fn]
+    if isinstance(fn, SegmentedBackward):
+        return fn.boxed_graphs()
+    return []
 
 
 def _mark_stealable(gm: fx.GraphModule) -> None:

@@ -29,7 +29,7 @@ import torch
 import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
-from stoker_capture._internal.boxed import call_boxed, mark_boxed
+from stoker_capture._internal.boxed import BoxedGraph, call_boxed, mark_boxed
 
 from . import ops
 from .retrace import check_sizes
@@ -153,6 +153,13 @@ class SegmentedBackward:
     def segments(self) -> list[fx.GraphModule]:
         """The compiled sub-graphs, in order."""
         return [s.gm for s in self.steps if isinstance(s, _Segment) and s.gm is not None]
+
+    def boxed_graphs(self) -> list[BoxedGraph]:
+        """The segments run as is (the aten executor), in order: their code can be
+        stored and loaded (`BoxedGraph.stored`)."""
+        return [
+            s.fn for s in self.steps if isinstance(s, _Segment) and isinstance(s.fn, BoxedGraph)
+        ]
 
     def _flush(
         self,
