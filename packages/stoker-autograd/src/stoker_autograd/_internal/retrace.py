@@ -35,11 +35,11 @@ from torch.fx.experimental.proxy_tensor import (
     track_tensor_tree,
 )
 
-from stoker_capture._internal.capture import _core_aten_table
 from stoker_shapes import Dim, GuardSet, Origin, ShapeContext, Source
 
 from . import ops
 from .capture import PLACEHOLDERS, graph_module
+from .symbolic_decomps import retrace_table
 
 LISTS = PLACEHOLDERS  # inputs, sizes, scalars, hooks, packed_data
 
@@ -417,8 +417,9 @@ def retrace(
         stack.enter_context(ctx.tracing())
         stack.enter_context(enable_python_dispatcher())
         stack.enter_context(rp.mode)
-        # the table stoker-capture materialized once per process (~0.06 s per call)
-        stack.enter_context(decompose(_core_aten_table()))
+        # the table stoker-capture materialized once per process (~0.06 s per call), plus
+        # the backwards whose fake kernel rejects symbolic sizes (`symbolic_decomps`)
+        stack.enter_context(decompose(retrace_table()))
         for node in gm.graph.nodes:
             try:
                 with _naming_origins(ctx, node):
@@ -555,7 +556,7 @@ def _recorded_as_is(op: Any) -> bool:
     return (
         isinstance(op, torch._ops.OpOverload)
         and op.namespace == "aten"
-        and op not in _core_aten_table()
+        and op not in retrace_table()
         and ProxyTorchDispatchMode not in op.python_key_table
         and not op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
         and not op._schema.is_mutable
