@@ -30,7 +30,7 @@ tests)
 sweep)
     nvidia-smi -L
     timeout 540 $PY -m pytest -v --tb=short -m gpu -p no:cacheprovider --durations=10 $SWEEP \
-        2>&1 | tee "$OUT/gpu_sweep.log" | grep -E "PASSED|FAILED|ERROR|^E |passed|failed|s call"
+        2>&1 | tee "$OUT/gpu_sweep.log" | grep -E "PASSED|FAILED|ERROR|^E |passed|failed|skipped|s call"
     ;;
 kernels)
     timeout 420 $PY tools/bench_triton.py --inductor 2>&1 | tee "$OUT/bench_triton.log"
