@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, in pieces that each fit a 10-minute device call, logs under $OUT.
-#     bash tools/gpu_check.sh tests              # every gpu-marked test, natively
+#     bash tools/gpu_check.sh tests              # every gpu-marked test, natively, but the sweep's
+#     bash tools/gpu_check.sh sweep              # the training sweeps' cases on CUDA + Triton
 #     bash tools/gpu_check.sh kernels            # bench_triton: GB/s vs Inductor, launch and replay overhead
 #     bash tools/gpu_check.sh suite gpt-m,mlp-l  # the GPU suite, eager/inductor/stoker, cold+warm
 #     bash tools/gpu_check.sh profile gpt-m      # cProfile of a stoker cold and a warm first step
@@ -15,13 +16,21 @@ export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 export PYTHONPATH=$P/stoker-shapes/src:$P/stoker-capture/src:$P/stoker-autograd/src:$P/stoker-triton/src:$P/stoker/src
 PY=${PYTHON:-python3}
 step=${1:-tests}
+SWEEP=packages/stoker/tests/test_stoker_sweep_gpu.py
 case "$step" in
 tests)
     nvidia-smi -L
     $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
     dirs="packages/stoker-triton/tests packages/stoker/tests tests-integration"
-    timeout 540 bash -c "for d in $dirs; do $PY -m pytest -v --tb=short -m gpu -p no:cacheprovider \$d; done" \
+    # the sweep's gpu tests have their own step (and its 540 s): this one's budget stays
+    timeout 540 bash -c "for d in $dirs; do $PY -m pytest -v --tb=short -m gpu -p no:cacheprovider \
+        --ignore=$SWEEP \$d; done" \
         2>&1 | tee "$OUT/gpu_tests.log" | grep -E "PASSED|FAILED|ERROR|^E |passed|failed"
+    ;;
+sweep)
+    nvidia-smi -L
+    timeout 540 $PY -m pytest -v --tb=short -m gpu -p no:cacheprovider --durations=10 $SWEEP \
+        2>&1 | tee "$OUT/gpu_sweep.log" | grep -E "PASSED|FAILED|ERROR|^E |passed|failed|skipped|s call"
     ;;
 kernels)
     timeout 420 $PY tools/bench_triton.py --inductor 2>&1 | tee "$OUT/bench_triton.log"
@@ -46,7 +55,7 @@ profile)
     done
     ;;
 *)
-    echo "unknown step $step: tests | kernels | suite MODELS [BACKENDS] | profile MODEL" >&2
+    echo "unknown step $step: tests | sweep | kernels | suite MODELS [BACKENDS] | profile MODEL" >&2
     exit 2
     ;;
 esac

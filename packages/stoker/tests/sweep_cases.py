@@ -2,15 +2,17 @@
 
 Each case trains an eager model and a ``stoker.compile``'d deep copy side by side for a
 few optimizer steps on fresh random inputs, and compares forward outputs, losses and
-every parameter gradient.  A case is a model builder, a batch maker and a *step*: how
+every parameter gradient.  ``run_case(..., device="cuda", backend="triton")`` runs the
+same case on a GPU with stoker's Triton executor (`test_stoker_sweep_gpu.py`): models
+and batches moved there, TF32 off on both sides.  A case is a model builder, a batch maker and a *step*: how
 the loss is turned into gradients (``backward()``, ``autograd.grad``, accumulation ...).
 Importable by name so the interpreter tests can run cases in a fresh process.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +37,13 @@ def _outputs(out: Any) -> list[torch.Tensor]:
     return []
 
 
+# fp32 tolerances (rtol, atol) by device.  CUDA: Triton's fused kernels reduce in another
+# order than ATen's, and the difference grows over the optimizer steps; matmuls and convs
+# run with TF32 off (`_fp32_matmuls`), so the error stays fp32's: a few times CPU's bound,
+# far below what a wrong kernel gives.
+_FP32_TOL: dict[str, tuple[float, float]] = {"cpu": (1e-4, 1e-5), "cuda": (3e-4, 3e-5)}
+
+
 def _close(got: torch.Tensor, want: torch.Tensor, what: str, bf16: bool) -> None:
     assert got.dtype == want.dtype, (what, got.dtype, want.dtype)
     assert got.shape == want.shape, (what, got.shape, want.shape)
@@ -45,7 +54,8 @@ def _close(got: torch.Tensor, want: torch.Tensor, what: str, bf16: bool) -> None
         err = float((got.float() - want.float()).abs().max())
         assert err <= 2e-2 * scale, f"{what}: max error {err:.3g} > 2e-2 * {scale:.3g}"
     else:
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m: f"{what}: {m}")
+        rtol, atol = _FP32_TOL[want.device.type]
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
 
 
 @dataclass
@@ -79,14 +89,56 @@ _OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = 
 }
 
 
-def run_case(case: Case, backend: str = "aten", mode: str = "ca") -> Any:
-    """Train eager and compiled copies with the case's optimizer; compare every step.
+def to_device(batch: Batch, device: str) -> Batch:
+    """The batch's tensors on `device` (strides, storage offset, view-ness and requires_grad
+    kept); Python values as they are.  On the CPU the batch itself (the CPU sweep's path)."""
+    if torch.device(device).type == "cpu":
+        return batch
+    return tuple(_moved(t, device) if isinstance(t, torch.Tensor) else t for t in batch)
+
+
+def _moved(t: torch.Tensor, device: str) -> torch.Tensor:
+    if t._base is None:  # a fresh tensor is dense: `.to` keeps its strides
+        return t.to(device).requires_grad_(t.requires_grad)
+    # a view (transposed, expanded, sliced with an offset): its whole storage moved, the
+    # same view taken there (`.to` would make a non-dense one contiguous)
+    storage = t.untyped_storage()
+    n = storage.nbytes() // t.element_size()
+    flat = torch.empty(0, dtype=t.dtype).set_(storage, 0, (n,), (1,))
+    view: torch.Tensor = flat.to(device).as_strided(t.shape, t.stride(), t.storage_offset())
+    return view.requires_grad_(t.requires_grad)
+
+
+@contextmanager
+def _fp32_matmuls(device: str) -> Iterator[None]:
+    """TF32 off for CUDA matmuls and cuDNN convs (cuDNN's default is on) while a case runs:
+    eager and stoker both then compute in fp32 (stoker's Triton kernels leave matmuls and
+    convs to ATen), so fp32 tolerances fit."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+
+
+def run_case(case: Case, backend: str = "aten", mode: str = "ca", device: str = "cpu") -> Any:
+    """Train eager and compiled copies with the case's optimizer on `device`; compare every
+    step.  Batches are drawn on the CPU (the same numbers on every device) and moved.
     Returns the compiled model."""
+    with _fp32_matmuls(device):
+        return _run_case(case, backend, mode, device)
+
+
+def _run_case(case: Case, backend: str, mode: str, device: str) -> Any:
     compile_kw, autograd_on = MODES[mode]
     torch.manual_seed(0)
-    eager = case.build()
+    eager = case.build().to(device)
     torch.manual_seed(0)  # built again, not deep-copied: hooks must close over their own model
-    model = case.build()
+    model = case.build().to(device)
     compile_fn = case.compiler or stoker.compile
     compiled = compile_fn(model, backend=backend, **case.compile_kw, **compile_kw)
     pe = dict(eager.named_parameters())
@@ -95,7 +147,7 @@ def run_case(case: Case, backend: str = "aten", mode: str = "ca") -> Any:
     opt_e, opt_c = (_OPTIMIZERS[case.optimizer](list(p.values())) for p in (pe, pc))
     gen = torch.Generator().manual_seed(1)
     for i, n in enumerate(case.batch_sizes):
-        batch = case.batch(n, gen)
+        batch = to_device(case.batch(n, gen), device)
         batch_c = tuple(
             t.clone().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t
             for t in batch

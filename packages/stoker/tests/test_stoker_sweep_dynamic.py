@@ -111,11 +111,26 @@ def sweep(
     mode: str,
     backend: str = "aten",
     optimizer: str = "sgd",
+    device: str = "cpu",
 ) -> Any:
+    return run_case(
+        sweep_case(build, batch, step, sizes, how, optimizer), backend, mode, device=device
+    )
+
+
+def sweep_case(
+    build: Callable[[], nn.Module],
+    batch: Callable[[int, torch.Generator], Batch],
+    step: Callable[..., Any],
+    sizes: Sequence[int],
+    how: str,
+    optimizer: str = "sgd",
+) -> Case:
+    """The case of `sweep`: `how` says how the sizes are made dynamic (`HOW`)."""
     kw, wrap, compiler = HOW[how]
-    case = Case(build, batch, wrap(step), sizes, compile_kw=kw, compiler=compiler)
-    case.optimizer = optimizer
-    return run_case(case, backend=backend, mode=mode)
+    return Case(
+        build, batch, wrap(step), sizes, compile_kw=kw, compiler=compiler, optimizer=optimizer
+    )
 
 
 def report_of(compiled: Any) -> Any:
@@ -292,17 +307,22 @@ def test_dynamic_false_recompiles_up_to_the_limit_then_runs_eager() -> None:
     assert len(compiled.stoker_report.compiles) == 3
 
 
-def test_bf16_autocast_with_a_dynamic_sequence() -> None:
-    def step(model: Any, params: Params, b: Batch) -> Any:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(b[0])
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), b[1].flatten())
-        loss.backward()
-        return (logits, loss), dot_grads(params)
+def bf16_lm_step(model: Any, params: Params, b: Batch) -> Any:
+    """`lm_step` under bf16 autocast on the batch's device."""
+    with torch.autocast(b[0].device.type, dtype=torch.bfloat16):
+        logits = model(b[0])
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), b[1].flatten())
+    loss.backward()
+    return (logits, loss), dot_grads(params)
 
+
+def bf16_gpt_case() -> Case:
     sizes = (bt(2, 5), bt(2, 7), bt(3, 7), bt(4, 12))
-    case = Case(Block, seq_batch, step, sizes, bf16=True, compile_kw={"dynamic": True})
-    check_compiles(run_case(case), 1, backward_dims=2)
+    return Case(Block, seq_batch, bf16_lm_step, sizes, bf16=True, compile_kw={"dynamic": True})
+
+
+def test_bf16_autocast_with_a_dynamic_sequence() -> None:
+    check_compiles(run_case(bf16_gpt_case()), 1, backward_dims=2)
 
 
 # the training sweep's structural cases (hooks, custom Functions, checkpointing, several

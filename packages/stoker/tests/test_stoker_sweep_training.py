@@ -323,15 +323,17 @@ class Drop(nn.Module):
         return self.fc2(torch.tanh(self.fc1(x)))
 
 
-def test_bf16_autocast(mode: str) -> None:
-    def step(model: Any, params: Params, b: Batch) -> Any:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = model(b[0])
-            loss = F.mse_loss(out.float(), b[1])
-        loss.backward()
-        return (out, loss), dot_grads(params)
+def bf16_autocast_step(model: Any, params: Params, b: Batch) -> Any:
+    """The forward under bf16 autocast on the batch's device."""
+    with torch.autocast(b[0].device.type, dtype=torch.bfloat16):
+        out = model(b[0])
+        loss = F.mse_loss(out.float(), b[1])
+    loss.backward()
+    return (out, loss), dot_grads(params)
 
-    run_case(Case(Checkpointed, mlp_batch, step, bf16=True), mode=mode)
+
+def test_bf16_autocast(mode: str) -> None:
+    run_case(Case(Checkpointed, mlp_batch, bf16_autocast_step, bf16=True), mode=mode)
 
 
 def test_batch_size_changes(mode: str) -> None:
@@ -480,14 +482,20 @@ class Dropped(nn.Module):
 
 @pytest.mark.parametrize("budget", [None, 0.0])
 def test_dropout_mask_of_backward_matches_forward(mode: str, budget: float | None) -> None:
+    check_dropout_mask(mode, budget)
+
+
+def check_dropout_mask(
+    mode: str, budget: float | None, device: str = "cpu", backend: str = "aten"
+) -> None:
     """Recomputed (budget 0) or saved, the backward must use the forward's dropout mask:
     d/dw sum(tanh(m * w)) = sum(m * (1 - out**2)), with m recovered from the output."""
     torch.manual_seed(0)
-    model = Dropped()
+    model = Dropped().to(device)
     kw = {**MODES[mode][0], **({} if budget is None else {"memory_budget": budget})}
-    compiled = stoker.compile(model, **kw)
+    compiled = stoker.compile(model, backend=backend, **kw)
     for n in (16, 16, 12):
-        x = torch.randn(n, 8)
+        x = torch.randn(n, 8).to(device)
         model.w.grad = None
         with stoker.autograd_enabled(MODES[mode][1]) if mode == "ca_paused" else nullcontext():
             out = compiled(x)
@@ -694,12 +702,13 @@ class ConvNet(nn.Module):
         return self.fc(h.mean((2, 3)))
 
 
-def test_conv_batchnorm_channels_last_input(mode: str) -> None:
-    def batch(n: int, gen: torch.Generator) -> Batch:
-        x = torch.randn(n, 3, 6, 6, generator=gen)
-        return x.to(memory_format=torch.channels_last), torch.randn(n, 4, generator=gen)
+def channels_last_batch(n: int, gen: torch.Generator) -> Batch:
+    x = torch.randn(n, 3, 6, 6, generator=gen)
+    return x.to(memory_format=torch.channels_last), torch.randn(n, 4, generator=gen)
 
-    run_case(Case(ConvNet, batch, backward_step), mode=mode)
+
+def test_conv_batchnorm_channels_last_input(mode: str) -> None:
+    run_case(Case(ConvNet, channels_last_batch, backward_step), mode=mode)
 
 
 def test_freezing_and_unfreezing_parameters_between_steps(mode: str) -> None:
@@ -861,13 +870,17 @@ class FnInside(nn.Module):
         return self.fc2(h), idx
 
 
-def test_custom_functions_inside_the_compiled_model(mode: str) -> None:
+def fn_inside_case() -> Case:
     def step(model: Any, params: Params, b: Batch) -> Any:
         out, idx = model(b[0])
         F.mse_loss(out, b[1]).backward()
         return (out, idx), dot_grads(params)
 
-    run_case(Case(FnInside, mlp_batch, step), mode=mode)
+    return Case(FnInside, mlp_batch, step)
+
+
+def test_custom_functions_inside_the_compiled_model(mode: str) -> None:
+    run_case(fn_inside_case(), mode=mode)
 
 
 def test_input_gradient_of_a_frozen_model(mode: str) -> None:
@@ -965,18 +978,21 @@ def test_checkpoint_around_compiled_blocks(mode: str, reentrant: bool) -> None:
     run_case(Case(build, mlp_batch, step), mode=mode)
 
 
-def test_fp16_autocast_with_grad_scaler(mode: str) -> None:
-    def step(model: Any, params: Params, b: Batch) -> Any:
-        scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
-        with torch.autocast("cpu", dtype=torch.float16):
-            out = model(b[0])
-            loss = F.mse_loss(out.float(), b[1])
-        scaler.scale(loss).backward()
-        opt = torch.optim.SGD(params.values(), lr=0.0)
-        scaler.unscale_(opt)
-        return (out, loss), dot_grads(params)
+def fp16_grad_scaler_step(model: Any, params: Params, b: Batch) -> Any:
+    """fp16 autocast and a GradScaler on the batch's device; the grads unscaled."""
+    device = b[0].device.type
+    scaler = torch.amp.GradScaler(device, init_scale=256.0)
+    with torch.autocast(device, dtype=torch.float16):
+        out = model(b[0])
+        loss = F.mse_loss(out.float(), b[1])
+    scaler.scale(loss).backward()
+    opt = torch.optim.SGD(params.values(), lr=0.0)
+    scaler.unscale_(opt)
+    return (out, loss), dot_grads(params)
 
-    run_case(Case(Checkpointed, mlp_batch, step, bf16=True), mode=mode)
+
+def test_fp16_autocast_with_grad_scaler(mode: str) -> None:
+    run_case(Case(Checkpointed, mlp_batch, fp16_grad_scaler_step, bf16=True), mode=mode)
 
 
 def test_retained_graph_backward_through_one_output_then_another(mode: str) -> None:
