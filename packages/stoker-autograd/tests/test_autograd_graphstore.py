@@ -192,3 +192,24 @@ def test_tensor_constants_are_stored_and_keyed_by_value() -> None:
     before = graphstore.graph_text(gm, {})
     gm.aot0_const = gm.aot0_const + 1  # other values: another key
     assert graphstore.graph_text(gm, {}) != before
+
+
+def test_a_recompile_after_a_warm_load_names_what_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The variant that missed came from the disk (its guards as stored); the reason is
+    still in user terms, from this process's capture of the graph."""
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+    for sizes in ((3,), (3, 5)):  # cold (writes batch 3); then warm for 3, cold for 5
+        graphstore.outcomes.clear()
+        stoker_autograd.reset_stats()
+        with stoker_autograd.enable():
+            for n in sizes:
+                model.zero_grad()
+                model(torch.randn(n, 4)).pow(2).mean().backward()
+    assert graphstore.outcomes.get("hit", 0) >= 1, graphstore.outcomes
+    why = stoker_autograd.recompile_reasons()
+    assert len(why) == 1 and "changed 3 -> 5 (args[0][" in why[0], why
+    assert "Backward0" in why[0].split(" changed ")[0], why

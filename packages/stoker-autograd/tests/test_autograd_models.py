@@ -8,6 +8,7 @@ parameter's gradient after every step and the log each hook appends to.
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -614,8 +615,57 @@ def test_a_backward_recompile_says_which_size_changed() -> None:
     assert "size()[0] == 3 failed: got 5" in why[0] and "until it changes" in why[0], why
     assert "Dim" not in why[0], why
     assert seen == [f"recompiling {why[0]}"], seen
+    # in user terms first: which autograd node's tensor, which dim, the old and new value
+    named = re.match(r"backward graph \d+: dim 0 of (.*) of (\w+) changed 3 -> 5 \(args", why[0])
+    assert named is not None, why
+    assert named[2] in _node_classes(mlp(), torch.randn(3, 6)), why
     stoker_autograd.reset_stats()
     assert stoker_autograd.recompile_reasons() == []
+
+
+def _node_classes(model: nn.Module, x: torch.Tensor) -> set[str]:
+    """The class names of the autograd nodes of eager ``model(x).pow(2).mean()``."""
+    names: set[str] = set()
+    todo = [model(x).pow(2).mean().grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is not None and type(fn).__name__ not in names:
+            names.add(type(fn).__name__)
+            todo += [f for f, _ in fn.next_functions]
+    return names
+
+
+def test_a_recompile_without_the_origin_table_keeps_the_guard_text() -> None:
+    """A captured graph with no table of what its inputs are (as one restored from
+    elsewhere might be) still says why it recompiled: the guard's own text."""
+    from stoker_autograd._internal.origins import describe
+
+    torch.manual_seed(0)
+    m = mlp()
+    with stoker_autograd.enable(dynamic=True) as session:
+        for n in (3, 5, 7):
+            m.zero_grad()
+            m(torch.randn(n, 6)).pow(2).mean().backward()
+            for graph in session.graphs:
+                graph.origins = None
+    why = stoker_autograd.recompile_reasons()
+    assert len(why) == 1 and why[0].split(": ", 1)[1].startswith("args[0]["), why
+    raw = "args[1][4] == 3 failed: got args[1][4] = 5"
+    assert describe(raw, None) == describe(raw, {}) == raw
+    assert describe(raw, {("inputs", 4): "x"}) == raw  # another list's index 4
+
+
+def test_recompile_reason_names_a_size_input() -> None:
+    """A guard on a lifted size (``args[1][k]``) and on a tensor's stride translate too."""
+    from stoker_autograd._internal.origins import describe
+
+    table = {("sizes", 4): "dim 1 of a shape saved by MmBackward0", ("inputs", 2): "t"}
+    got = describe("args[1][4] == 3 failed: got args[1][4] = 5; static", table)
+    assert got.startswith("dim 1 of a shape saved by MmBackward0 changed 3 -> 5 (args[1][4]"), got
+    got = describe("args[0][2].stride()[0] == 8 failed: got 6", table)
+    assert got == "stride 0 of t changed 8 -> 6 (args[0][2].stride()[0] == 8 failed: got 6)", got
+    got = describe("2*args[1][4] >= 3 failed: got args[1][4] = 1", table)
+    assert got.startswith("dim 1 of a shape saved by MmBackward0 (2*args"), got
 
 
 def test_guards_added_while_retracing_name_the_backward_node() -> None:

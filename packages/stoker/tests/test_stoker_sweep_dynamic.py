@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import textwrap
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
@@ -515,11 +516,19 @@ def test_reductions_views_masks_over_dynamic_dims(
 # --- recompile reasons ------------------------------------------------------------------------
 
 
-def test_recompile_reasons_of_forward_and_backward_in_the_report() -> None:
+def test_recompile_reasons_of_forward_and_backward_in_the_report(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """Automatic dynamic: T changes (Dynamo recompiles the forward, stoker-autograd the
-    backward), then a size seen before (no recompile).  The report names both."""
+    backward), then a size seen before (no recompile).  The report names both, and so
+    does the ``recompiles`` log topic."""
     sizes = (bt(2, 5), bt(2, 7), bt(2, 5), bt(2, 9))
-    compiled = sweep(Block, seq_batch, lm_step, sizes, "automatic", "ca")
+    try:
+        stoker.set_logs("recompiles")
+        compiled = sweep(Block, seq_batch, lm_step, sizes, "automatic", "ca")
+    finally:
+        stoker.set_logs("")
+    err = capsys.readouterr().err
     check_compiles(compiled, 2, ["idx"])
     rep = compiled.stoker_report
     (reason,) = [r.reason for r in rep.recompiles]
@@ -528,6 +537,13 @@ def test_recompile_reasons_of_forward_and_backward_in_the_report() -> None:
     assert why and rep.autograd["recompile reasons"] == why, (why, rep.autograd)
     html = rep.to_html()
     assert "backward (compiled autograd)" in html and "recompile reasons" not in html
+    # the backward's reason in user terms: a dim of which autograd node's value, old -> new
+    named = [
+        re.search(r"dim \d+ of .* of (\w+Backward\d+) changed (\d+) -> (\d+) \(", r) for r in why
+    ]
+    assert all(m is not None and m[2] != m[3] for m in named), why
+    assert all(m is not None and m[0].replace(">", "&gt;") in html for m in named), why
+    assert all(f"[stoker.recompiles] recompiling {r}" in err for r in why), (why, err[-2000:])
 
 
 def test_torch_compile_with_options_reports_into_the_fresh_report_after_reset() -> None:

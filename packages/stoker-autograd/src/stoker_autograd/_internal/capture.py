@@ -47,6 +47,7 @@ from torch.utils._thunk import Thunk
 
 from . import ops
 from .aot_inline import inline_aot_backward, stoker_aot_info
+from .origins import Origins
 
 if TYPE_CHECKING:
     from .session import Session
@@ -88,6 +89,7 @@ class CaptureInstance:
             tuple[int, str, int]
         ] = []  # (first node index, node name, call index)
         self.aot_counts: dict[int, int] = {}
+        self.origins = Origins([], self.sym_sources)  # set per capture by begin_capture
         self.id = -1
 
     def close(self) -> None:
@@ -115,6 +117,7 @@ class CaptureInstance:
         self.stack.enter_context(enable_python_dispatcher())
 
         fakes = [self._fake_input(x) for x in inputs]
+        self.origins = Origins(fakes, self.sym_sources)  # for recompile reasons
         self._sym_anchor = packed_p.node
         for i, f in enumerate(fakes):
             self._track(f, node := self._getitem(args_p.node, i))
@@ -186,6 +189,7 @@ class CaptureInstance:
             node = self._getitem(placeholder, i)
         self._sym_anchor = node
         node.meta["val"] = s  # as the tracer's own binding does; dropped at the end
+        self.origins.size(s, f"a size read by {self.origins.node}")
         return fx.Proxy(node, self.tracer)
 
     # --------------------------------------------------------------- helpers
@@ -287,6 +291,7 @@ class CaptureInstance:
     # ----------------------------------------------------- engine: functional
     def set_node_origin(self, node_name: str, nodecall_index: int, pyobj: Any) -> None:
         self.origin_marks.append((len(self.tracer.graph.nodes), node_name, nodecall_index))
+        self.origins.node = node_name
 
     def bind_function(
         self, fn_name: str, fn: Callable[..., Any], is_custom_function: bool, is_traceable: bool
@@ -297,13 +302,33 @@ class CaptureInstance:
         self, fn_name: str, grads: Sequence[Any], args: Any, output_metadata: Sequence[Any]
     ) -> list[torch.Tensor]:
         op = ops.REGISTRY.get(fn_name)
+        self._note_grads(grads, self.origins.node)
+        self.origins.saved(
+            args,
+            f"a shape saved by {self.origins.node}",
+            f"saved tensor {{k}} of {self.origins.node}",
+            f"a size saved by {self.origins.node}",
+        )
         return self._call(op, (grads, *args), len(output_metadata))
+
+    def _note_grads(self, grads: Sequence[Any], node: str) -> None:
+        one = sum(g is not None for g in grads) == 1
+        for k, g in enumerate(grads):
+            self.origins.tensor(g, f"the gradient {'' if one else f'{k} '}flowing into {node}")
 
     def validate_outputs(
         self, fn_name: str, outputs: Sequence[Any], args: Any, output_metadata: Sequence[Any]
     ) -> Sequence[Any]:
         op = ops.REGISTRY.get(fn_name)
         metas = args[0] if len(args) == 1 else None
+        node = self.origins.node
+        for k, meta in enumerate(metas if isinstance(metas, list | tuple) else args):
+            self.origins.saved(
+                meta,
+                f"gradient {k} returned by {node}",
+                f"tensor {{k}} checked by {node}",
+                f"a size of gradient {k} returned by {node}",
+            )
         if isinstance(metas, list | tuple) and len(metas) == len(outputs) > 1:
             # One check per gradient (it checks each on its own): then a gradient's
             # accumulate-grad and hooks can move up to it (passes), also out of an
@@ -329,6 +354,10 @@ class CaptureInstance:
         else:
             grad, has_post_hooks = rest
             variable_grad, returns = None, False
+        shape = tuple(variable.shape)
+        self.origins.tensor(variable, f"the parameter of shape {shape} (AccumulateGrad)")
+        self.origins.tensor(variable_grad, f"the .grad of the parameter of shape {shape}")
+        self._note_grads([grad], f"AccumulateGrad (a parameter of shape {shape})")
         node = self._node(
             ops.accumulate_grad, (variable, variable_grad, grad, bool(has_post_hooks))
         )
@@ -356,6 +385,14 @@ class CaptureInstance:
                 f"stoker-autograd: {ctx._forward_cls.__qualname__} carries a Dynamo BackwardState; "
                 "only torch.compile's own backends produce these"
             )
+        name = f"{ctx._forward_cls.__qualname__}.backward"
+        self._note_grads(inputs, name)
+        self.origins.saved(
+            saved_tensors,
+            f"a shape saved by {name}",
+            f"saved tensor {{k}} of {name}",
+            f"a size saved by {name}",
+        )
         pctx = fx.Proxy(self._getitem(self.hooks_node, backward_idx), self.tracer)
         pinputs = self.to_proxy(list(inputs))
         psaved = self.to_proxy(list(saved_tensors))
@@ -504,6 +541,7 @@ class CaptureInstance:
             (self.tracer.root, graph, f"StokerBackward{self.id}"),
             self.sym_sources,
             self.id,
+            self.origins.table,
         )
         self.session.graphs.append(compiled)
         return runtime_wrapper, compiled

@@ -17,7 +17,7 @@ running the captured graph: the result is the same as eager, only slower.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from stoker_capture import autocast_off, eager_autograd_engine
 from stoker_capture._internal.boxed import BoxedGraph, call_boxed, mark_boxed
 
 from . import final_callbacks, graphstore, ops
+from .origins import describe
 from .retrace import Position, Retraced, concrete_values, retrace, unpack_index
 from .segments import SegmentedBackward
 from .session import Session, aten_executor, note_recompile
@@ -90,6 +91,7 @@ class CompiledBackward:
         gm: fx.GraphModule | tuple[torch.nn.Module, fx.Graph, str],
         sym_sources: dict[sympy.Symbol, tuple[str, int]],
         capture_id: int,
+        origins: Mapping[tuple[str, int], str] | None = None,
     ) -> None:
         self.session = session
         # the captured graph after the reordering passes, or (root, the graph as captured,
@@ -98,6 +100,8 @@ class CompiledBackward:
         self._captured = None if isinstance(gm, fx.GraphModule) else gm
         self.sym_sources = sym_sources
         self.capture_id = capture_id
+        # what each input source is, for recompile reasons (none: the guards' raw text)
+        self.origins = origins
         self.variants: list[Variant] = []
         self.calls = 0
         self.failed: str | None = None  # why compiling was given up
@@ -162,7 +166,8 @@ class CompiledBackward:
             last = self.variants[-1].values
             self.dynamic |= {p for p, v in now.items() if p in last and last[p] != v}
         if self.variants:
-            note_recompile(f"backward graph {self.capture_id}", self.last_miss or "?")
+            why = describe(self.last_miss, self.origins) if self.last_miss else "?"
+            note_recompile(f"backward graph {self.capture_id}", why)
         self._compile(inputs, list(sizes), list(scalars), rec.unpack_meta, now)
         return out
 

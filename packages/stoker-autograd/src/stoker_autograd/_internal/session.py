@@ -46,8 +46,9 @@ class Stats:
 
 RECOMPILE_REASONS: list[str] = []
 """Why each backward recompile happened, since the last `reset_stats()`
-(`stoker_autograd.recompile_reasons()`): the failed guard of the newest variant, in terms
-of the graph's inputs (``inputs[2].size()[0]``, ``sizes[3]``) with the value seen."""
+(`stoker_autograd.recompile_reasons()`): what changed in user terms (`origins.describe`),
+then the failed guard of the newest variant, in terms of the graph's inputs
+(``args[0][2].size()[0]``, ``args[1][3]``) with the value seen."""
 
 _recompile_log = logging.getLogger("stoker.recompiles")
 
