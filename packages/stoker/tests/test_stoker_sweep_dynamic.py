@@ -11,7 +11,7 @@ import math
 import os
 import re
 import textwrap
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from itertools import product
 from typing import Any
@@ -29,20 +29,10 @@ from test_stoker_sweep_training import ConvNet
 import stoker
 import stoker_autograd
 
+# the training sweep's fixtures, shared: stoker reset around each test; the autograd modes
+fresh_stoker, mode = tr.fresh_stoker, tr.mode
+
 Params = dict[str, nn.Parameter]
-
-
-@pytest.fixture(autouse=True)
-def fresh_stoker() -> Iterator[None]:
-    stoker.reset()
-    yield
-    stoker.reset()
-
-
-@pytest.fixture(params=["ca", "no_ca", "ca_paused"])
-def mode(request: pytest.FixtureRequest) -> str:
-    """Compiled autograd on, off at compile time, or paused around the backward."""
-    return str(request.param)
 
 
 MODE_NAMES = ("ca", "no_ca", "ca_paused")

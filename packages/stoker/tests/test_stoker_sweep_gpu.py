@@ -13,7 +13,7 @@ with the aten executor, which checks the cases and the plumbing without a GPU.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,19 +22,11 @@ import test_stoker_sweep_training as tr
 import torch
 from sweep_cases import MLP, Batch, Case, backward_step, mlp_batch, run_case, to_device
 
-import stoker
-
+fresh_stoker = tr.fresh_stoker  # the training sweep's autouse fixture, shared
 NATIVE = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 native_only = pytest.mark.skipif(
     not NATIVE, reason="needs a CUDA GPU with native Triton (TRITON_INTERPRET unset or 0)"
 )
-
-
-@pytest.fixture(autouse=True)
-def fresh_stoker() -> Iterator[None]:
-    stoker.reset()
-    yield
-    stoker.reset()
 
 
 def _bt(b: int, t: int) -> tuple[int, ...]:

@@ -108,50 +108,22 @@ def _scales_at(scales: Sequence[float | None], d: int) -> float | None:
     return scales[d] if d < len(scales) else None
 
 
-def _nearest_backward(exact: bool) -> Callable[..., Any]:
-    taps = _nearest(exact)
+def _upsample_backward(taps: Callable[..., Taps], align: bool) -> Callable[..., Any]:
+    """The backward of an upsample whose per-dim taps are `taps`; `align`: the op
+    takes `align_corners` before its scales (linear, bicubic), else scales only."""
 
     def bwd(
-        grad: torch.Tensor,
-        output_size: Sequence[Any],
-        input_size: Sequence[Any],
-        *scales: float | None,
+        grad: torch.Tensor, output_size: Sequence[Any], input_size: Sequence[Any], *rest: Any
     ) -> Any:
         if _static(output_size, input_size):
             return NotImplemented
+        lead, scales = (rest[:1], rest[1:]) if align else ((), rest)
         off = len(input_size) - len(output_size)
         return _transpose(
             grad,
             input_size,
             lambda d, dt: taps(
-                input_size[off + d], output_size[d], _scales_at(scales, d), dt, grad.device
-            ),
-        )
-
-    return bwd
-
-
-def _interp_backward(taps: Callable[..., Taps]) -> Callable[..., Any]:
-    def bwd(
-        grad: torch.Tensor,
-        output_size: Sequence[Any],
-        input_size: Sequence[Any],
-        align_corners: bool,
-        *scales: float | None,
-    ) -> Any:
-        if _static(output_size, input_size):
-            return NotImplemented
-        off = len(input_size) - len(output_size)
-        return _transpose(
-            grad,
-            input_size,
-            lambda d, dt: taps(
-                input_size[off + d],
-                output_size[d],
-                align_corners,
-                _scales_at(scales, d),
-                dt,
-                grad.device,
+                input_size[off + d], output_size[d], *lead, _scales_at(scales, d), dt, grad.device
             ),
         )
 
@@ -163,14 +135,18 @@ def _static(*sizes: Sequence[Any]) -> bool:
 
 
 SYMBOLIC_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
-    aten.upsample_nearest1d_backward.default: _nearest_backward(False),
-    aten._upsample_nearest_exact1d_backward.default: _nearest_backward(True),
-    aten.upsample_nearest3d_backward.default: _nearest_backward(False),
-    aten._upsample_nearest_exact3d_backward.default: _nearest_backward(True),
-    aten.upsample_linear1d_backward.default: _interp_backward(_linear),
-    aten.upsample_bilinear2d_backward.default: _interp_backward(_linear),
-    aten.upsample_trilinear3d_backward.default: _interp_backward(_linear),
-    aten.upsample_bicubic2d_backward.default: _interp_backward(_cubic),
+    aten.upsample_nearest1d_backward.default: _upsample_backward(_nearest(False), align=False),
+    aten._upsample_nearest_exact1d_backward.default: _upsample_backward(
+        _nearest(True), align=False
+    ),
+    aten.upsample_nearest3d_backward.default: _upsample_backward(_nearest(False), align=False),
+    aten._upsample_nearest_exact3d_backward.default: _upsample_backward(
+        _nearest(True), align=False
+    ),
+    aten.upsample_linear1d_backward.default: _upsample_backward(_linear, align=True),
+    aten.upsample_bilinear2d_backward.default: _upsample_backward(_linear, align=True),
+    aten.upsample_trilinear3d_backward.default: _upsample_backward(_linear, align=True),
+    aten.upsample_bicubic2d_backward.default: _upsample_backward(_cubic, align=True),
 }
 """aten op -> decomposition used only while one of its sizes is symbolic."""
 
