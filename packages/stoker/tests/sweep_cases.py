@@ -66,8 +66,6 @@ class Case:
     batch_sizes: Sequence[int] = (4, 4, 4)
     bf16: bool = False
     compile_kw: dict[str, Any] = field(default_factory=dict)
-    # modes where a zero gradient may stand for eager's None (a documented difference)
-    zero_for_none: tuple[str, ...] = ()
     # how the model is compiled, given the mode's options (default: stoker.compile)
     compiler: Callable[..., Any] | None = None
     optimizer: str = "sgd"  # "sgd" (SGD + momentum) or "adamw"
@@ -166,9 +164,6 @@ def _run_case(case: Case, backend: str, mode: str, device: str) -> Any:
         assert grads_c.keys() == grads_e.keys(), where
         for name, ge in grads_e.items():
             gc = grads_c[name]
-            if ge is None and gc is not None and mode in case.zero_for_none:
-                assert not gc.any(), f"grad of {name}, {where}: {gc} where eager has None"
-                continue
             assert (gc is None) == (ge is None), f"grad of {name}, {where}: {gc} vs {ge}"
             if ge is not None:
                 _close(gc, ge, f"grad of {name}, {where}", case.bf16)
