@@ -39,28 +39,28 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_warm import _wrap_stages
+from bench_warm import COLD_STAGES, _wrap_stages
 
-# stage -> (module, attribute path); see the module docstring
+# stage -> (module, attribute path); see the module docstring. Stages the cold bench
+# times too are taken from its table.
 STAGES: dict[str, tuple[str, str]] = {
-    "Dynamo (convert_frame._compile)": ("torch._dynamo.convert_frame", "_compile"),
-    "  stoker backend": ("stoker._internal.backend", "StokerBackend.__call__"),
+    "Dynamo (convert_frame._compile)": COLD_STAGES["Dynamo (convert_frame._compile)"],
+    "  stoker backend": COLD_STAGES["stoker backend"],
     "    captured-graph load": ("stoker_capture._internal.capcache", "CaptureCache.load"),
     "    compiled-graph loads (Triton)": ("stoker_triton._internal.pipeline", "_load_cached"),
-    "backward (all)": ("torch", "Tensor.backward"),
+    "backward (all)": COLD_STAGES["backward (all)"],
     "  compiled autograd: stored backward load": (
         "stoker_autograd._internal.runtime",
         "CompiledBackward._load",
     ),
-    "  compiled autograd: first run (eager)": (
-        "stoker_autograd._internal.runtime",
-        "_Recorder.run",
-    ),
-    "  compiled autograd: retrace": ("stoker_autograd._internal.runtime", "retrace"),
-    "  compiled autograd: compile": (
-        "stoker_autograd._internal.runtime",
-        "CompiledBackward._compiled",
-    ),
+    **{
+        stage: COLD_STAGES[stage]
+        for stage in (
+            "  compiled autograd: first run (eager)",
+            "  compiled autograd: retrace",
+            "  compiled autograd: compile",
+        )
+    },
 }
 CAPTURE = "  compiled autograd: capture (begin_capture .. end_capture)"
 LOAD = (
