@@ -162,17 +162,7 @@ def test_boxing_shares_the_graph_and_generates_its_code_once(
 ) -> None:
     """`mark_boxed` copies no graph (a warm start boxes every loaded backward) and
     generates the boxed code once, at the first call; results match the graph's own."""
-    from stoker_capture._internal import boxed as boxed_mod
-
-    made: list[str] = []
-    real = boxed_mod._BoxedCodeGen.gen_fn_def
-
-    def counted(self: object, *a: object, **k: object) -> str:
-        out: str = real(self, *a, **k)  # type: ignore[arg-type]
-        made.append(out)
-        return out
-
-    monkeypatch.setattr(boxed_mod._BoxedCodeGen, "gen_fn_def", counted)
+    made = _count_codegen(monkeypatch)
     g = fx.Graph()
     x, y = g.placeholder("x"), g.placeholder("y")
     g.output((g.call_function(aten.mul.Tensor, (g.call_function(aten.sin.default, (x,)), y)),))
