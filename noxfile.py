@@ -57,16 +57,20 @@ def _tests_env() -> dict[str, str]:
     return INTERPRET_ENV
 
 
-def _install(session: nox.Session, keys: list[str], extra: Sequence[str] = ()) -> None:
+def _install(
+    session: nox.Session, keys: list[str], extra: Sequence[str] = (), with_torch: bool = True
+) -> None:
     """Pin torch first, then install the given packages (editable) and extras."""
-    session.install(TORCH)
+    if with_torch:
+        session.install(TORCH)
     needs_triton = any(PACKAGES[k][2] for k in keys)
     if needs_triton:
         session.install(TRITON)
     args: list[str] = []
     for k in keys:
         args += ["-e", str(ROOT / "packages" / PACKAGES[k][0])]
-    session.install(*args, *extra, TORCH)
+    if args or extra:
+        session.install(*args, *extra, TORCH)
 
 
 def _drop_venv(session: nox.Session) -> None:
@@ -82,33 +86,57 @@ def _closure(key: str) -> list[str]:
     return [*PACKAGES[key][1], key]
 
 
+# Test groups: each shares one venv, installed step by step in this order, so every
+# package's tests run when exactly its declared closure is installed (each still
+# "installs alone"), while torch and triton are installed twice, not six times.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "capture-only": ("shapes", "capture", "autograd"),  # never installs triton
+    "full": ("triton", "stoker", "integration"),
+}
+# pytest-xdist workers per suite (`auto`: one per core); STOKER_TEST_WORKERS=0 runs serially.
+WORKERS = os.environ.get("STOKER_TEST_WORKERS", "auto")
+
+
 @nox.session
-@nox.parametrize("package", [*PACKAGES, "integration"])
-def tests(session: nox.Session, package: str) -> None:
-    """One package in its own venv with only its declared dependencies (+ pytest)."""
+@nox.parametrize("group", list(GROUPS))
+def tests(session: nox.Session, group: str) -> None:
+    """The group's suites, each with only its package's declared dependencies installed."""
     try:
-        _run_tests(session, package)
+        _run_group(session, GROUPS[group])
     finally:
         _drop_venv(session)
 
 
-def _run_tests(session: nox.Session, package: str) -> None:
-    keys = list(PACKAGES) if package == "integration" else _closure(package)
-    _install(session, keys, TEST_DEPS + (INTEGRATION_DEPS if package == "integration" else []))
-    if not any(PACKAGES[k][2] for k in keys):
-        # The capture-only install must not drag in triton.
-        session.run(
-            "python",
-            "-c",
-            "import importlib.util as u, sys; "
-            "sys.exit('triton is installed in a capture-only venv') if u.find_spec('triton') else None",
+def _run_group(session: nox.Session, order: Sequence[str]) -> None:
+    installed: list[str] = []
+    session.install(TORCH)
+    session.install(*TEST_DEPS, "pytest-xdist>=3", TORCH)
+    for package in order:
+        keys = list(PACKAGES) if package == "integration" else _closure(package)
+        needed = [k for k in keys if k not in installed]
+        if needed or package == "integration":
+            _install(
+                session,
+                needed,
+                INTEGRATION_DEPS if package == "integration" else [],
+                with_torch=False,
+            )
+            installed += needed
+        if not any(PACKAGES[k][2] for k in installed):
+            # The capture-only install must not drag in triton.
+            session.run(
+                "python",
+                "-c",
+                "import importlib.util as u, sys; "
+                "sys.exit('triton is installed in a capture-only venv') if u.find_spec('triton') else None",
+            )
+        where = (
+            "tests-integration"
+            if package == "integration"
+            else f"packages/{PACKAGES[package][0]}/tests"
         )
-    where = (
-        "tests-integration"
-        if package == "integration"
-        else f"packages/{PACKAGES[package][0]}/tests"
-    )
-    session.run("pytest", where, *session.posargs, env=_tests_env())
+        workers = [] if WORKERS in ("", "0") else ["-n", WORKERS]
+        session.run("pytest", where, *workers, *session.posargs, env=_tests_env())
 
 
 @nox.session
