@@ -124,14 +124,23 @@ def check_against_eager(
     got_out, got_grads = run_partition(part, primals, tangents)
     assert len(got_out) == len(ref_out)
     for g, r in zip(got_out, ref_out):
-        torch.testing.assert_close(g, r, rtol=rtol, atol=atol)
+        torch.testing.assert_close(g, r, rtol=rtol, atol=_scaled(atol, r))
     assert len(got_grads) == len(ref_grads)
     for i, (g, r) in enumerate(zip(got_grads, ref_grads)):
         if r is None:
             assert g is None, f"grad {i}: expected None"
         else:
             assert g is not None, f"grad {i}: missing"
-            torch.testing.assert_close(g, r, rtol=rtol, atol=atol)
+            torch.testing.assert_close(g, r, rtol=rtol, atol=_scaled(atol, r))
+
+
+def _scaled(atol: float, ref: torch.Tensor) -> float:
+    """`atol` per unit of the reference's largest magnitude (at least 1): a gradient that
+    sums many terms of size ~50 carries fp32 rounding of ~50 * 2**-24 per term in every
+    element, so its small elements (cancellations) miss a fixed 1e-5 by chance.  Measured
+    on the attention case over 150 seeds: the error stays under 1e-6 of the tensor's
+    largest element while reaching 2.5e-5 in absolute terms."""
+    return atol * max(1.0, ref.detach().abs().max().item() if ref.numel() else 0.0)
 
 
 def check_graphs(part: Partition, joint: fx.GraphModule) -> None:
