@@ -42,7 +42,7 @@ def entries(cache: Path) -> list[Path]:
     return sorted((cache / "autograd" / "graphs").iterdir())
 
 
-@pytest.mark.parametrize("model", ["mlp", "function", "hooks", "aot-linear"])
+@pytest.mark.parametrize("model", ["mlp", "function", "hooks", "aot-linear", "aot-dynamic"])
 def test_second_process_loads_the_backward(model: str, tmp_path: Path) -> None:
     cold, _ = run_worker(model, 1, tmp_path)
     assert cold["stats"]["compiles"] == 1 and cold["stats"]["disk_misses"] == 1, cold
