@@ -181,3 +181,29 @@ def test_dynamic_false_never_makes_a_size_symbolic() -> None:
     session, after = _train([(6, 10), (9, 10), (4, 10)], "dynamic", dynamic=False)
     assert [s["compiles"] for s in after] == [1, 2, 3], after
     assert all(g.dynamic == set() for g in session.graphs), after
+
+
+def test_a_static_width_equal_to_the_batch_stays_static() -> None:
+    """An output width of 4 at batch 4: the eager loss's sizes (``MseLossBackward0``) hold
+    4 twice, one the batch, one the width.  Each gets a symbol of its own at the first
+    compile; the retrace ties one to the batch and specializes the other: batches 6 and
+    3 run the same variant, gradients equal eager's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    ref = copy.deepcopy(model)
+    fn = stoker_capture.aot_module(model, dynamic="dynamic")
+    stoker_autograd.reset_stats()
+    with stoker_autograd.enable() as session:
+        for n in (4, 6, 3):
+            x, y = torch.randn(n, 8), torch.randn(n, 4)
+            model.zero_grad()
+            ref.zero_grad()
+            nn.functional.mse_loss(fn(x), y).backward()
+            with stoker_autograd.disabled():
+                nn.functional.mse_loss(ref(x), y).backward()
+            for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None
+                torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4)
+    st = stoker_autograd.stats()
+    assert (st["captures"], st["compiles"], st["fallbacks"]) == (1, 1, 0), st
+    assert len(session.graphs[0].variants) == 1

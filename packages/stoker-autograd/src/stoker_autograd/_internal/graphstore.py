@@ -322,11 +322,13 @@ _SIZE_FUNCTIONS: dict[str, Any] = {
 
 
 def _parse(text: str, symbols: dict[str, sympy.Symbol]) -> Any:
-    """A size expression written by `_size_json`, over ``symbols`` (by name)."""
-    expr = sympy.sympify(text, locals={**_SIZE_FUNCTIONS, **symbols})
-    unknown = {str(s) for s in expr.free_symbols} - set(symbols)
+    """A size expression written by `_size_json` (``sympy.srepr``: torch's own functions
+    such as ``FloorDiv`` by name), over ``symbols`` (by name, with their assumptions).
+    Like stored code, it is evaluated: the cache directory is trusted as code is."""
+    expr = sympy.sympify(text, locals=_SIZE_FUNCTIONS)
+    unknown = {s for s in expr.free_symbols if symbols.get(str(s)) != s}
     if unknown:
-        raise ValueError(f"a stored size reads unknown symbols {sorted(unknown)}")
+        raise ValueError(f"a stored size reads unknown symbols {sorted(map(str, unknown))}")
     return expr
 
 
@@ -338,7 +340,7 @@ def _size_json(x: Any) -> int | str:
     if free_unbacked_symbols(x):
         raise Uncacheable("a size that depends on data (an unbacked symbol)")
     expr = x.node.expr
-    text = str(expr)
+    text: str = sympy.srepr(expr)
     if _parse(text, {str(s): s for s in expr.free_symbols}) != expr:
         raise Uncacheable(f"the size {text} does not read back")
     return text
