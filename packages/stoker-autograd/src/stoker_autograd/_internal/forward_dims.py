@@ -12,9 +12,9 @@ The first compile of the captured graph then makes symbolic the positions the
 forward held symbolic (positions of one value share one symbol, as after a
 recompile), and gives a symbol of its own to each position of no known kind (sizes
 of the eager nodes around the compiled region, such as the loss's
-``MseLossBackward0``, or the gradient checks of the AOT node) that holds one of their
-values or a product of two: a batch size flows from the compiled forward into the
-eager loss and back.  The retrace ties such a symbol to the forward's where the
+``MseLossBackward0``, or the gradient checks of the AOT node) that holds a multiple of
+one of their values (``batch x T`` rows, a mean's ``numel``): a batch size flows from
+the compiled forward into the eager loss and back.  The retrace ties such a symbol to the forward's where the
 graph combines them, and specializes it where it meets a static size (an output
 width that equals the batch by chance: the guard says ``== 4``, exactly).  Positions
 the forward held static stay static, so their guards stay exact.
@@ -83,10 +83,14 @@ class ForwardDims:
     def seed(self, values: Mapping[Position, int]) -> tuple[set[Position], set[Position]]:
         """``(dynamic, free)`` for the first compile at these ``values``: the positions the
         forward held symbolic (one symbol per value), and the positions of no known kind
-        holding one of their values or a product of two (a symbol each: the trace ties
-        it to the forward's, or specializes it where it meets a static size)."""
+        holding a multiple of one of their values (a batch, ``batch x T`` rows, a
+        ``numel`` of ``batch x 16``: a symbol each, which the trace ties to the
+        forward's, or specializes where it meets a static size)."""
         dynamic = {p for p, sym in self.known.items() if sym and values.get(p, 0) >= 2}
         held = {values[p] for p in dynamic}
-        held |= {a * b for a in held for b in held}
-        free = {p for p, v in values.items() if v in held and p not in self.known}
+        free = {
+            p
+            for p, v in values.items()
+            if p not in self.known and v >= 2 and any(v % h == 0 for h in held)
+        }
         return dynamic, free
