@@ -51,7 +51,7 @@ def build(name: str, seen: list[str], scale: float) -> nn.Module:
         return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     if name == "mlp-wide":  # the "changed model"
         return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
-    if name == "aot-linear":  # compiled by stoker_capture.aot_module below
+    if name.startswith("aot-"):  # compiled by stoker_capture.aot_module below
         return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
     if name == "function":
         return WithFunction(scale)
@@ -106,19 +106,29 @@ def main() -> None:
     seen_eager: list[str] = []
     seen: list[str] = []
     eager, model = build(name, seen_eager, scale), build(name, seen, scale)
-    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(seed))
-    eager(x).pow(2).sum().backward()
     fwd: Any = model
     if name.startswith("aot-"):  # the forward compiled by stoker-capture: its backward inlined
         import stoker_capture
 
-        fwd = stoker_capture.aot_module(model)
+        # "aot-dynamic": its forward symbolic, and a second step with another batch
+        fwd = stoker_capture.aot_module(model, dynamic="dynamic" if "dynamic" in name else "auto")
+    gen = torch.Generator().manual_seed(seed)
+    diff = 0.0
     with stoker_autograd.enable():
-        fwd(x).pow(2).sum().backward()
-    diff = max(
-        float((a.grad - b.grad).abs().max())  # type: ignore[operator]
-        for a, b in zip(eager.parameters(), model.parameters(), strict=True)
-    )
+        for batch in (5, 7) if name == "aot-dynamic" else (5,):
+            x = torch.randn(batch, 8, generator=gen)
+            eager.zero_grad()
+            model.zero_grad()
+            with stoker_autograd.disabled():
+                eager(x).pow(2).sum().backward()
+            fwd(x).pow(2).sum().backward()
+            diff = max(
+                diff,
+                *(
+                    float((a.grad - b.grad).abs().max())  # type: ignore[operator]
+                    for a, b in zip(eager.parameters(), model.parameters(), strict=True)
+                ),
+            )
     out = {
         "stats": stoker_autograd.stats(),
         "outcomes": graphstore.outcomes,

@@ -52,7 +52,7 @@ def _segmented(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
 
 
 def _train(
-    sizes: list[tuple[int, int]], aot: str | None, compiler: Any = None
+    sizes: list[tuple[int, int]], aot: str | None, compiler: Any = None, dynamic: bool = True
 ) -> tuple[stoker_autograd.Session, list[dict[str, int]]]:
     """One step per (batch, T): the model (AOT-compiled unless ``aot`` is None) under
     stoker-autograd and a copy on the eager engine, on the same fresh input; checks
@@ -65,7 +65,7 @@ def _train(
     after: list[dict[str, int]] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with stoker_autograd.enable(compiler=compiler) as session:
+        with stoker_autograd.enable(compiler=compiler, dynamic=dynamic) as session:
             for b, t in sizes:
                 x = torch.randn(b, t, 16)
                 model.zero_grad()
@@ -100,12 +100,15 @@ SIZES = [(2, 10), (3, 10), (2, 12), (4, 7), (5, 9)]
 
 
 # per AOT mode: captures and compiles after each step.  "dynamic": one AOT forward,
-# one capture; its backward compiles static, then with the batch symbolic, then batch
-# and T.  "auto": the AOT forward recompiles when the batch, then T, changes (another
-# Function: another capture); the third capture recompiles once when both change.
+# one capture; its backward compiles once, with the sizes the forward held symbolic
+# (batch and T) symbolic from the start.  "auto": the AOT forward recompiles when the
+# batch, then T, changes (another Function: another capture), and each capture's
+# backward compiles once with the sizes its forward held symbolic: static, then the
+# batch, then both; never a recompile.  (Before the backward took the forward's
+# dynamism, it compiled static first: "dynamic" took 3 compiles, "auto" 4.)
 EXPECTED = {
-    "dynamic": ([1, 1, 1, 1, 1], [1, 2, 3, 3, 3], [3], 2),
-    "auto": ([1, 2, 3, 3, 3], [1, 2, 3, 4, 4], [1, 1, 2], 1),
+    "dynamic": ([1, 1, 1, 1, 1], [1, 1, 1, 1, 1], [1], 0),
+    "auto": ([1, 2, 3, 3, 3], [1, 2, 3, 3, 3], [1, 1, 1], 0),
 }
 
 
@@ -133,7 +136,9 @@ def test_eager_graph_backward_with_symbolic_batch_and_length() -> None:
 def test_sizes_0_and_1_specialize_and_the_symbolic_variant_still_serves() -> None:
     """Batch 1 is never symbolic: it recompiles a static variant (the engine graph) or
     recaptures (the AOT forward specialized it too: another Function); batch 5 after it
-    runs the symbolic variant compiled before, with nothing new.  Batch 0 likewise."""
+    runs the symbolic variant compiled before, with nothing new.  Batch 0 likewise.  The
+    AOT forward's backward is symbolic from its first compile (its forward was): one
+    compile per capture."""
     sizes = [(2, 10), (3, 10), (1, 10), (5, 10), (0, 10), (6, 10)]
     session, after = _train(sizes, None)
     assert [s["compiles"] for s in after] == [1, 2, 3, 3, 4, 4], after
@@ -141,5 +146,64 @@ def test_sizes_0_and_1_specialize_and_the_symbolic_variant_still_serves() -> Non
     session, after = _train(sizes, "dynamic")
     _inlined(session)
     assert [s["captures"] for s in after] == [1, 1, 2, 2, 3, 3], after
-    assert [s["compiles"] for s in after] == [1, 2, 3, 3, 4, 4], after
-    assert after[-1]["fallbacks"] == 0 and after[-1]["recompiles"] == 1, after
+    assert [s["compiles"] for s in after] == [1, 1, 2, 2, 3, 3], after
+    assert after[-1]["fallbacks"] == 0 and after[-1]["recompiles"] == 0, after
+
+
+def test_the_sizes_the_forward_held_symbolic_are_symbolic_from_the_first_compile() -> None:
+    """A symbolic AOT forward: the first compile makes symbolic the batch and T (and
+    the eager loss's sizes holding them), nothing else: the parameters' and the
+    channel sizes stay static, so their guards stay exact.  Then no recompile."""
+    session, after = _train([(6, 10), (9, 10), (4, 7)], "dynamic")
+    _inlined(session)
+    assert [s["compiles"] for s in after] == [1, 1, 1], after
+    (g,) = session.graphs
+    (v,) = g.variants
+    held = {v.values[p] for p in g.dynamic}
+    assert held == {6, 10, 60}, held  # batch, T, batch x T rows
+    params = [n for n in v.gm.graph.nodes if n.target is ops.accumulate_grad]
+    assert params and all(
+        all(isinstance(d, int) for d in n.args[0].meta["val"].shape) for n in params
+    )
+
+
+def test_a_static_forward_compiles_static_first() -> None:
+    """The forward compiled static ("auto" AOT at its first call): nothing to take from
+    it, the backward compiles static as before (the AOT forward then recompiles
+    symbolic, another capture, whose backward is symbolic from its first compile)."""
+    session, after = _train([(6, 10)], "auto")
+    assert session.graphs[0].dynamic == set() and after[-1]["compiles"] == 1, after
+
+
+def test_dynamic_false_never_makes_a_size_symbolic() -> None:
+    """``enable(dynamic=False)``: one static compile per batch (the engine recaptures
+    when a size first changes), even under a symbolic forward."""
+    session, after = _train([(6, 10), (9, 10), (4, 10)], "dynamic", dynamic=False)
+    assert [s["compiles"] for s in after] == [1, 2, 3], after
+    assert all(g.dynamic == set() for g in session.graphs), after
+
+
+def test_a_static_width_equal_to_the_batch_stays_static() -> None:
+    """An output width of 4 at batch 4: the eager loss's sizes (``MseLossBackward0``) hold
+    4 twice, one the batch, one the width.  Each gets a symbol of its own at the first
+    compile; the retrace ties one to the batch and specializes the other: batches 6 and
+    3 run the same variant, gradients equal eager's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    ref = copy.deepcopy(model)
+    fn = stoker_capture.aot_module(model, dynamic="dynamic")
+    stoker_autograd.reset_stats()
+    with stoker_autograd.enable() as session:
+        for n in (4, 6, 3):
+            x, y = torch.randn(n, 8), torch.randn(n, 4)
+            model.zero_grad()
+            ref.zero_grad()
+            nn.functional.mse_loss(fn(x), y).backward()
+            with stoker_autograd.disabled():
+                nn.functional.mse_loss(ref(x), y).backward()
+            for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None
+                torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4)
+    st = stoker_autograd.stats()
+    assert (st["captures"], st["compiles"], st["fallbacks"]) == (1, 1, 0), st
+    assert len(session.graphs[0].variants) == 1

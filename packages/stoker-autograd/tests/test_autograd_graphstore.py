@@ -42,7 +42,7 @@ def entries(cache: Path) -> list[Path]:
     return sorted((cache / "autograd" / "graphs").iterdir())
 
 
-@pytest.mark.parametrize("model", ["mlp", "function", "hooks", "aot-linear"])
+@pytest.mark.parametrize("model", ["mlp", "function", "hooks", "aot-linear", "aot-dynamic"])
 def test_second_process_loads_the_backward(model: str, tmp_path: Path) -> None:
     cold, _ = run_worker(model, 1, tmp_path)
     assert cold["stats"]["compiles"] == 1 and cold["stats"]["disk_misses"] == 1, cold
@@ -213,3 +213,22 @@ def test_a_recompile_after_a_warm_load_names_what_changed(
     why = stoker_autograd.recompile_reasons()
     assert len(why) == 1 and "changed 3 -> 5 (args[0][" in why[0], why
     assert "Backward0" in why[0].split(" changed ")[0], why
+
+
+def test_symbolic_sizes_are_stored_as_expressions_and_read_back() -> None:
+    """A symbolic size is stored as its expression (torch's ``FloorDiv`` included, which
+    ``str`` prints as ``//``, read back as sympy's floor: not the same expression) and
+    read back over the input symbols another context makes for the same call."""
+    from stoker_autograd._internal.retrace import fake_inputs
+    from stoker_shapes import ShapeContext
+
+    x, dynamic = torch.randn(6, 4), frozenset({(0, 0, 0)})
+    (fake,) = fake_inputs(ShapeContext(policy="auto"), [x], [], [], dynamic)["inputs"]
+    n = fake.shape[0]
+    warm = ShapeContext(policy="auto")  # as in a new process: same call, same symbol names
+    fake_inputs(warm, [x], [], [], dynamic)
+    reader = graphstore._Reader(warm, symbolic=True)
+    for v in (n, n // 4, 3 * n + 1, (n + 1) // 2, n * fake.shape[1]):
+        text = graphstore._size_json(v)
+        assert isinstance(text, str) and reader.size(text) == v.node.expr, text
+    assert graphstore._size_json(fake.shape[1]) == 4

@@ -117,7 +117,7 @@ def test_recorded_ops_with_symbolic_sizes(
 
     monkeypatch.setattr(runtime, "retrace", keep)
     _run([3, 3])
-    gm, inputs, sizes, scalars, sources, unpack, _ = calls[0]
+    gm, inputs, sizes, scalars, sources, unpack, *_ = calls[0]
     dynamic = frozenset(retrace.concrete_values(inputs, sizes, scalars))
     recorded.clear()
     fast = retrace.retrace(gm, inputs, sizes, scalars, sources, unpack, dynamic)

@@ -153,6 +153,17 @@ def check_compiles(
     assert all("size()" in r and "failed: got" in r for r in why), why
 
 
+def check_backward_compiled_once() -> None:
+    """Each captured backward compiled once, never again: its forward (one capture per
+    Dynamo graph) held the changing sizes symbolic, and its first compile took them so
+    (docs/autograd.md, "A dynamic forward's backward compiles once").  With compiled
+    autograd off, nothing is captured.  A compile an earlier case stored on disk is a
+    ``disk_hits`` instead."""
+    st = stoker_autograd.stats()
+    assert st["compiles"] + st["disk_hits"] == st["captures"] and st["recompiles"] == 0, st
+    assert not stoker_autograd.recompile_reasons(), stoker_autograd.recompile_reasons()
+
+
 # --- steps ------------------------------------------------------------------------------------
 
 
@@ -188,6 +199,15 @@ def lm_step(model: Any, params: Params, b: Batch) -> Any:
     return (logits, loss), dot_grads(params)
 
 
+def lm_prefix_step(model: Any, params: Params, b: Batch) -> Any:
+    """`lm_step` over the first ``T // 2 + 1`` positions: a size of the eager loss alone."""
+    logits = model(b[0])
+    t = logits.shape[1] // 2 + 1
+    loss = F.cross_entropy(logits[:, :t].flatten(0, 1), b[1][:, :t].flatten())
+    loss.backward()
+    return (logits, loss), dot_grads(params)
+
+
 def mlp_batch(n: int, gen: torch.Generator) -> Batch:
     return torch.randn(n, 8, generator=gen), torch.randn(n, 4, generator=gen)
 
@@ -200,6 +220,7 @@ def test_mlp_batch_sizes_new_back_and_larger(mode: str, how: str) -> None:
     """A new size, an earlier one (a cache hit) and one larger than any seen."""
     compiled = sweep(MLP, mlp_batch, mse_input_grad_step, (4, 6, 3, 6, 4, 33), how, mode)
     check_compiles(compiled, 2 if how == "automatic" else 1, ["x"])
+    check_backward_compiled_once()
 
 
 def test_mlp_automatic_stays_static_while_the_size_does() -> None:
@@ -233,6 +254,7 @@ def accumulate_step(model: Any, params: Params, b: Batch) -> Any:
 def test_micro_batches_with_a_partial_last_one(mode: str, how: str) -> None:
     compiled = sweep(MLP, mlp_batch, accumulate_step, (11, 10, 12, 7), how, mode)
     check_compiles(compiled, 2 if how == "automatic" else 1, ["x"])
+    check_backward_compiled_once()
 
 
 class Sliced(nn.Module):
@@ -509,13 +531,15 @@ def test_reductions_views_masks_over_dynamic_dims(
 def test_recompile_reasons_of_forward_and_backward_in_the_report(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Automatic dynamic: T changes (Dynamo recompiles the forward, stoker-autograd the
-    backward), then a size seen before (no recompile).  The report names both, and so
-    does the ``recompiles`` log topic."""
+    """Automatic dynamic: T changes (Dynamo recompiles the forward symbolic: another
+    capture, whose backward takes T symbolic from its forward), then a size seen before
+    (no forward recompile); the loss reads a prefix of ``T // 2 + 1`` positions, a size
+    the eager code computes and the forward never held: the backward recompiles when it
+    changes.  The report names both, and so does the ``recompiles`` log topic."""
     sizes = (bt(2, 5), bt(2, 7), bt(2, 5), bt(2, 9))
     try:
         stoker.set_logs("recompiles")
-        compiled = sweep(Block, seq_batch, lm_step, sizes, "automatic", "ca")
+        compiled = sweep(Block, seq_batch, lm_prefix_step, sizes, "automatic", "ca")
     finally:
         stoker.set_logs("")
     err = capsys.readouterr().err

@@ -47,6 +47,7 @@ from torch.utils._thunk import Thunk
 
 from . import ops
 from .aot_inline import inline_aot_backward, stoker_aot_info
+from .forward_dims import ForwardDims
 from .origins import Origins
 
 if TYPE_CHECKING:
@@ -90,6 +91,8 @@ class CaptureInstance:
         ] = []  # (first node index, node name, call index)
         self.aot_counts: dict[int, int] = {}
         self.origins = Origins([], self.sym_sources)  # set per capture by begin_capture
+        # the sizes an inlined AOT backward's forward held symbolic (set by begin_capture)
+        self.forward_dims = ForwardDims([], self.sym_sources)
         self.id = -1
 
     def close(self) -> None:
@@ -118,6 +121,7 @@ class CaptureInstance:
 
         fakes = [self._fake_input(x) for x in inputs]
         self.origins = Origins(fakes, self.sym_sources)  # for recompile reasons
+        self.forward_dims = ForwardDims(fakes, self.sym_sources)
         self._sym_anchor = packed_p.node
         for i, f in enumerate(fakes):
             self._track(f, node := self._getitem(args_p.node, i))
@@ -357,6 +361,8 @@ class CaptureInstance:
         shape = tuple(variable.shape)
         self.origins.tensor(variable, f"the parameter of shape {shape} (AccumulateGrad)")
         self.origins.tensor(variable_grad, f"the .grad of the parameter of shape {shape}")
+        self.forward_dims.parameter(variable)
+        self.forward_dims.parameter(variable_grad)
         self._note_grads([grad], f"AccumulateGrad (a parameter of shape {shape})")
         node = self._node(
             ops.accumulate_grad, (variable, variable_grad, grad, bool(has_post_hooks))
@@ -402,6 +408,7 @@ class CaptureInstance:
             proxies = inline_aot_backward(self, info, ctx, pinputs, psaved, output_metadatas)
             if proxies is not None:
                 nodes = [None if p is None else p.node for p in proxies]
+                self._note_forward_dims(info, ctx, saved_tensors, output_metadatas)
         if nodes is None:
             if hasattr(ctx._forward_cls, "_aot_id"):
                 raise NotImplementedError(
@@ -437,6 +444,31 @@ class CaptureInstance:
             self._track(g, node)
             grads.append(g)
         return tuple(grads)
+
+    def _note_forward_dims(
+        self,
+        info: Any,
+        ctx: Any,
+        saved_tensors: Sequence[Any],
+        output_metadatas: Sequence[Any],
+    ) -> None:
+        """Which lifted sizes the inlined AOT backward's forward held symbolic: its saved
+        symints and tensors (``bw_module``'s placeholders) and the gradients it returns."""
+        bw: fx.GraphModule = info.bw_module
+        phs = [n.meta.get("val") for n in bw.graph.nodes if n.op == "placeholder"]
+        ns, nt = int(info.num_saved_symints), int(info.num_saved_tensors)
+        symints = list(ctx._get_compiled_autograd_symints()) if ns else []
+        self.forward_dims.sizes(symints, phs[:ns])
+        for t, v in zip(saved_tensors, phs[ns : ns + nt]):
+            if isinstance(v, torch.Tensor):
+                self.forward_dims.tensor(t, list(v.shape))
+        outs = bw.graph.output_node().args[0]
+        outs = outs if isinstance(outs, list | tuple) else (outs,)
+        vals = [o.meta.get("val") if isinstance(o, fx.Node) else None for o in outs]
+        metas = output_metadatas[len(output_metadatas) - len(vals) :]
+        for m, v in zip(metas, vals):
+            if m is not None and isinstance(v, torch.Tensor):
+                self.forward_dims.sizes(list(m[3]), list(v.shape))
 
     def _size_exprs(self, size: Sequence[Any]) -> list[Any]:
         return [s.node.expr if isinstance(s, torch.SymInt) else int(s) for s in size]
@@ -542,6 +574,7 @@ class CaptureInstance:
             self.sym_sources,
             self.id,
             self.origins.table,
+            self.forward_dims,
         )
         self.session.graphs.append(compiled)
         return runtime_wrapper, compiled

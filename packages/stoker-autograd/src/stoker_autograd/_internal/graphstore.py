@@ -16,7 +16,7 @@ stoker-triton's compiled-graph cache finds its segments.
 |---|---|
 | the captured graph | as captured, before the reordering passes (pure functions of it, and of stoker-autograd's sources, which the key hashes; a hit never runs them), every node: op, target (a functional backward by the engine's name, functions by qualified name), arguments (nodes by position, so an inlined AOT backward is keyed by its content, not by its id), the output metadata a custom backward promised and its Function's qualified name |
 | the inputs | each tensor's sizes, strides, offset, dtype, device, requires_grad, type; the sizes and scalars the engine lifted, by value and type |
-| the shape state | the positions already seen to change (symbolic from now on), how capture symbols map to sizes and scalars |
+| the shape state | the positions made symbolic (seen to change, or held symbolic by the forward), how capture symbols map to sizes and scalars |
 | the session | dynamic or not, the compiler's qualified name, grad mode (``create_graph``) |
 | the code | torch, stoker-autograd, stoker-capture and stoker-shapes versions, a hash of stoker-autograd's sources, the entry format and the stored code's (`boxed.CODE_FORMAT`) |
 
@@ -34,8 +34,12 @@ graph inputs read by position from the lists the engine passes at every call
 Tensor constants (of an inlined AOT backward) are stored by value, up to
 `MAX_CONSTANT_BYTES` each, and keyed by a hash of their values.  A graph the
 format cannot hold (a saved-tensor unpack hook, whose result's sizes are known
-only after a run; a larger constant; symbolic sizes; a call target without a
-qualified name) is compiled every time: "uncacheable: why" in the log.
+only after a run; a larger constant; a size that depends on data; a call target
+without a qualified name) is compiled every time: "uncacheable: why" in the log.
+Symbolic sizes (a dynamic forward's backward, or a recompile after a size changed)
+are stored as expressions over the retrace's input symbols, which are named after
+their sources; a load makes the same input fakes (`retrace.fake_inputs`, for the
+positions the entry stores as dynamic) and reads the expressions back over them.
 Set ``STOKER_AUTOGRAD_CACHE=0`` to neither read nor write entries.
 """
 
@@ -54,6 +58,8 @@ from typing import Any
 import sympy
 import torch
 import torch.fx as fx
+import torch.utils._sympy.functions as sympy_functions
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from stoker_capture._internal.serialize import (
     _arg_from_json,
@@ -63,14 +69,15 @@ from stoker_capture._internal.serialize import (
     add_nodes,
 )
 from stoker_shapes import DiskCache, GuardSet, ShapeContext
+from stoker_shapes._internal.cachekey import hints
 
 from . import ops
 from .capture import fake_tensor, graph_module
-from .retrace import Position, check_sizes
+from .retrace import Position, check_sizes, fake_inputs
 
 log = logging.getLogger("stoker.cache")
 
-ENTRY_FORMAT = "2"  # bump when an entry's layout or meaning changes (2: "code")
+ENTRY_FORMAT = "3"  # bump when an entry's layout or meaning changes (2: "code", 3: symbolic)
 _ENV_OFF = "STOKER_AUTOGRAD_CACHE"  # "0": neither read nor write entries
 
 # The Python calls a retraced graph may hold, by the name an entry stores.
@@ -260,6 +267,7 @@ def key(
     scalars: Sequence[Any],
     dynamic: frozenset[Position],
     session: Any,
+    free: frozenset[Position] = frozenset(),
 ) -> str:
     h = hashlib.sha256()
     compiler = session.compiler
@@ -270,7 +278,7 @@ def key(
         "inputs " + ";".join(_value_text(x) for x in inputs),
         "sizes " + ";".join(_value_text(x) for x in sizes),
         "scalars " + ";".join(_value_text(x) for x in scalars),
-        f"dynamic {sorted(dynamic)}",
+        f"dynamic {sorted(dynamic)} free {sorted(free)}",
         f"session dynamic={session.dynamic} compiler={name}",
         f"grad mode {torch.is_grad_enabled()}",  # create_graph=True backwards differ
     ):
@@ -305,23 +313,53 @@ def _is_symbolic(x: Any) -> bool:
     return not (x.node.is_constant() or x.node.expr.is_number)
 
 
+# the names a stored size expression may call, besides sympy's own (`_parse`)
+_SIZE_FUNCTIONS: dict[str, Any] = {
+    name: getattr(sympy_functions, name)
+    for name in (*sympy_functions.__all__, "Max", "Min")
+    if hasattr(sympy_functions, name)
+}
+
+
+def _parse(text: str, symbols: dict[str, sympy.Symbol]) -> Any:
+    """A size expression written by `_size_json` (``sympy.srepr``: torch's own functions
+    such as ``FloorDiv`` by name), over ``symbols`` (by name, with their assumptions).
+    Like stored code, it is evaluated: the cache directory is trusted as code is."""
+    expr = sympy.sympify(text, locals=_SIZE_FUNCTIONS)
+    unknown = {s for s in expr.free_symbols if symbols.get(str(s)) != s}
+    if unknown:
+        raise ValueError(f"a stored size reads unknown symbols {sorted(map(str, unknown))}")
+    return expr
+
+
+def _size_json(x: Any) -> int | str:
+    """A size: an int, or a symbolic one's expression over the retrace's input symbols
+    (named after their sources: `retrace.fake_inputs` makes the same names again)."""
+    if not _is_symbolic(x):
+        return int(x)
+    if free_unbacked_symbols(x):
+        raise Uncacheable("a size that depends on data (an unbacked symbol)")
+    expr = x.node.expr
+    text: str = sympy.srepr(expr)
+    if _parse(text, {str(s): s for s in expr.free_symbols}) != expr:
+        raise Uncacheable(f"the size {text} does not read back")
+    return text
+
+
 def _val_json(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
-        # never int() a symbolic size: that would specialize it (add a guard)
-        if any(map(_is_symbolic, (*v.shape, *v.stride(), v.storage_offset()))):
-            raise Uncacheable("the graph has symbolic sizes")
         return {
             "t": [
-                [int(s) for s in v.shape],
-                [int(s) for s in v.stride()],
-                int(v.storage_offset()),
+                [_size_json(s) for s in v.shape],
+                [_size_json(s) for s in v.stride()],
+                _size_json(v.storage_offset()),
                 str(v.dtype).removeprefix("torch."),
                 str(v.device),
             ]
         }
     if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
         if _is_symbolic(v):
-            raise Uncacheable("the graph has symbolic sizes")
+            return {"s": [type(v).__name__, _size_json(v)]}
         return _val_json(v.node.pytype(v.node.expr))
     if v is None or isinstance(v, bool | int | float):
         return _arg_to_json(v)
@@ -330,14 +368,49 @@ def _val_json(v: Any) -> Any:
     raise Uncacheable(f"a graph value of type {type(v).__qualname__}")
 
 
-def _val_back(d: Any, ctx: ShapeContext) -> Any:
-    if isinstance(d, dict) and "t" in d:
-        size, stride, offset, dtype, device = d["t"]
-        return fake_tensor(ctx.fake_mode, size, stride, offset, getattr(torch, dtype), device)
-    if isinstance(d, dict) and ("list" in d or "tuple" in d):
-        items = [_val_back(x, ctx) for x in d.get("list") or d.get("tuple") or []]
-        return items if "list" in d else tuple(items)
-    return _arg_from_json(d, {})
+def _is_symbolic_json(d: Any) -> bool:
+    if isinstance(d, dict):
+        if "s" in d:
+            return True
+        if "t" in d:
+            size, stride, offset = d["t"][:3]
+            return any(isinstance(x, str) for x in (*size, *stride, offset))
+        return any(_is_symbolic_json(x) for x in d.get("list") or d.get("tuple") or [])
+    return False
+
+
+class _Reader:
+    """Node values of an entry as fakes of ``ctx`` (symbolic sizes over its symbols)."""
+
+    def __init__(self, ctx: ShapeContext, symbolic: bool) -> None:
+        from stoker_capture._internal.capcache.graphs import _Decoder
+
+        self.ctx = ctx
+        self.dec = _Decoder(ctx) if symbolic else None
+        self.symbols = {str(s): s for s in hints(ctx.shape_env)} if symbolic else {}
+
+    def size(self, x: int | str) -> Any:
+        return x if isinstance(x, int) else _parse(x, self.symbols)
+
+    def val(self, d: Any, shared: bool) -> Any:
+        if isinstance(d, dict) and "t" in d:
+            size, stride, offset, dtype, device = d["t"]
+            if self.dec is None:
+                return fake_tensor(
+                    self.ctx.fake_mode, size, stride, offset, getattr(torch, dtype), device
+                )
+            sizes = tuple(self.size(x) for x in size)
+            strides = tuple(self.size(x) for x in stride)
+            t = ("T", getattr(torch, dtype), device, sizes, strides, self.size(offset), False)
+            return self.dec.val(t, shared)
+        if isinstance(d, dict) and "s" in d:
+            assert self.dec is not None
+            kind, text = d["s"]
+            return self.dec.size(self.size(text), kind)
+        if isinstance(d, dict) and ("list" in d or "tuple" in d):
+            items = [self.val(x, shared) for x in d.get("list") or d.get("tuple") or []]
+            return items if "list" in d else tuple(items)
+        return _arg_from_json(d, {})
 
 
 def graph_json(gm: fx.GraphModule) -> list[dict[str, Any]]:
@@ -374,13 +447,19 @@ def entry(
     guards: GuardSet,
     values: dict[Position, int],
     code: Sequence[dict[str, Any] | None] = (),
+    dynamic: frozenset[Position] = frozenset(),
+    free: frozenset[Position] = frozenset(),
 ) -> bytes:
     """The body of an entry: the graph (`graph_json`), where each input is read from,
     the guards (after the compiler ran: it may add some), the sizes compiled for, and
     the Python code of each part the compiler runs as is (`BoxedGraph.stored`; None:
-    not storable), so that a load generates none."""
+    not storable), so that a load generates none.  A graph with symbolic sizes keeps
+    them as expressions over the symbols `retrace.fake_inputs` makes for ``dynamic``
+    and ``free``."""
     body = {
         "graph": nodes,
+        "dynamic": [list(p) for p in sorted(dynamic)],
+        "free": [list(p) for p in sorted(free)],
         "arg_spec": [list(x) for x in arg_spec],
         "guards": guards.to_json(),
         "values": [[*p, v] for p, v in values.items()],
@@ -391,11 +470,22 @@ def entry(
 
 def from_json(
     data: bytes,
+    inputs: Sequence[Any] = (),
+    sizes: Sequence[Any] = (),
+    scalars: Sequence[Any] = (),
 ) -> tuple[fx.GraphModule, list[tuple[int, int]], GuardSet, dict[Position, int], list[Any]]:
-    """(graph with fake values, arg_spec, guards, values, code) of an entry; raises on a
-    bad one."""
+    """(graph with fake values, arg_spec, guards, values, code) of an entry, for a call
+    with these arguments (a symbolic graph's sizes are read back over the symbols of
+    their fakes); raises on a bad one."""
     body = json.loads(data)
-    ctx = ShapeContext(policy="static")
+    symbolic = any(_is_symbolic_json(d.get("val")) for d in body["graph"])
+    ctx = ShapeContext(policy="auto" if symbolic else "static")
+    if symbolic:
+        dynamic, free = (
+            frozenset((int(w), int(i), int(d)) for w, i, d in body[k]) for k in ("dynamic", "free")
+        )
+        fake_inputs(ctx, inputs, sizes, scalars, dynamic, free)  # the retrace's symbols
+    reader = _Reader(ctx, symbolic)
     g = fx.Graph()
     root = torch.nn.Module()
 
@@ -409,7 +499,8 @@ def from_json(
     env = add_nodes(g, body["graph"], _target_back, get_attr)
     for d in body["graph"]:
         if "val" in d:
-            env[d["name"]].meta["val"] = _val_back(d["val"], ctx)
+            node = env[d["name"]]
+            node.meta["val"] = reader.val(d["val"], shared=node.op != "placeholder")
     g.lint()
     gm = graph_module(root, g, "StokerBackwardAten")
     arg_spec = [(int(w), int(i)) for w, i in body["arg_spec"]]

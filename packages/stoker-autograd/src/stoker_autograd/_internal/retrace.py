@@ -343,29 +343,27 @@ def concrete_values(
     return out
 
 
-def retrace(
-    gm: fx.GraphModule,
+def fake_inputs(
+    ctx: ShapeContext,
     inputs: Sequence[Any],
     sizes: Sequence[Any],
     scalars: Sequence[Any],
-    sym_sources: dict[sympy.Symbol, tuple[str, int]],
-    unpack_meta: dict[str, Any],
-    dynamic: frozenset[Position] = frozenset(),
-) -> Retraced:
-    """Replay ``gm`` (a captured graph) with real input shapes into core aten.
-
-    ``dynamic``: the positions that get a symbolic size (those seen to change
-    between calls); positions holding the same value share one symbol, as the
-    same `Dim` (a guard checks they stay equal).  Everything else is static.
-    """
-    # "auto": every spec below is explicit, so this only words the guards' reasons right
-    # (a static size is static until it changes; then the next compile makes it symbolic)
-    ctx = ShapeContext(policy="auto")
+    dynamic: frozenset[Position],
+    free: frozenset[Position] = frozenset(),
+) -> dict[str, list[Any]]:
+    """The graph inputs as ``ctx``'s fakes: ``dynamic`` positions symbolic, positions of
+    one value sharing one symbol; ``free`` positions (not also ``dynamic``) symbolic,
+    each its own symbol, which the trace may tie to another or specialize (its guards
+    then say so); every other size static.  The symbols are named after their sources,
+    so the same call in another process makes the same names (the warm-start cache
+    reads its stored sizes back over them)."""
     dims: dict[int, Dim] = {}
 
     def spec(pos: Position, v: int) -> Dim | bool:
-        if pos not in dynamic or v < 2:  # 0 and 1 always specialize
+        if v < 2:  # 0 and 1 always specialize
             return False
+        if pos not in dynamic:
+            return pos in free
         if v not in dims:
             dims[v] = Dim(f"v{v}")
         return dims[v]
@@ -380,7 +378,7 @@ def retrace(
         else None
         for i, t in enumerate(inputs)
     ]
-    values = {
+    return {
         "inputs": list(ctx.fakeify([_plain(t) for t in inputs], Source.arg(0), dynamic=in_specs)),
         "sizes": list(
             ctx.fakeify(
@@ -400,6 +398,29 @@ def retrace(
             )
         ),
     }
+
+
+def retrace(
+    gm: fx.GraphModule,
+    inputs: Sequence[Any],
+    sizes: Sequence[Any],
+    scalars: Sequence[Any],
+    sym_sources: dict[sympy.Symbol, tuple[str, int]],
+    unpack_meta: dict[str, Any],
+    dynamic: frozenset[Position] = frozenset(),
+    free: frozenset[Position] = frozenset(),
+) -> Retraced:
+    """Replay ``gm`` (a captured graph) with real input shapes into core aten.
+
+    ``dynamic``: the positions that get a symbolic size (those seen to change
+    between calls, or held symbolic by the forward); positions holding the same value
+    share one symbol, as the same `Dim` (a guard checks they stay equal).  ``free``:
+    positions that get a symbol each (`fake_inputs`).  Everything else is static.
+    """
+    # "auto": every spec below is explicit, so this only words the guards' reasons right
+    # (a static size is static until it changes; then the next compile makes it symbolic)
+    ctx = ShapeContext(policy="auto")
+    values = fake_inputs(ctx, inputs, sizes, scalars, dynamic, free)
     rp = _Replayer(ctx, sym_sources, unpack_meta)
     rp.values = values
     rp.source_gm = gm

@@ -29,6 +29,7 @@ from stoker_capture import autocast_off, eager_autograd_engine
 from stoker_capture._internal.boxed import BoxedGraph, call_boxed, mark_boxed
 
 from . import final_callbacks, graphstore, ops
+from .forward_dims import ForwardDims
 from .origins import describe
 from .retrace import Position, Retraced, concrete_values, retrace, unpack_index
 from .segments import SegmentedBackward
@@ -92,6 +93,7 @@ class CompiledBackward:
         sym_sources: dict[sympy.Symbol, tuple[str, int]],
         capture_id: int,
         origins: Mapping[tuple[str, int], str] | None = None,
+        forward_dims: ForwardDims | None = None,
     ) -> None:
         self.session = session
         # the captured graph after the reordering passes, or (root, the graph as captured,
@@ -102,12 +104,17 @@ class CompiledBackward:
         self.capture_id = capture_id
         # what each input source is, for recompile reasons (none: the guards' raw text)
         self.origins = origins
+        # which sizes an inlined AOT backward's forward held symbolic (none: unknown)
+        self.forward_dims = forward_dims
         self.variants: list[Variant] = []
         self.calls = 0
         self.failed: str | None = None  # why compiling was given up
         self.last_retraced: Retraced | None = None
         self.last_miss: str | None = None
-        self.dynamic: set[Position] = set()  # positions seen to change: symbolic from now on
+        # positions seen to change, or held symbolic by the forward: symbolic from now on
+        self.dynamic: set[Position] = set()
+        # positions of the eager nodes around a symbolic forward: a symbol each
+        self.free: set[Position] = set()
         self._graph_text: str | None = None  # the disk-cache key's graph part ("": uncacheable)
         self._key: str | None = None  # the disk-cache key of the compile under way
         self._entry: list[dict[str, Any]] | None = None  # its retraced graph, serialized
@@ -160,16 +167,33 @@ class CompiledBackward:
         out = rec.run(inputs, sizes, scalars, hooks, packed)
         if final_callbacks.take_skip_compile():  # the engine will capture another graph
             return out
-        # Automatic dynamic: a size that changed since the last compile becomes symbolic.
         now = concrete_values(inputs, sizes, scalars, rec.unpack_meta, unpack_index(self.gm))
-        if self.variants and self.session.dynamic:
-            last = self.variants[-1].values
-            self.dynamic |= {p for p, v in now.items() if p in last and last[p] != v}
+        self.dynamic, self.free = self._shape_state(now)
         if self.variants:
             why = describe(self.last_miss, self.origins) if self.last_miss else "?"
             note_recompile(f"backward graph {self.capture_id}", why)
         self._compile(inputs, list(sizes), list(scalars), rec.unpack_meta, now)
         return out
+
+    def _shape_state(self, now: dict[Position, int]) -> tuple[set[Position], set[Position]]:
+        """``(dynamic, free)``: the positions the next compile makes symbolic for the
+        sizes ``now`` (`retrace.fake_inputs`).
+
+        Automatic dynamic: a size that changed since the last compile becomes symbolic.
+        At the first compile, the sizes an inlined AOT backward's forward already held
+        symbolic are symbolic from the start, and the eager nodes' sizes that may
+        follow them get a symbol each (`forward_dims`): a dynamic forward's backward
+        compiles once, not static and then again."""
+        dynamic, free = set(self.dynamic), set(self.free)
+        if not self.session.dynamic:
+            return dynamic, free
+        if self.variants:
+            last = self.variants[-1].values
+            dynamic |= {p for p, v in now.items() if p in last and last[p] != v}
+        elif self.forward_dims is not None:
+            seed, free = self.forward_dims.seed(now)
+            dynamic |= seed
+        return dynamic, free
 
     def _compile(
         self,
@@ -189,6 +213,7 @@ class CompiledBackward:
                 self.sym_sources,
                 unpack_meta,
                 frozenset(self.dynamic),
+                frozenset(self.free),
             )
         except Exception as e:
             self.failed = str(e)
@@ -230,7 +255,12 @@ class CompiledBackward:
 
     # ------------------------------------------------------- warm-start cache
     def _warm_key(
-        self, inputs: list[Any], sizes: list[Any], scalars: list[Any], dynamic: set[Position]
+        self,
+        inputs: list[Any],
+        sizes: list[Any],
+        scalars: list[Any],
+        dynamic: set[Position],
+        free: set[Position],
     ) -> str | None:
         """The disk-cache key of a compile for these arguments (None: not cached)."""
         if self._graph_text is None:
@@ -249,7 +279,13 @@ class CompiledBackward:
             return None
         try:
             return graphstore.key(
-                self._graph_text, inputs, sizes, scalars, frozenset(dynamic), self.session
+                self._graph_text,
+                inputs,
+                sizes,
+                scalars,
+                frozenset(dynamic),
+                self.session,
+                frozenset(free),
             )
         except graphstore.Uncacheable as e:
             self._uncacheable(str(e))
@@ -269,12 +305,8 @@ class CompiledBackward:
         Sets the key the cold path stores its compile under: the dynamic positions
         are those it will pick after its run (a cacheable graph has no unpack hooks,
         so the run adds no sizes to compare)."""
-        now = concrete_values(inputs, sizes, scalars)
-        dynamic = set(self.dynamic)
-        if self.variants and self.session.dynamic:
-            last = self.variants[-1].values
-            dynamic |= {p for p, v in now.items() if p in last and last[p] != v}
-        self._key = self._warm_key(inputs, sizes, scalars, dynamic)
+        dynamic, free = self._shape_state(concrete_values(inputs, sizes, scalars))
+        self._key = self._warm_key(inputs, sizes, scalars, dynamic, free)
         if self._key is None:
             return None
         st = graphstore.store()
@@ -284,7 +316,7 @@ class CompiledBackward:
             return None
         path, body = got
         try:
-            gm, arg_spec, guards, values, code = graphstore.from_json(body)
+            gm, arg_spec, guards, values, code = graphstore.from_json(body, inputs, sizes, scalars)
         except Exception as e:
             graphstore.log.warning("stoker cache: ignoring %s (%s); compiling again", path, e)
             self._miss("corrupt entry")
@@ -302,7 +334,7 @@ class CompiledBackward:
                     b.load(c)
         variant = Variant(guards, fn, arg_spec, gm, values)
         self.variants.append(variant)
-        self.dynamic = dynamic
+        self.dynamic, self.free = dynamic, free
         self.session.stats.disk_hits += 1
         graphstore.count("hit")
         graphstore.log.info(
@@ -331,7 +363,15 @@ class CompiledBackward:
         try:
             # the code of what runs as is, generated now rather than at its first run
             code = [b.stored() for b in _boxed_graphs(fn)]
-            body = graphstore.entry(self._entry, rt.arg_spec, guards, values, code)
+            body = graphstore.entry(
+                self._entry,
+                rt.arg_spec,
+                guards,
+                values,
+                code,
+                frozenset(self.dynamic),
+                frozenset(self.free),
+            )
         except graphstore.Uncacheable as e:
             self._uncacheable(str(e))
             return
