@@ -406,3 +406,32 @@ def test_the_callers_saved_tensor_hooks_see_no_traced_tensor() -> None:
     y.backward()
     assert seen and set(seen) == {"Tensor"}, seen
     torch.testing.assert_close(x.grad, x.detach().cos() * x.detach() + x.detach().sin())
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("batched", [True, False])
+def test_multilabel_margin_loss_stops_at_the_first_minus_one(reduction: str, batched: bool) -> None:
+    """torch's decomposition counted the target slots after the first -1 as class 0
+    (`torch_fixes.py`); eager stops there."""
+    shape = (3, 4) if batched else (4,)
+    target = torch.full(shape, -1)
+    target[..., :2] = torch.tensor([2, 0])  # the slots after the -1 still hold a class
+    target[..., 3] = 1
+    if batched:
+        target[1, 1] = -1
+
+    def f(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.multilabel_margin_loss(x, t, reduction=reduction)
+
+    def make_args() -> list[torch.Tensor]:
+        return [torch.randn(shape, requires_grad=True), target]
+
+    check_fn(f, aot_function(f), make_args, atol=1e-5, rtol=1e-4)
+
+
+def test_torch_decomposition_fix_is_undone_after_tracing() -> None:
+    from stoker_capture._internal.torch_fixes import _FIXES
+
+    before = {op: op.py_kernels.get(torch._C.DispatchKey.Autograd) for op in _FIXES}
+    aot_function(lambda x: x.sin())(torch.randn(3, requires_grad=True)).sum().backward()
+    assert {op: op.py_kernels.get(torch._C.DispatchKey.Autograd) for op in _FIXES} == before

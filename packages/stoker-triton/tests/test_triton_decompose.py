@@ -55,3 +55,44 @@ def test_one_value_object_at_two_positions_is_traced_as_two_inputs(traces: list[
     check(f, torch.randn(4, 8), torch.randn(8), torch.randn(8))
     # p and q: one trace; (w, b) and (b, w): one; (w, w), one input twice: its own
     assert len(traces) == 3, traces
+
+
+def _max_pool_backward(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    _, idx = aten.max_pool2d_with_indices(x, [2, 2], [2, 2], [1, 1], [1, 1], True)
+    return aten.max_pool2d_with_indices_backward(g, x, [2, 2], [2, 2], [1, 1], [1, 1], True, idx)
+
+
+# Ops the zoo sweep (test_stoker_sweep_modules.py) saw fall back to aten; decomposed
+# now into ops the rule table lowers: Triton kernels only, eager's numbers.
+_DECOMPOSED_NOW: dict[str, tuple[Any, ...]] = {
+    "repeat": (lambda x: x.repeat(2, 1, 3) * 2, torch.randn(3, 4)),
+    "select_scatter": (
+        lambda x, y: torch.select_scatter(x, y.cos(), 0, 1),
+        torch.randn(3, 5),
+        torch.randn(5),
+    ),
+    "vector_norm": (
+        lambda x: (
+            torch.linalg.vector_norm(x, 2, dim=1),
+            torch.linalg.vector_norm(x, 1),
+            torch.linalg.vector_norm(x, float("inf"), dim=0, keepdim=True),
+            torch.linalg.vector_norm(x, 3.0, dim=1),
+        ),
+        torch.randn(4, 5),
+    ),
+    "adaptive_avg_pool2d": (lambda x: F.adaptive_avg_pool2d(x, (3, 2)), torch.randn(2, 3, 6, 7)),
+    "max_pool2d": (
+        lambda x: F.max_pool2d(x, 2, 2, padding=1, ceil_mode=True, return_indices=True),
+        torch.randn(2, 3, 6, 7),
+    ),
+    "max_pool2d_backward": (_max_pool_backward, torch.randn(2, 3, 6, 7), torch.randn(2, 3, 4, 4)),
+    "max_pool3d": (lambda x: F.max_pool3d(x, 2, 1, padding=1), torch.randn(2, 2, 4, 3, 3)),
+}
+
+
+@pytest.mark.parametrize("name", list(_DECOMPOSED_NOW))
+def test_ops_the_module_sweep_saw_fall_back_compile_to_kernels(name: str) -> None:
+    f, *args = _DECOMPOSED_NOW[name]
+    fn = check(f, *args)
+    assert not fn.report.fallback_ops, fn.report.fallback_ops
+    assert fn.report.n_kernels >= 1

@@ -213,3 +213,18 @@ def test_dtype_casts_roundtrip():
         ),
         x,
     )
+
+
+@pytest.mark.parametrize(
+    ("dst", "src"),
+    [((4, 8), (4, 8)), ((4, 8), (8,)), ((2, 3, 4), (3, 1))],
+)
+def test_functional_copy_is_a_kernel_not_a_fallback(dst: tuple[int, ...], src: tuple[int, ...]):
+    """`aten.copy` (a functionalized `buffer.copy_(x)`, InstanceNorm's running stats) was
+    an aten fallback: src broadcast to self's size, cast to self's dtype."""
+
+    def f(d: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.copy(d, s.exp()) * 2 + d.to(torch.float32)
+
+    fn = check(f, torch.randn(dst, dtype=torch.float64).to(torch.bfloat16), torch.randn(src))
+    assert not fn.report.fallback_ops, fn.report.fallback_ops

@@ -188,3 +188,20 @@ def test_normalize_forward_and_backward_as_aot_compiler():
         (g,) = torch.autograd.grad((out * w).sum(), a)
         (ge,) = torch.autograd.grad((ref * w).sum(), a)
         torch.testing.assert_close(g, ge)
+
+
+def test_slice_scatter_is_a_kernel_not_a_fallback():
+    """`slice_scatter` (a functionalized write into a slice: circular padding is made
+    of them) was an aten fallback."""
+    x, s = torch.randn(3, 8), torch.randn(3, 2)
+    fn = check(
+        lambda x, s: (
+            torch.slice_scatter(x, s.sin(), 1, 2, 4),
+            torch.slice_scatter(x, s, 1, -3, -1) * 2,
+            torch.slice_scatter(x, x[:1].cos(), 0, 2),
+            torch.slice_scatter(x, s.exp(), 1, 1, 8, 4),  # a step
+        ),
+        x,
+        s,
+    )
+    assert not fn.report.fallback_ops, fn.report.fallback_ops

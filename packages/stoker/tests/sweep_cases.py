@@ -1,8 +1,8 @@
 """Small training situations for the sweep (`test_stoker_sweep_training.py`).
 
 Each case trains an eager model and a ``stoker.compile``'d deep copy side by side for a
-few optimizer steps on fresh random inputs, and compares forward outputs, losses and
-every parameter gradient.  ``run_case(..., device="cuda", backend="triton")`` runs the
+few optimizer steps on fresh random inputs, and compares forward outputs, losses,
+every parameter gradient, and the buffers and parameters after each step.  ``run_case(..., device="cuda", backend="triton")`` runs the
 same case on a GPU with stoker's Triton executor (`test_stoker_sweep_gpu.py`): models
 and batches moved there, TF32 off on both sides.  A case is a model builder, a batch maker and a *step*: how
 the loss is turned into gradients (``backward()``, ``autograd.grad``, accumulation ...).
@@ -68,7 +68,7 @@ class Case:
     compile_kw: dict[str, Any] = field(default_factory=dict)
     # how the model is compiled, given the mode's options (default: stoker.compile)
     compiler: Callable[..., Any] | None = None
-    optimizer: str = "sgd"  # "sgd" (SGD + momentum) or "adamw"
+    optimizer: str = "sgd"  # a key of _OPTIMIZERS: "sgd" (SGD + momentum), "adamw", "adamw_eps"
 
 
 # How the compiled model's backward runs: through stoker-autograd (the default), with
@@ -84,6 +84,10 @@ MODES: dict[str, tuple[dict[str, Any], bool]] = {
 _OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
     "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2),
+    # AdamW scales a step to about lr whatever the gradient's size, so a parameter whose
+    # exact gradient is 0 (an attention key bias, a bias before a norm) would step by
+    # lr * sign(rounding noise), differently on each side; eps damps steps of tiny gradients
+    "adamw_eps": lambda ps: torch.optim.AdamW(ps, lr=1e-2, eps=1e-3),
 }
 
 
@@ -171,6 +175,8 @@ def _run_case(case: Case, backend: str, mode: str, device: str) -> Any:
         opt_c.step()
         for (name, a), b in zip(model.named_buffers(), eager.buffers()):
             _close(a, b, f"buffer {name} after {where}", case.bf16)
+        for name, p in pe.items():
+            _close(pc[name].detach(), p.detach(), f"parameter {name} after {where}", case.bf16)
     return compiled
 
 

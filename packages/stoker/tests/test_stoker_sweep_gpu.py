@@ -56,10 +56,10 @@ CASES: dict[str, Callable[[], Case]] = {
         MLP, dy.mlp_batch, dy.accumulate_step, (11, 10, 12, 7), "automatic"
     ),
     "dynamic_gpt_block_sdpa": lambda: dy.sweep_case(
-        dy.Block, dy.seq_batch, dy.lm_step, _bt(2, 5), "dynamic_true", "adamw"
+        dy.Block, dy.seq_batch, dy.lm_step, _bt(2, 5), "dynamic_true", "adamw_eps"
     ),
     "dynamic_gpt_block_masked_softmax": lambda: dy.sweep_case(
-        lambda: dy.Block(sdpa=False), dy.seq_batch, dy.lm_step, _bt(2, 5), "mark_batch", "adamw"
+        lambda: dy.Block(sdpa=False), dy.seq_batch, dy.lm_step, _bt(2, 5), "mark_batch", "adamw_eps"
     ),
     "dynamic_gpt_block_bf16_autocast": dy.bf16_gpt_case,
     "dynamic_cnn": lambda: dy.sweep_case(

@@ -32,6 +32,7 @@ from .forward_meta import (
     captured_tensor_error,
     forward_meta,
 )
+from .torch_fixes import torch_decompositions_fixed
 
 __all__ = [
     "AOTState",
@@ -206,6 +207,7 @@ def create_aot_state(
     # every torch version (the numbers agree with eager's fast path).
     stack.enter_context(_mha_fastpath_disabled())
     stack.enter_context(_lstm_hidden_shape_fixed())
+    stack.enter_context(torch_decompositions_fixed())  # torch's wrong decompositions
     stack.enter_context(_saved_tensors_hooks_deferred())
     if joint:
         # The CPU LSTM's oneDNN path saves a workspace its fake kernel cannot describe;

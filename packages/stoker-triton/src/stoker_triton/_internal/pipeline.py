@@ -401,6 +401,17 @@ _DECOMPOSE = [
     "log_sigmoid_backward",
     "masked_fill",
     "bernoulli",
+    # Into ops the rule table lowers (else each ran through aten, a fallback):
+    # nn.InstanceNorm's running stats (repeat), weight_norm, F.normalize and the
+    # distances (vector norms), max and adaptive-average pools.  Not slice_scatter
+    # nor diagonal_scatter: their decompositions need ops with no rule either.
+    "repeat",
+    "select_scatter",
+    "linalg_vector_norm",
+    "_adaptive_avg_pool2d",
+    "max_pool2d_with_indices",
+    "max_pool2d_with_indices_backward",
+    "max_pool3d_with_indices",
 ]
 _table: dict[Any, Any] | None = None
 

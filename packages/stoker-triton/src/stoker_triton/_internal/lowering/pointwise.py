@@ -435,6 +435,32 @@ def to_copy(ctx: LoweringContext, node: Any, x: Any, *args: Any, **kwargs: Any) 
     return TensorValue(x.size, val.dtype, ctx.device, loader)
 
 
+@register("pointwise", aten.copy)
+def copy(
+    ctx: LoweringContext, node: Any, dst: Any, src: Any, non_blocking: bool = False
+) -> TensorValue:
+    """`aten.copy(self, src)`, a functionalized ``self.copy_(src)`` (a module's buffer
+    written in its forward: InstanceNorm's running stats): a new tensor of self's size
+    and dtype holding `src` broadcast; self's values are never read."""
+    if not isinstance(src, TensorValue):
+        raise LoweringError("copy from a non-tensor")
+    val = meta_val(node)
+    if val.device != src.device:
+        raise LoweringError("device change")
+    size = out_size(ctx, node)
+    lead = len(size) - src.ndim
+    zero = sympy.Integer(0)
+
+    def loader(idx: tuple[Expr, ...]) -> Value:
+        at = tuple(
+            zero if src.size[j] == 1 and size[lead + j] != 1 else idx[lead + j]
+            for j in range(src.ndim)
+        )
+        return cast(src.load(at), val.dtype)
+
+    return TensorValue(size, val.dtype, ctx.device, loader)
+
+
 # -- creation ----------------------------------------------------------------
 
 

@@ -356,6 +356,58 @@ def constant_pad_nd(
     return TensorValue(size, val.dtype, ctx.device, loader)
 
 
+@register("view", aten.slice_scatter)
+def slice_scatter(
+    ctx: LoweringContext,
+    node: Any,
+    x: TensorValue,
+    src: TensorValue,
+    dim: int = 0,
+    start: Any = None,
+    end: Any = None,
+    step: Any = 1,
+) -> TensorValue:
+    """`x` with `src` written over ``x[start:end:step]`` along `dim` (a functionalized
+    write into a slice: circular padding, a slice's backward).  The slice has as many
+    elements as `src`, so `end` is not needed."""
+    from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+    from ..ir import IndexValue
+
+    if not isinstance(step, int) or step < 1:
+        raise LoweringError(f"slice_scatter with step {step!r}")
+    val = meta_val(node)
+    size = out_size(ctx, node)
+    d = _dim(dim, len(size))
+    lo = ctx.expr(0 if start is None else start)
+    if lo.is_number and lo < 0:
+        lo = sympy.Max(lo + size[d], 0)
+
+    def loader(idx: tuple[Expr, ...]) -> Value:
+        rel = idx[d] - lo
+        pos = IndexValue(rel, torch.int64)
+        zero = Const(0, torch.int64)
+        inside: Value = Op(
+            "logical_and",
+            (
+                Op("ge", (pos, zero), torch.bool),
+                Op("lt", (pos, IndexValue(src.size[d] * step, torch.int64)), torch.bool),
+            ),
+            torch.bool,
+        )
+        sub = list(idx)
+        sub[d] = rel
+        if step != 1:
+            on_step = IndexValue(ModularIndexing(rel, 1, step), torch.int64)
+            inside = Op("logical_and", (inside, Op("eq", (on_step, zero), torch.bool)), torch.bool)
+            sub[d] = FloorDiv(rel, step)
+        fill = Const(0.0 if val.dtype.is_floating_point else 0, val.dtype)
+        written = Op("masked", (inside, cast(src.load(tuple(sub)), val.dtype), fill), val.dtype)
+        return Op("where", (inside, written, cast(x.load(idx), val.dtype)), val.dtype)
+
+    return TensorValue(size, val.dtype, ctx.device, loader)
+
+
 @register("view", aten.split_with_sizes, aten.split)
 def split(
     ctx: LoweringContext, node: Any, x: TensorValue, sizes: Any, dim: int = 0
