@@ -3,7 +3,6 @@ the model zoo, and `import stoker` staying light."""
 
 from __future__ import annotations
 
-import copy
 import html.parser
 import json
 import logging
@@ -17,12 +16,7 @@ import torch
 import stoker
 from stoker import cli
 from stoker._internal import logs
-from stoker._internal.config import (
-    CompileOptions,
-    StokerConfigError,
-    resolve_backend,
-    resolve_partitioner,
-)
+from stoker._internal.config import CompileOptions, StokerConfigError, resolve_backend
 from stoker._internal.models import get_model, model_zoo
 from stoker._internal.report import (
     SECTIONS,
@@ -110,53 +104,6 @@ def test_resolve_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STOKER_BACKEND", "bogus")
     with pytest.raises(StokerConfigError, match="STOKER_BACKEND"):
         resolve_backend("auto", [cpu])
-
-
-def test_resolve_partitioner() -> None:
-    """auto: save what the forward computed for the aten executor (a recomputed op is a
-    kernel eager does not run), min-cut for Triton or with a memory budget; an explicit
-    partitioner is kept."""
-    auto = CompileOptions.from_kwargs()
-    assert auto.partitioner == "auto"
-    assert resolve_partitioner(auto, "aten") == "default"
-    assert resolve_partitioner(auto, "triton") == "min_cut"
-    assert resolve_partitioner(auto, "interpret") == "min_cut"
-    budget = CompileOptions.from_kwargs(memory_budget=0.5)
-    assert resolve_partitioner(budget, "aten") == "min_cut"
-    for name in ("min_cut", "default"):
-        opts = CompileOptions.from_kwargs(partitioner=name)
-        assert resolve_partitioner(opts, "aten") == resolve_partitioner(opts, "triton") == name
-    with pytest.raises(StokerConfigError, match="partitioner='mincut'"):
-        CompileOptions.from_kwargs(partitioner="mincut")
-
-
-def test_aten_executor_recomputes_nothing_and_matches_eager() -> None:
-    """A GELU MLP on the CPU: the auto partitioner saves what the forward computed (min-cut
-    recomputed the GELU in the backward), and the loss and gradients equal eager's."""
-    stoker.reset()
-    try:
-        torch.manual_seed(0)
-        eager = torch.nn.Sequential(
-            torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4)
-        )
-        model = copy.deepcopy(eager)
-        # without compiled autograd the AOT backward runs, and the report shows its partition
-        compiled = stoker.compile(model, compiled_autograd=False)
-        for _ in range(2):
-            x = torch.randn(5, 8)
-            loss_c = compiled(x).pow(2).sum()
-            loss_c.backward()
-            loss_e = eager(x).pow(2).sum()
-            loss_e.backward()
-            torch.testing.assert_close(loss_c, loss_e)
-            for p, q in zip(model.parameters(), eager.parameters()):
-                assert p.grad is not None and q.grad is not None
-                torch.testing.assert_close(p.grad, q.grad)
-        (rec,) = compiled.stoker_report.compiles
-        assert rec.partition is not None and rec.partition.partitioner == "default"
-        assert rec.partition.recomputed == []
-    finally:
-        stoker.reset()
 
 
 # ----------------------------------------------------------------------------- logging

@@ -27,7 +27,7 @@ from torch import fx
 
 from . import logs
 from .autograd_switch import AutogradSwitch
-from .config import CompileOptions, StokerConfigError, resolve_backend, resolve_partitioner
+from .config import CompileOptions, StokerConfigError, resolve_backend
 from .errors import missing_piece
 from .report import (
     CompileRecord,
@@ -144,15 +144,14 @@ class StokerBackend:
             SWITCH.turn_on(
                 compiler=autograd_compiler(opts, self.report), dynamic=opts.dynamic is not False
             )
-        partitioner = resolve_partitioner(opts, executor)
-        compiler = _RecordingCompiler(executor, rec, self, partitioner)
+        compiler = _RecordingCompiler(executor, rec, self)
         t0 = time.perf_counter()
         try:
             # With compiled autograd on, the backward's first run inlines the AOT backward
             # graph into its own captured graph, so the AOT backward is compiled only if
             # something calls it (static shapes: no guard can come of compiling it late)
             lazy_bw = opts.compiled_autograd and _static(gm, example_inputs)
-            inner = _capture_backend(compiler, opts, partitioner, lazy_bw)
+            inner = _capture_backend(compiler, opts, lazy_bw)
             compiled: CompiledCallable = inner(gm, example_inputs)
         except Exception as e:
             rec.error = f"{type(e).__name__}: {e}"
@@ -275,17 +274,14 @@ class StokerBackend:
 class _RecordingCompiler:
     """The ``compiler`` given to stoker-capture: runs the executor and records each graph."""
 
-    def __init__(
-        self, executor: str, rec: CompileRecord, owner: StokerBackend, partitioner: str
-    ) -> None:
+    def __init__(self, executor: str, rec: CompileRecord, owner: StokerBackend) -> None:
         self.executor, self.rec, self.owner = executor, rec, owner
-        self.partitioner = partitioner  # the one `resolve_partitioner` chose
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledCallable:
         stage = _stage_of(gm)
         self.owner._log_graph(self.rec, stage, gm)
         if stage == "backward":
-            self.rec.partition = _partition_from_backward(gm, self.owner.options, self.partitioner)
+            self.rec.partition = _partition_from_backward(gm, self.owner.options)
         t0 = time.perf_counter()
         fn = compile_with_executor(
             self.executor, gm, example_inputs, self.rec, self.owner.options, self.owner.report
@@ -378,10 +374,7 @@ def autograd_compiler(opts: CompileOptions, first_report: Report) -> Callable[..
 
 
 def _capture_backend(
-    compiler: Callable[..., Any],
-    opts: CompileOptions,
-    partitioner: str,
-    lazy_backward: bool = False,
+    compiler: Callable[..., Any], opts: CompileOptions, lazy_backward: bool = False
 ) -> Callable[..., Any]:
     """``stoker_capture.dynamo_backend(compiler=..., <options it accepts>)``."""
     try:
@@ -394,10 +387,10 @@ def _capture_backend(
     import inspect
 
     params = inspect.signature(make).parameters
-    partition = getattr(stoker_capture, f"{partitioner}_partition", None)
+    partition = getattr(stoker_capture, f"{opts.partitioner}_partition", None)
     if partition is None:
         raise missing_piece(
-            "stoker_capture", f"{partitioner}_partition", f"partitioner={partitioner!r}"
+            "stoker_capture", f"{opts.partitioner}_partition", f"partitioner={opts.partitioner!r}"
         )
     wanted: dict[str, Any] = {
         "compiler": compiler,
@@ -512,9 +505,7 @@ def _stage_of(gm: fx.GraphModule) -> str:
     return "forward"
 
 
-def _partition_from_backward(
-    gm: fx.GraphModule, opts: CompileOptions, partitioner: str
-) -> PartitionRecord:
+def _partition_from_backward(gm: fx.GraphModule, opts: CompileOptions) -> PartitionRecord:
     """What the backward receives from the forward: every non-tangent input."""
     saved: list[SavedValue] = []
     for n in gm.graph.nodes:
@@ -529,7 +520,9 @@ def _partition_from_backward(
             saved.append(SavedValue(n.name, shape, str(val.dtype).removeprefix("torch."), nbytes))
         else:
             saved.append(SavedValue(n.name, "symint", type(val).__name__, 0))
-    return PartitionRecord(saved=saved, partitioner=partitioner, memory_budget=opts.memory_budget)
+    return PartitionRecord(
+        saved=saved, partitioner=opts.partitioner, memory_budget=opts.memory_budget
+    )
 
 
 def _mark_buffers_static(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:

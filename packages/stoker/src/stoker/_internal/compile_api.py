@@ -48,7 +48,7 @@ def compile(
         memory_budget: fraction [0, 1] of forward activations the partitioner may save
             (0 recomputes all it may, 1 saves all; None: the partitioner decides).
         report: write the HTML compile report here (default: ``STOKER_REPORT``).
-        **options: fullgraph, partitioner ("auto" | "min_cut" | "default"), recompile_limit,
+        **options: fullgraph, partitioner ("min_cut" | "default"), recompile_limit,
             mode ("default": one heuristic Triton config per kernel; "max-autotune": timed on
             the GPU, choices cached on disk),
             extra (a dict passed to stoker-capture).

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 BackendName = Literal["auto", "aten", "triton", "interpret"]
 BACKENDS: tuple[str, ...] = ("auto", "aten", "triton", "interpret")
-PARTITIONERS: tuple[str, ...] = ("auto", "min_cut", "default")
+PARTITIONERS: tuple[str, ...] = ("min_cut", "default")
 MODES: tuple[str, ...] = ("default", "max-autotune", "reduce-overhead")
 
 
@@ -44,11 +44,8 @@ class CompileOptions:
     memory_budget: float | None = None
     # Write the compile report (one HTML file) here; None reads STOKER_REPORT.
     report: str | None = None
-    # min_cut (saves the cheapest cut), default (saves what the forward computed), or auto:
-    # min_cut for Triton kernels (a recomputed op fuses into its reader) and whenever a
-    # memory_budget is given, default for the aten executor (which runs a recomputed op
-    # as one more kernel that eager does not run); see `resolve_partitioner`.
-    partitioner: str = "auto"
+    # min_cut (saves the cheapest cut) or default (saves what the forward computed).
+    partitioner: str = "min_cut"
     # Fail on a graph break instead of falling back to Python between graphs.
     fullgraph: bool = False
     # Recompiles per frame before Dynamo falls back to eager for it.
@@ -108,19 +105,6 @@ class CompileOptions:
 def triton_available() -> bool:
     """Whether `triton` can be imported (without importing it)."""
     return importlib.util.find_spec("triton") is not None
-
-
-def resolve_partitioner(opts: CompileOptions, executor: str) -> str:
-    """The partitioner a graph run by ``executor`` gets: ``opts.partitioner`` unless it
-    is ``auto``, which means ``default`` for the aten executor without a
-    ``memory_budget`` (each op its own kernel: recomputing one in the backward costs a
-    kernel launch and a pass over memory that eager, which saves it, does not pay) and
-    ``min_cut`` otherwise."""
-    if opts.partitioner != "auto":
-        return opts.partitioner
-    if executor == "aten" and opts.memory_budget is None:
-        return "default"
-    return "min_cut"
 
 
 def resolve_backend(requested: str, devices: Iterable[Any]) -> str:
