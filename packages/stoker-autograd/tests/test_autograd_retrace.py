@@ -140,11 +140,8 @@ def test_ops_the_proxy_mode_changes_are_not_recorded_as_is() -> None:
     assert retrace._recorded_as_is(aten.view.default)
     assert not retrace._recorded_as_is(aten.linear.default)  # CompositeImplicitAutograd
     assert not retrace._recorded_as_is(aten.add_.Tensor)  # mutates an input
-    assert not retrace._recorded_as_is(aten.embedding_dense_backward.default)  # decomposed
-    assert not retrace._recorded_as_is(aten.native_batch_norm_backward.default)
-    # fused backward ops stoker-capture keeps whole (KEEP_WHOLE_IN_BACKWARD): recorded
-    assert retrace._recorded_as_is(aten._softmax_backward_data.default)
-    assert retrace._recorded_as_is(aten.native_layer_norm_backward.default)
+    assert not retrace._recorded_as_is(aten._softmax_backward_data.default)  # decomposed
+    assert not retrace._recorded_as_is(aten.native_layer_norm_backward.default)
     assert not retrace._recorded_as_is(aten.lift_fresh.default)
     assert not retrace._recorded_as_is(aten._local_scalar_dense.default)  # data-dependent
     assert not retrace._recorded_as_is(torch.tanh)  # not an OpOverload

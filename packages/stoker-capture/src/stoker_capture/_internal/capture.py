@@ -55,14 +55,30 @@ KEEP_WHOLE_IN_BACKWARD: tuple[str, ...] = (
 
 @functools.cache
 def joint_table() -> dict[Any, Any]:
-    """The default decompositions of a joint or backward graph: core aten, less the
-    overloads of `KEEP_WHOLE_IN_BACKWARD` (built once)."""
+    """The default decompositions of a joint or backward graph: core aten, where the
+    overloads of `KEEP_WHOLE_IN_BACKWARD` decompose only when their tensors' dtypes
+    differ (autocast hands a bf16 gradient to a float32 layer norm's backward, which
+    the fused kernel rejects and the decomposition promotes); built once."""
     keep = {
         getattr(packet, name)
         for packet in (getattr(torch.ops.aten, op) for op in KEEP_WHOLE_IN_BACKWARD)
         for name in packet.overloads()
     }
-    return {op: fn for op, fn in _core_aten_table().items() if op not in keep}
+    return {
+        op: _only_mixed_dtypes(fn) if op in keep else fn for op, fn in _core_aten_table().items()
+    }
+
+
+def _only_mixed_dtypes(decomp: Any) -> Any:
+    """``decomp`` where the op's floating tensor arguments mix dtypes; else NotImplemented,
+    which makes the tracer record the op whole."""
+
+    def maybe(*args: Any, **kwargs: Any) -> Any:
+        leaves = [*args, *kwargs.values()]
+        dtypes = {a.dtype for a in leaves if isinstance(a, torch.Tensor) and a.is_floating_point()}
+        return decomp(*args, **kwargs) if len(dtypes) > 1 else NotImplemented
+
+    return maybe
 
 
 _KEEP_FUSED_IN_JOINT = [
