@@ -283,6 +283,42 @@ def test_linear_gradients_are_stolen_from_the_segment_as_eager_steals_them() -> 
         torch.testing.assert_close(p.grad, q.grad)
 
 
+def test_items_of_a_multi_output_backward_op_are_stolen_as_eager_steals_them() -> None:
+    """A LayerNorm's weight and bias gradients are items of ``native_layer_norm_backward``'s
+    output tuple (the op stays whole in the backward graph): fresh tensors nobody else
+    holds, stolen as eager steals them, not copied into ``.grad``."""
+
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 3))
+
+    m, e = make(), make()
+    rec = _Recorder()
+    with stoker_autograd.enable(compiler=rec):
+        for _ in range(3):
+            x = torch.randn(4, 6)
+            for model in (m, e):
+                model.zero_grad()
+                rec.outputs.clear()
+                if model is e:
+                    with stoker_autograd.disabled():
+                        model(x).pow(2).sum().backward()
+                else:
+                    model(x).pow(2).sum().backward()
+                    grads = [m[1].weight.grad, m[1].bias.grad]
+                    stolen = [
+                        g is not None and g.untyped_storage().data_ptr() in rec.outputs
+                        for g in grads
+                    ]
+    targets = {n.target for gm in rec.segments for n in gm.graph.nodes}
+    assert torch.ops.aten.native_layer_norm_backward.default in targets
+    assert stolen == [True, True], stolen
+    for p, q in zip(m.parameters(), e.parameters()):
+        assert p.grad is not None and q.grad is not None
+        assert p.grad.stride() == q.grad.stride()
+        torch.testing.assert_close(p.grad, q.grad)
+
+
 def test_static_outputs_are_copied_into_grad_never_stolen() -> None:
     """A compiled segment that says ``static_outputs`` (a CUDA graph's buffers, overwritten by
     its next replay) hands out gradients that accumulate-grad must copy."""

@@ -83,14 +83,14 @@ def is_deferred_accumulate(n: fx.Node) -> bool:
 
 def _may_steal(acc: fx.Node, produced: set[fx.Node]) -> bool:
     """The graph's half of the stealing rule: this run computed the gradient with an aten
-    op, and the accumulate-grad is its only reader (the runner checks the tensor)."""
+    op (or is an item of one's outputs, as the weight and bias gradients of
+    ``native_layer_norm_backward``), and the accumulate-grad is its only reader (the
+    runner checks the tensor)."""
     g = acc.args[2] if len(acc.args) == 4 else None
-    return (
-        isinstance(g, fx.Node)
-        and g in produced
-        and isinstance(g.target, torch._ops.OpOverload)
-        and len(g.users) == 1
-    )
+    if not isinstance(g, fx.Node) or g not in produced or len(g.users) != 1:
+        return False
+    op = g.args[0] if _is_aten_item(g) else g
+    return isinstance(op, fx.Node) and isinstance(op.target, torch._ops.OpOverload)
 
 
 @dataclass

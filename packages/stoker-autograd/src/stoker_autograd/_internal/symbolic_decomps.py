@@ -153,7 +153,8 @@ SYMBOLIC_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
 
 @functools.cache
 def retrace_table() -> dict[Any, Callable[..., Any]]:
-    """stoker-capture's core-aten table plus `SYMBOLIC_DECOMPOSITIONS` (built once)."""
-    from stoker_capture._internal.capture import _core_aten_table
+    """stoker-capture's table for backward graphs (core aten, the fused backward ops it
+    keeps whole left out) plus `SYMBOLIC_DECOMPOSITIONS` (built once)."""
+    from stoker_capture._internal.capture import joint_table
 
-    return {**_core_aten_table(), **SYMBOLIC_DECOMPOSITIONS}
+    return {**joint_table(), **SYMBOLIC_DECOMPOSITIONS}

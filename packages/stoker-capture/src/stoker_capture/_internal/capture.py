@@ -33,6 +33,54 @@ def _core_aten_table() -> dict[Any, Any]:
     return dict(core_aten_decompositions())
 
 
+# Backward ops that core aten decomposes but that eager runs as one fused kernel:
+# a joint graph (and compiled autograd's backward graph) keeps them whole, so the
+# aten executor runs the kernel eager runs (the layer norm backward as 1 op instead
+# of 12, GELU's as 1 instead of 10), and stoker-triton decomposes them itself into
+# what it fuses (its own table lists each: tested).  Functional, with meta kernels
+# that take symbolic sizes; only backward ops, so an inference graph (an export)
+# stays core aten.
+KEEP_WHOLE_IN_BACKWARD: tuple[str, ...] = (
+    "native_layer_norm_backward",
+    "gelu_backward",
+    "_softmax_backward_data",
+    "_log_softmax_backward_data",
+    "nll_loss_backward",
+    "threshold_backward",
+    "sigmoid_backward",
+    "tanh_backward",
+    "silu_backward",
+)
+
+
+@functools.cache
+def joint_table() -> dict[Any, Any]:
+    """The default decompositions of a joint or backward graph: core aten, where the
+    overloads of `KEEP_WHOLE_IN_BACKWARD` decompose only when their tensors' dtypes
+    differ (autocast hands a bf16 gradient to a float32 layer norm's backward, which
+    the fused kernel rejects and the decomposition promotes); built once."""
+    keep = {
+        getattr(packet, name)
+        for packet in (getattr(torch.ops.aten, op) for op in KEEP_WHOLE_IN_BACKWARD)
+        for name in packet.overloads()
+    }
+    return {
+        op: _only_mixed_dtypes(fn) if op in keep else fn for op, fn in _core_aten_table().items()
+    }
+
+
+def _only_mixed_dtypes(decomp: Any) -> Any:
+    """``decomp`` where the op's floating tensor arguments mix dtypes; else NotImplemented,
+    which makes the tracer record the op whole."""
+
+    def maybe(*args: Any, **kwargs: Any) -> Any:
+        leaves = [*args, *kwargs.values()]
+        dtypes = {a.dtype for a in leaves if isinstance(a, torch.Tensor) and a.is_floating_point()}
+        return decomp(*args, **kwargs) if len(dtypes) > 1 else NotImplemented
+
+    return maybe
+
+
 _KEEP_FUSED_IN_JOINT = [
     getattr(torch.ops.aten, name).default
     for name in (
@@ -92,7 +140,10 @@ def _val_text(n: fx.Node) -> str:
 def aot_stage1_graph_capture(state: AOTState) -> CapturedGraph:
     """Trace ``state.flat_fn`` through functionalization and core-aten decompositions."""
     decomp = state.config.decompositions
-    table = dict(_core_aten_table()) if decomp is None else dict(decomp)
+    if decomp is not None:
+        table = dict(decomp)
+    else:
+        table = dict(joint_table() if state.joint else _core_aten_table())
     if state.joint:
         # The fused attention forward's decomposition returns the attention weights
         # where its backward formula expects logsumexp: keep the fused op (and its

@@ -1,0 +1,74 @@
+"""Backward ops with a fused eager kernel stay whole in a joint graph (`KEEP_WHOLE_IN_BACKWARD`):
+the aten executor runs eager's kernel instead of core aten's pointwise decomposition,
+forward and gradients equal to eager's; an inference graph and a user's table are as before."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from capture_compare import check_fn
+from torch._decomp import core_aten_decompositions
+
+from stoker_capture import AOTConfig, aot_function, aot_stage1_graph_capture, create_aot_state
+from stoker_capture._internal.capture import KEEP_WHOLE_IN_BACKWARD
+
+aten = torch.ops.aten
+
+
+def _f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Every op of `KEEP_WHOLE_IN_BACKWARD` through its forward: layer norm, GELU,
+    softmax, log-softmax + NLL (cross entropy), ReLU, sigmoid, tanh, SiLU."""
+    h = F.layer_norm(x, (x.shape[-1],), w, b)
+    h = F.gelu(h) + torch.relu(h) * torch.sigmoid(h) + torch.tanh(h) + F.silu(h)
+    att = torch.softmax(h @ h.transpose(0, 1), dim=-1) @ h
+    return F.cross_entropy(att, y)
+
+
+def _args() -> list[Any]:
+    return [
+        torch.randn(6, 5, requires_grad=True),
+        torch.randn(5, requires_grad=True),
+        torch.randn(5, requires_grad=True),
+        torch.randint(0, 5, (6,)),
+    ]
+
+
+def _targets(fn: Any, args: list[Any], joint: bool, **cfg: Any) -> set[Any]:
+    stack = contextlib.ExitStack()
+    mode = "joint" if joint else "inference"
+    state = create_aot_state(fn, args, None, AOTConfig(mode=mode, **cfg), stack)
+    with stack:
+        gm = aot_stage1_graph_capture(state).gm
+    return {n.target for n in gm.graph.nodes if n.op == "call_function"}
+
+
+@pytest.mark.parametrize("dynamic", ["static", "dynamic"])
+def test_joint_graph_keeps_fused_backward_ops_whole(dynamic: str) -> None:
+    got = _targets(_f, _args(), joint=True, dynamic=dynamic)
+    kept = {getattr(aten, name).default for name in KEEP_WHOLE_IN_BACKWARD}
+    assert kept <= got, sorted(map(str, kept - got))
+
+
+def test_a_table_of_the_users_decomposes_them() -> None:
+    table = dict(core_aten_decompositions())
+    got = _targets(_f, _args(), joint=True, decompositions=table)
+    kept = {getattr(aten, name).default for name in KEEP_WHOLE_IN_BACKWARD}
+    assert not kept & got, sorted(map(str, kept & got))
+
+
+def test_inference_graph_is_core_aten_as_before() -> None:
+    with torch.no_grad():
+        got = _targets(_f, [a.detach() for a in _args()], joint=False)
+    # nll_loss_forward is decomposed by core aten: the kept table is only for backward ops
+    assert aten.nll_loss_forward.default not in got
+
+
+@pytest.mark.parametrize("dynamic", ["static", "dynamic"])
+def test_forward_and_gradients_equal_eager(dynamic: str) -> None:
+    compiled = aot_function(_f, dynamic=dynamic)
+    for _ in range(2):  # fresh inputs each call
+        check_fn(_f, compiled, _args)
