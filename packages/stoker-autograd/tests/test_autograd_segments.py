@@ -49,6 +49,41 @@ def test_items_of_a_multi_output_op_stay_in_its_segment() -> None:
     torch.testing.assert_close(run(t, lambda a: a * 2)[0], (v + m) * (t * 2))
 
 
+def _items_graph(uses_made_backwards: bool) -> fx.GraphModule:
+    """var_mean's two items, in graph order var then mean; their uses made in that
+    order, or mean's first (as a retrace may make them: `n.users` follows the uses)."""
+    g = fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.randn(4, 3)
+    vm = g.call_function(torch.ops.aten.var_mean.correction, (x, [1]), {"keepdim": True})
+    if uses_made_backwards:
+        mean = g.call_function(operator.getitem, (vm, 1))
+        with g.inserting_before(mean):
+            var = g.call_function(operator.getitem, (vm, 0))
+    else:
+        var = g.call_function(operator.getitem, (vm, 0))
+        mean = g.call_function(operator.getitem, (vm, 1))
+    g.output((var, mean))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def test_items_follow_graph_order_not_the_order_their_uses_were_made() -> None:
+    """The segments' code, hence stoker-triton's cache key, must not depend on how the
+    graph was built: a retraced backward and the same graph loaded from the autograd
+    disk cache (built node by node, in graph order) gave a layer norm's two gradient
+    items in swapped order, so every warm start missed the compiled-graph cache."""
+    codes = []
+    for backwards in (False, True):
+        rec = _Recorder()
+        SegmentedBackward(_items_graph(backwards), rec)
+        (sub,) = rec.segments
+        pos = {n: i for i, n in enumerate(sub.graph.nodes)}  # names differ; places do not
+        codes.append(
+            [(n.op, n.target, fx.map_arg(n.args, pos.__getitem__)) for n in sub.graph.nodes]
+        )
+    assert codes[0] == codes[1], codes
+
+
 # ------------------------------------------------ accumulate-grad does not cut a segment
 class _Recorder:
     """A compiler that counts the segments it gets and runs each as it is."""

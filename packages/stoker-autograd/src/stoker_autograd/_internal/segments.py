@@ -62,13 +62,17 @@ def _items_beside_their_source(graph: fx.Graph) -> list[fx.Node]:
     ``getitem`` beside its source puts both in the same segment (retracing may
     have scheduled an item after an opaque call that cuts the run).
     """
+    # items in graph order, not in ``n.users``' order: that is the order the uses were
+    # made, which differs between a retraced graph and the same graph loaded from the
+    # disk cache, and the segments' code (so stoker-triton's cache key) follows it
+    pos = {n: i for i, n in enumerate(graph.nodes)}
     order: list[fx.Node] = []
     for n in graph.nodes:
         if _is_aten_item(n):
             continue  # placed right after its source
         order.append(n)
         if not is_python_node(n):
-            order += [u for u in n.users if _is_aten_item(u)]
+            order += sorted((u for u in n.users if _is_aten_item(u)), key=pos.__getitem__)
     return order
 
 
