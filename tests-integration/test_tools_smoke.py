@@ -317,3 +317,25 @@ def test_bench_demo_start_warm_process_loads_instead_of_compiling(tmp_path):
     assert warm["summary"]["capture_cache_hits"] >= 1, warm["summary"]
     assert warm["summary"]["capture_cache_misses"] == 0, warm["summary"]
     assert warm["compiled first step"] > 0 and warm["eager first step"] > 0
+
+
+def test_bench_demo_step_times_eager_and_stoker_side_by_side():
+    """``tools/bench_demo_step.py`` (issue 11's CPU step on the demo's GPT): alternating
+    eager and stoker steps, a per-round row and the best-of line with their ratio."""
+    import re
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "bench_demo_step.py"),
+            *("--steps", "2", "--rounds", "1", "--batch", "2"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    best = re.search(r"best +eager ([\d.]+) ms +stoker ([\d.]+) ms +\(([\d.]+)x", proc.stdout)
+    assert best, proc.stdout
+    eager, stoker, ratio = map(float, best.groups())
+    assert eager > 0 and stoker > 0 and abs(ratio - eager / stoker) < 0.01, proc.stdout

@@ -113,19 +113,16 @@ def _gc_timer() -> list[float]:
     return row
 
 
-def _worker(backend: str, batch: int, freeze: bool = True) -> dict[str, Any]:
-    import contextlib
+def demo_setup(batch: int) -> tuple[Any, Any, Any, Any]:
+    """The demo's model twice from the same weights (eager, to compile) and one batch of
+    the demo's data: (eager, model, x, y)."""
     import copy
 
     import torch
 
-    import stoker
     from stoker._internal.demo import get_batch, make_data
-    from stoker._internal.models import GPT, GPTConfig, lm_loss
+    from stoker._internal.models import GPT, GPTConfig
 
-    torch.set_num_threads(1)
-    times, _ = _wrap_stages(STAGES)
-    _time_capture(times)
     cfg = GPTConfig()
     data, vocab = make_data(cfg.block_size, "cpu")
     cfg = GPTConfig(vocab_size=vocab)
@@ -133,6 +130,21 @@ def _worker(backend: str, batch: int, freeze: bool = True) -> dict[str, Any]:
     eager = GPT(cfg)
     model = copy.deepcopy(eager)
     x, y = get_batch(data, cfg.block_size, batch, torch.Generator().manual_seed(0))
+    return eager, model, x, y
+
+
+def _worker(backend: str, batch: int, freeze: bool = True) -> dict[str, Any]:
+    import contextlib
+
+    import torch
+
+    import stoker
+    from stoker._internal.models import lm_loss
+
+    torch.set_num_threads(1)
+    times, _ = _wrap_stages(STAGES)
+    _time_capture(times)
+    eager, model, x, y = demo_setup(batch)
 
     def step(net: Any, opt: torch.optim.Optimizer) -> float:
         t0 = time.process_time()

@@ -20,7 +20,6 @@ and the aten ops whose call counts differ between eager and stoker.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import statistics
 import sys
@@ -35,19 +34,15 @@ def build(
 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """(eager step, stoker step) of the demo's model on one fixed batch."""
     import stoker
-    from stoker._internal.demo import get_batch, make_data
-    from stoker._internal.models import GPT, GPTConfig, lm_loss
+    from stoker._internal.models import lm_loss
 
-    cfg = GPTConfig()
-    data, vocab = make_data(cfg.block_size, "cpu")
-    cfg = GPTConfig(vocab_size=vocab)
-    torch.manual_seed(0)
-    eager = GPT(cfg)
-    model = copy.deepcopy(eager)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_demo_start import demo_setup
+
+    eager, model, x, y = demo_setup(batch)
     compiled = stoker.compile(model, backend=backend, partitioner=partitioner, report=None)
     opt_e = torch.optim.AdamW(eager.parameters(), lr=3e-3)
     opt_c = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    x, y = get_batch(data, cfg.block_size, batch, torch.Generator().manual_seed(0))
 
     def step_eager() -> None:
         with stoker.autograd_enabled(False):  # the plain autograd engine, as the demo

@@ -290,12 +290,14 @@ def test_a_fresh_gradient_is_stolen_then_added_in_place_as_eager_does() -> None:
         ]
 
 
-def test_linear_gradients_are_stolen_from_the_segment_as_eager_steals_them() -> None:
-    """A Linear's weight gradient comes out as a transposed view of the segment's matmul
-    buffer, its bias gradient as a view of a sum: views of memory nobody else holds,
-    with the parameter's layout, so eager steals them and so does the runtime."""
-    m, e = _mlp(), _mlp()
+def _stolen(
+    make: Callable[[], nn.Module], watched: Callable[[nn.Module], list[nn.Parameter]]
+) -> tuple[list[bool], nn.Module, nn.Module, _Recorder]:
+    """Three steps of a compiled and an eager copy; whether each watched parameter's
+    last `.grad` is memory a segment returned (stolen, not copied)."""
+    m, e = make(), make()
     rec = _Recorder()
+    stolen: list[bool] = []
     with stoker_autograd.enable(compiler=rec):
         for _ in range(3):
             x = torch.randn(4, 6)
@@ -308,14 +310,23 @@ def test_linear_gradients_are_stolen_from_the_segment_as_eager_steals_them() -> 
                 else:
                     model(x).pow(2).sum().backward()
                     stolen = [
-                        p.grad.untyped_storage().data_ptr() in rec.outputs  # type: ignore[union-attr]
-                        for p in m.parameters()
+                        p.grad is not None and p.grad.untyped_storage().data_ptr() in rec.outputs
+                        for p in watched(m)
                     ]
-    assert stolen == [True] * 6, stolen
     for p, q in zip(m.parameters(), e.parameters()):
         assert p.grad is not None and q.grad is not None
-        assert p.grad.stride() == q.grad.stride() and p.grad._base is None
+        assert p.grad.stride() == q.grad.stride()
         torch.testing.assert_close(p.grad, q.grad)
+    return stolen, m, e, rec
+
+
+def test_linear_gradients_are_stolen_from_the_segment_as_eager_steals_them() -> None:
+    """A Linear's weight gradient comes out as a transposed view of the segment's matmul
+    buffer, its bias gradient as a view of a sum: views of memory nobody else holds,
+    with the parameter's layout, so eager steals them and so does the runtime."""
+    stolen, m, _, _ = _stolen(_mlp, lambda m: list(m.parameters()))
+    assert stolen == [True] * 6, stolen
+    assert all(p.grad is not None and p.grad._base is None for p in m.parameters())
 
 
 def test_items_of_a_multi_output_backward_op_are_stolen_as_eager_steals_them() -> None:
@@ -327,31 +338,10 @@ def test_items_of_a_multi_output_backward_op_are_stolen_as_eager_steals_them() -
         torch.manual_seed(0)
         return nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 3))
 
-    m, e = make(), make()
-    rec = _Recorder()
-    with stoker_autograd.enable(compiler=rec):
-        for _ in range(3):
-            x = torch.randn(4, 6)
-            for model in (m, e):
-                model.zero_grad()
-                rec.outputs.clear()
-                if model is e:
-                    with stoker_autograd.disabled():
-                        model(x).pow(2).sum().backward()
-                else:
-                    model(x).pow(2).sum().backward()
-                    grads = [m[1].weight.grad, m[1].bias.grad]
-                    stolen = [
-                        g is not None and g.untyped_storage().data_ptr() in rec.outputs
-                        for g in grads
-                    ]
+    stolen, _, _, rec = _stolen(make, lambda m: [m[1].weight, m[1].bias])
     targets = {n.target for gm in rec.segments for n in gm.graph.nodes}
     assert torch.ops.aten.native_layer_norm_backward.default in targets
     assert stolen == [True, True], stolen
-    for p, q in zip(m.parameters(), e.parameters()):
-        assert p.grad is not None and q.grad is not None
-        assert p.grad.stride() == q.grad.stride()
-        torch.testing.assert_close(p.grad, q.grad)
 
 
 def test_static_outputs_are_copied_into_grad_never_stolen() -> None:
