@@ -1,6 +1,7 @@
 """The backward ops stoker-capture keeps whole in a joint graph (`KEEP_WHOLE_IN_BACKWARD`,
 for the aten executor) reach stoker-triton whole: its own table decomposes each into
-what it fuses, and the compiled backward matches eager."""
+what it fuses, and the compiled backward matches eager.  Here in the umbrella's tests:
+stoker-triton's own suite runs where stoker-capture is not installed."""
 
 from __future__ import annotations
 
