@@ -88,6 +88,26 @@ def test_accumulate_grad_not_moved_when_inputs_are_graph_inputs_or_adjacent() ->
     assert order(out) == order(g)
 
 
+def test_accumulates_of_one_multi_output_node_keep_their_captured_order() -> None:
+    """A layer norm's backward yields the weight's and the bias's gradients as items of
+    one node: both accumulates move up behind it in the order they were captured (the
+    engine's), not reversed. A hook placed after the last one (stoker's DDP reducer
+    hooks only a bucket's last gradient) must find the others accumulated."""
+    b = B()
+    x, w, bias = (b.item(b.inputs, i, n) for i, n in enumerate(("x", "w", "bias")))
+    ln = b.op(aten.native_layer_norm_backward.default, x, name="ln_bw")
+    gx = b.op(operator.getitem, ln, 0, name="gx")
+    other = b.op(aten.sin.default, gx, name="other")
+    gw = b.op(operator.getitem, ln, 1, name="gw")
+    gb = b.op(operator.getitem, ln, 2, name="gb")
+    b.acc(w, gw, "acc_w")
+    b.acc(bias, gb, "acc_b")
+    out = check_pure(passes.reorder_accumulate_grad, b.done(other))
+    names = order(out)
+    at = names.index("ln_bw")
+    assert names[at + 1 : at + 5] == ["gw", "acc_w", "gb", "acc_b"], names
+
+
 # ---------------------------------------------------------------- unpack hooks
 def test_unpack_hook_delayed_to_its_first_user() -> None:
     b = B()

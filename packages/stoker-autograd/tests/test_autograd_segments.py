@@ -338,9 +338,9 @@ def test_items_of_a_multi_output_backward_op_are_stolen_as_eager_steals_them() -
         torch.manual_seed(0)
         return nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 3))
 
-    stolen, _, _, _ = _stolen(make, lambda m: [m[1].weight, m[1].bias])
-    # stoker-capture decomposes the layer norm's backward again for now (its
-    # KEEP_WHOLE_IN_BACKWARD says why): the items are then sums', stolen all the same
+    stolen, _, _, rec = _stolen(make, lambda m: [m[1].weight, m[1].bias])
+    targets = {n.target for gm in rec.segments for n in gm.graph.nodes}
+    assert torch.ops.aten.native_layer_norm_backward.default in targets
     assert stolen == [True, True], stolen
 
 

@@ -36,7 +36,14 @@ def reorder_accumulate_grad(g: fx.Graph) -> None:
     """Each accumulate-grad right after its last input (eager runs it as soon as its
     gradient is ready).  When the gradient is an item of a multi-output node, the
     item moves along, so the accumulate can follow the node itself.  Not moved when
-    its inputs are all graph inputs."""
+    its inputs are all graph inputs.
+
+    Accumulates that follow the same node keep their order (the engine's, as
+    captured): the items of a multi-output node (a layer norm's weight and bias
+    gradients) are accumulated in the same order in every capture of a backward,
+    whatever hooks it has, so a hook placed after the last of them sees them all.
+    """
+    placed: dict[fx.Node, fx.Node] = {}  # anchor -> the last block moved after it
     for node in [n for n in g.nodes if is_accumulate_grad(n)]:
         grad = node.args[2]
         block: list[fx.Node] = [*_grad_chain(grad), node]
@@ -44,8 +51,10 @@ def reorder_accumulate_grad(g: fx.Graph) -> None:
         last = max(deps)
         if is_input_like(last):
             continue
-        if last.next is not block[0] or any(a.next is not b for a, b in itertools.pairwise(block)):
-            move_after(last, *block)
+        after = placed.get(last, last)
+        if after.next is not block[0] or any(a.next is not b for a, b in itertools.pairwise(block)):
+            move_after(after, *block)
+        placed[last] = node
 
 
 def _grad_chain(grad: object) -> list[fx.Node]:

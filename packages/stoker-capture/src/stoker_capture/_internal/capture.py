@@ -40,11 +40,8 @@ def _core_aten_table() -> dict[Any, Any]:
 # what it fuses (its own table lists each: tested).  Functional, with meta kernels
 # that take symbolic sizes; only backward ops, so an inference graph (an export)
 # stays core aten.
-# Not `native_layer_norm_backward` (yet): whole, its weight and bias gradients come out of
-# one op, and under DDP with several buckets the compiled backward's accumulate order then
-# differed from the first backward's, so stoker's reducer fell back to a hook per parameter
-# (test_stoker_ddp_ranks.py, small buckets).
 KEEP_WHOLE_IN_BACKWARD: tuple[str, ...] = (
+    "native_layer_norm_backward",
     "gelu_backward",
     "_softmax_backward_data",
     "_log_softmax_backward_data",
