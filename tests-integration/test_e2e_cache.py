@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from stoker_shapes._internal.diskcache import inspect_file
+
 _SCRIPT = """
 import torch, stoker
 
@@ -81,6 +83,12 @@ def test_concurrent_writers_then_broken_entries(tmp_path: Path) -> None:
         assert "stoker cache" not in err, err[-2000:]
     files = _modules(cache)
     assert files and not list(cache.rglob("*.tmp"))
+    # one valid entry each: the files one process alone writes, every one sound
+    alone = tmp_path / "alone"
+    _finish(_start(script, alone, 0))
+    names = {str(p.relative_to(cache)) for p in _entries(cache)}
+    assert names == {str(p.relative_to(alone)) for p in _entries(alone)}
+    assert all(inspect_file(p)[2] is None for p in _entries(cache))
     assert any(p.parent.name == "graphs" and p.parent.parent.name == "capture" for p in files)
     # random bytes in half the files, nothing in the others (a crash, a full disk)
     for i, p in enumerate(files):
@@ -134,8 +142,6 @@ BREAK = {
 
 @pytest.mark.slow
 def test_every_cache_broken_every_way_is_a_miss_and_rewritten(tmp_path: Path) -> None:
-    from stoker_shapes._internal.diskcache import inspect_file
-
     script = tmp_path / "train.py"
     script.write_text(_SCRIPT)
     cache = tmp_path / "cache"
