@@ -3,16 +3,23 @@
 Two processes compile the same function into one cache directory at once; then every
 cached module is corrupted, emptied or left unwritable, and a new process still runs
 (with one warning per broken file), matching eager forward and gradients each time.
+Every cache the run fills (stoker-triton's kernels, wrappers and compiled graphs,
+stoker-capture's captured graphs, stoker-autograd's stored backwards) is broken each
+way issue 12 names (random bytes, empty, truncated, another version) and must be
+rewritten by the next run; a read-only cache directory is read and never written.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from stoker_shapes._internal.diskcache import inspect_file
 
 _SCRIPT = """
 import torch, stoker
@@ -27,8 +34,9 @@ out = g(x, w)
 out.pow(2).sum().backward()
 gx, gw = x.grad, w.grad
 x.grad = w.grad = None
-ref = f(x, w)
-ref.pow(2).sum().backward()
+with stoker.autograd_enabled(False):  # the reference: eager's own backward
+    ref = f(x, w)
+    ref.pow(2).sum().backward()
 torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
 torch.testing.assert_close(gx, x.grad, rtol=1e-4, atol=1e-6)
 torch.testing.assert_close(gw, w.grad, rtol=1e-4, atol=1e-6)
@@ -42,10 +50,12 @@ def _env(cache: Path) -> dict[str, str]:
     return env
 
 
-def _start(script: Path, cache: Path, seed: int) -> subprocess.Popen[str]:
+def _start(
+    script: Path, cache: Path, seed: int, prefix: tuple[str, ...] = (), **env: str
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(script), str(seed)],
-        env=_env(cache),
+        [*prefix, sys.executable, str(script), str(seed)],
+        env=_env(cache) | env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -73,6 +83,12 @@ def test_concurrent_writers_then_broken_entries(tmp_path: Path) -> None:
         assert "stoker cache" not in err, err[-2000:]
     files = _modules(cache)
     assert files and not list(cache.rglob("*.tmp"))
+    # one valid entry each: the files one process alone writes, every one sound
+    alone = tmp_path / "alone"
+    _finish(_start(script, alone, 0))
+    names = {str(p.relative_to(cache)) for p in _entries(cache)}
+    assert names == {str(p.relative_to(alone)) for p in _entries(alone)}
+    assert all(inspect_file(p)[2] is None for p in _entries(cache))
     assert any(p.parent.name == "graphs" and p.parent.parent.name == "capture" for p in files)
     # random bytes in half the files, nothing in the others (a crash, a full disk)
     for i, p in enumerate(files):
@@ -95,3 +111,104 @@ def test_unwritable_cache_directory(tmp_path: Path) -> None:
     err = _finish(_start(script, blocker / "cache", 5))
     warned = [ln for ln in err.splitlines() if "stoker cache: cannot write" in ln]
     assert len(warned) == 1, err[-3000:]  # once, naming the cache root
+
+
+# The caches a CPU run of _SCRIPT fills (a training step through compiled autograd).
+# triton/binaries and triton/compiled are written on the native (GPU) path only:
+# tests/test_triton_warmload.py and test_triton_compile_once.py break them there.
+_KINDS = {"triton/kernels", "triton/wrappers", "triton/graphs", "capture/graphs", "autograd/graphs"}
+
+
+def _entries(cache: Path) -> dict[Path, str]:
+    """Every file under the cache directory and its folder ("triton/kernels")."""
+    return {p: str(p.parent.relative_to(cache)) for p in sorted(cache.rglob("*")) if p.is_file()}
+
+
+def _other_version(data: bytes) -> bytes:
+    """The entry as another stoker would write it: a sound header and checksum, another version."""
+    head, body = data.split(b"\n", 1)
+    magic, cache, kind, version, digest = head.split(b" ")
+    assert magic + b" " + cache == b"# stoker-cache", head
+    return b" ".join([magic, cache, kind, b"0-other" + version, digest]) + b"\n" + body
+
+
+BREAK = {
+    "random bytes": lambda data: os.urandom(len(data)),
+    "empty file": lambda data: b"",
+    "truncated (half-written)": lambda data: data[: len(data) // 2],
+    "another version": _other_version,
+}
+
+
+@pytest.mark.slow
+def test_every_cache_broken_every_way_is_a_miss_and_rewritten(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    cache = tmp_path / "cache"
+    _finish(_start(script, cache, 1))
+    sound = {p: p.read_bytes() for p in _entries(cache)}
+    cold = {p: inspect_file(p) for p in sound}  # (kind, version, None)
+    kinds = set(_entries(cache).values())
+    assert _KINDS <= kinds, kinds
+    unread = [p for p, kind in _entries(cache).items() if kind == "capture/sites"]
+    for i, (how, brk) in enumerate(BREAK.items()):
+        for p, data in sound.items():
+            p.write_bytes(brk(data))
+        err = _finish(_start(script, cache, 2 + i))
+        warned = [ln for ln in err.splitlines() if "stoker cache: ignoring" in ln]
+        # one warning per broken file, naming it; capture/sites (what changed since a
+        # code site's last entry) is read on a new key only, and rewritten with its graph
+        for p in sound:
+            assert sum(f"{p}:" in w for w in warned) == (p not in unread), (how, p, err[-3000:])
+        assert len(warned) == len(sound) - len(unread), (how, err[-3000:])
+        # every file rewritten under its name, sound, of this stoker's version
+        assert set(_entries(cache)) == set(sound), how
+        assert {p: inspect_file(p) for p in sound} == cold, how
+        assert not list(cache.rglob("*.tmp")), how
+    err = _finish(_start(script, cache, 9, STOKER_LOGS="cache"))
+    assert "stoker cache:" not in err and "miss" not in err, err[-3000:]
+
+
+def _read_only() -> tuple[str, ...]:
+    """A command prefix under which the cache directory cannot be written (root ignores
+    file modes unless it gives up CAP_DAC_OVERRIDE), or skip."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return ()
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: cannot make a directory read-only")
+    caps = "-dac_override,-dac_read_search,-fowner"
+    return (setpriv, f"--inh-caps={caps}", f"--bounding-set={caps}")
+
+
+@pytest.mark.slow
+def test_a_read_only_cache_directory_is_read_never_written(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    cache = tmp_path / "cache"
+    _finish(_start(script, cache, 1))
+    before = {p: p.read_bytes() for p in _entries(cache)}
+    dirs = [cache, *(p for p in cache.rglob("*") if p.is_dir())]
+    for p in before:
+        p.chmod(0o444)
+    for d in dirs:
+        d.chmod(0o555)
+    try:
+        # every entry sound: all hits, nothing to write, no warning
+        err = _finish(_start(script, cache, 2, _read_only(), STOKER_LOGS="cache"))
+        assert "stoker cache:" not in err and "miss" not in err, err[-3000:]
+        hits = [err.count(f"{what} cache hit") for what in ("captured-graph", "autograd")]
+        assert hits == [1, 1] and err.count("compiled-graph cache hit") >= 2, err[-3000:]
+        # broken entries in a read-only directory: a warning per file, one that the
+        # directory cannot be written, and the run still matches eager
+        for p in before:
+            p.chmod(0o644)
+            p.write_bytes(b"")
+            p.chmod(0o444)
+        err = _finish(_start(script, cache, 3, _read_only()))
+        assert err.count("stoker cache: cannot write") == 1, err[-3000:]
+        assert err.count("stoker cache: ignoring") >= len(_KINDS), err[-3000:]
+        assert all(p.read_bytes() == b"" for p in before)  # nothing written there
+    finally:
+        for d in dirs:
+            d.chmod(0o755)

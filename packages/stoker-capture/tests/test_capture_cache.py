@@ -170,6 +170,24 @@ def test_what_decides_the_result_is_in_the_key(cache_dir: Path) -> None:
     assert _train(_mlp(), x, cache=False) == [""]  # off: neither read nor written
 
 
+def test_another_torch_or_stoker_version_misses(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import stoker_capture
+    import stoker_shapes
+    from stoker_capture._internal.capcache import key
+
+    x = torch.randn(4, 8)
+    assert _train(_mlp(), x) == ["miss (new key)"]
+    code = key._code_version()
+    for v in (torch.__version__, stoker_capture.__version__, stoker_shapes.__version__):
+        assert v in code, code
+    monkeypatch.setattr(key, "_code_version", lambda: code.replace("torch ", "torch 0", 1))
+    assert _train(_mlp(), x) == ["miss (new key: code changed)"]
+    monkeypatch.undo()
+    assert _train(_mlp(), x) == ["hit"]
+
+
 def test_the_cache_off_by_environment(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STOKER_CAPTURE_CACHE", "0")
     assert _train(_mlp(), torch.randn(4, 8)) == [""]

@@ -100,3 +100,50 @@ def test_hits_and_misses_are_logged_with_why(tmp_path, monkeypatch, caplog):
     assert sum(m.startswith("cache write") for m in first) == n, first
     assert [lvl for lvl, m in second if "cache hit" in m] == [logging.DEBUG] * n, second
     assert not any("cache miss" in m for _, m in second), second
+
+
+_SAME_SOURCES = """
+import torch
+from torch._decomp import core_aten_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
+from stoker_triton import compile_graph
+
+def f(x, w, b, g):
+    h = torch.nn.functional.layer_norm(x @ w, (w.shape[1],)) * 2 + b
+    y = torch.softmax(h.relu(), -1)
+    return y, h.sum(0), (y * g).sum(), torch.tanh(h) * x.sum()
+
+args = [torch.randn(8, 6), torch.randn(6, 5), torch.randn(5), torch.randn(8, 5)]
+compile_graph(make_fx(f, decomposition_table=core_aten_decompositions())(*args), args)
+"""
+
+
+def test_generated_sources_do_not_depend_on_the_hash_seed(tmp_path):
+    # Modules are keyed by their content: a wrapper whose text followed a set's order
+    # (which buffers it frees after a step) was another file in every process, so two
+    # processes compiling one graph into one cache left two wrappers, and a warm
+    # process's compile of a broken graph entry could not find the file it rewrote.
+    import subprocess
+
+    sources = []
+    for seed in ("0", "1", "2"):
+        cache = tmp_path / seed
+        env = {
+            **os.environ,
+            "STOKER_CACHE_DIR": str(cache),
+            "PYTHONHASHSEED": seed,
+            "STOKER_TRITON_GRAPH_CACHE": "0",
+            "STOKER_TRITON_CHECK_TARGETS": "",
+        }
+        p = subprocess.run(
+            [sys.executable, "-c", _SAME_SOURCES],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        files = sorted(cache.glob("triton/*/*.py"))
+        assert any(f.parent.name == "wrappers" for f in files), files
+        sources.append({str(f.relative_to(cache)): f.read_bytes() for f in files})
+    assert sources[0] == sources[1] == sources[2]

@@ -146,8 +146,26 @@ def test_seeds_keep_one_specialization() -> None:
     assert runtime.new_seed() == seeds[0]  # reproducible
 
 
-def test_every_core_compiles() -> None:
-    assert xcompile.cpu_count() == len(os.sched_getaffinity(0))
+def test_every_core_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    quota = xcompile.cgroup_cpus()
+    cores = len(os.sched_getaffinity(0))
+    assert xcompile.cpu_count() == (cores if quota is None else min(cores, quota))
+    # and the pool has one worker per core
+    from stoker_triton._internal import workers
+
+    made: list[int] = []
+
+    class Pool:
+        def __init__(self, n: int, start: bool = False) -> None:
+            made.append(n)
+
+        def shutdown(self) -> None:
+            pass
+
+    monkeypatch.setattr(workers, "Pool", Pool)
+    monkeypatch.setattr(xcompile, "_pool", None)
+    xcompile._executor()
+    assert made == [xcompile.cpu_count()]
 
 
 @pytest.mark.gpu

@@ -97,6 +97,20 @@ def test_a_changed_graph_input_or_option_misses(cache, change):
     assert fn.report.cache == "miss (new key)" and len(cache) == 2
 
 
+def test_another_torch_triton_or_stoker_triton_version_misses(cache, monkeypatch):
+    import triton
+
+    import stoker_triton
+
+    _static(_mlp, *_MLP_ARGS)
+    code = graphcache._code_version()
+    for v in (torch.__version__, triton.__version__, stoker_triton.__version__):
+        assert v in code, code
+    monkeypatch.setattr(graphcache, "_code_version", lambda: code.replace(" triton ", " triton 0"))
+    fn = _static(_mlp, *_MLP_ARGS)
+    assert fn.report.cache == "miss (new key)" and len(cache) == 2
+
+
 def test_a_corrupt_entry_warns_misses_and_is_rewritten(cache, tmp_path, caplog):
     args = (torch.randn(4, 8), torch.randn(8, 16), torch.randn(16))
     _static(_mlp, *args)

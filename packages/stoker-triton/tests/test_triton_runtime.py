@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from triton_helpers import check, trace
 
@@ -150,6 +151,40 @@ def test_autotune_results_persist_on_disk(tmp_path, monkeypatch):
     monkeypatch.setattr(runtime._Tuned, "data", {})  # as a new process would
     assert runtime._Tuned.get("abc", "1024,1") == [512, 1, 4]
     assert (tmp_path / "triton" / "autotune" / "abc.json").exists()
+
+
+@pytest.mark.parametrize("how", ["random bytes", "empty file", "truncated", "other triton"])
+def test_a_broken_autotune_entry_is_a_miss_then_rewritten(tmp_path, monkeypatch, caplog, how):
+    import triton
+
+    from stoker_shapes._internal import diskcache
+    from stoker_triton._internal import runtime
+
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(diskcache, "_warned", set())
+    monkeypatch.setattr(runtime._Tuned, "data", {})
+    runtime._Tuned.put("abc", "1024,1", [512, 1, 4])
+    path = tmp_path / "triton" / "autotune" / "abc.json"
+    good = path.read_bytes()
+    path.write_bytes(
+        {
+            "random bytes": os.urandom(len(good)),
+            "empty file": b"",
+            "truncated": good[: len(good) // 2],
+            "other triton": good.replace(
+                f"-triton{triton.__version__} ".encode(), b"-triton0.0 ", 1
+            ),
+        }[how]
+    )
+    assert path.read_bytes() != good
+    monkeypatch.setattr(runtime._Tuned, "data", {})  # as a new process would
+    with caplog.at_level(logging.WARNING, logger="stoker.cache"):
+        assert runtime._Tuned.get("abc", "1024,1") is None  # timed again
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and str(path) in warned[0], warned
+    runtime._Tuned.put("abc", "1024,1", [256, 1, 8])
+    monkeypatch.setattr(runtime._Tuned, "data", {})
+    assert runtime._Tuned.get("abc", "1024,1") == [256, 1, 8]
 
 
 def test_block_choice_under_the_interpreter_is_one_config():

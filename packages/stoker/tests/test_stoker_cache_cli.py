@@ -47,3 +47,26 @@ def test_info_on_a_missing_directory(tmp_path: Path, monkeypatch: pytest.MonkeyP
     buf = io.StringIO()
     assert cache_cli.info(buf) == 0 and "(empty)" in buf.getvalue()
     assert cache_cli.clear(out=buf) == 0
+
+
+def test_info_names_entries_of_another_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # an entry an older (or newer) stoker wrote is sound but read as a miss: info says so
+    from stoker_shapes import DiskCache
+
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "stoker"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    current = cache_cli._versions()
+    assert {"capture/graphs", "autograd/graphs", "triton/graphs", "triton/kernels"} <= set(current)
+    for folder, (kind, version) in current.items():
+        top = tmp_path / "stoker" / folder.split("/")[0]
+        root = top.parent if kind == folder else top  # autograd's kind is "autograd/graphs"
+        DiskCache(root, kind, version).put("now", b"x")
+        DiskCache(root, kind, "0-other" + version).put("old", b"x")
+    buf = io.StringIO()
+    cache_cli.info(buf)
+    lines = [ln for ln in buf.getvalue().splitlines() if ln.startswith("  ")]
+    assert len(lines) == len(current), buf.getvalue()
+    for ln in lines:
+        assert "2 entries" in ln and "(1 of another version: read as misses" in ln, ln

@@ -70,16 +70,17 @@ def _cold_and_warm(cache: Path, **env: str) -> tuple[list[dict[str, Any]], list[
         **env,
     }
     runs, logs = [], []
-    for _ in range(2):
+    for i in range(2):
+        report = cache / f"report-{i}.html"  # written again at exit, with the last counters
         p = subprocess.run(
             [sys.executable, "-W", "ignore", "-c", _TRAIN],
             capture_output=True,
             text=True,
-            env=env,
+            env={**env, "STOKER_REPORT": str(report)},
             timeout=600,
         )
         assert p.returncode == 0, p.stderr[-3000:]
-        runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+        runs.append(json.loads(p.stdout.strip().splitlines()[-1]) | {"html": report.read_text()})
         logs.append(p.stderr)
     return runs, logs
 
@@ -101,6 +102,11 @@ def _check_every_graph_loaded(runs: list[dict[str, Any]], logs: list[str]) -> No
     assert logs[0].count("autograd cache miss: backward graph") == 2, logs[0][-2000:]
     assert logs[1].count("autograd cache hit: backward graph") == 2, logs[1][-2000:]
     assert warm["autograd"]["disk_hits"] == 2 and warm["autograd"]["compiles"] == 0, warm
+    # the report names every cache's outcomes (compiled autograd's with its counters)
+    assert "miss (new key): " in cold["html"] and "hit: " in warm["html"]
+    assert "<td>disk cache miss (new key)</td><td>2</td>" in cold["html"], cold["html"]
+    assert "<td>disk cache hit</td><td>2</td>" in warm["html"], warm["html"]
+    assert "disk cache miss" not in warm["html"]
 
 
 def test_a_second_training_process_loads_every_graph(

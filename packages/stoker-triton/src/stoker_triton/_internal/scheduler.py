@@ -335,7 +335,9 @@ def schedule(program: Program, ctx: LoweringContext) -> Schedule:
     for i, step in enumerate(steps):
         nodes: Sequence[Node] = step.nodes if isinstance(step, Kernel) else [step]
         for n in nodes:
-            for b in node_reads(n):
+            # sorted: `last_use`'s order is the order the wrapper frees buffers in, and a
+            # set's order changes with PYTHONHASHSEED (one wrapper source per process)
+            for b in sorted(node_reads(n)):
                 readers.setdefault(b, set()).add(i)
                 last_use[b] = i
         if isinstance(step, Kernel):

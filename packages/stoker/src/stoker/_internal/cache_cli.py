@@ -28,8 +28,60 @@ KINDS: dict[str, str] = {
     "triton/wrappers": "generated wrapper modules",
     "triton/autotune": "max-autotune choices",
     "triton/binaries": "the Triton binary each kernel launched: a warm process loads it directly",
+    "triton/compiled": "markers of kernels the compile workers built: a warm process starts none",
     "autograd/graphs": "compiled autograd's retraced backwards: a warm process skips the retrace",
 }
+
+
+def _versions() -> dict[str, tuple[str, str]]:
+    """(kind, version) that this stoker reads each folder's entries with: an entry of
+    another version (an older or newer stoker, another Triton) is a miss. Packages that
+    are not installed (or fail to import) are left out: their folders are not judged."""
+    import functools
+    from collections.abc import Callable
+    from typing import Any
+
+    def capture(which: str) -> Any:
+        from stoker_capture._internal import capcache
+
+        return capcache.store() if which == "graphs" else capcache.sites()
+
+    def triton(kind: str) -> Any:
+        from stoker_triton._internal import graphcache, xcompile
+        from stoker_triton._internal.runtime import autotune, modules, warmload
+
+        makers: dict[str, Callable[[], Any]] = {
+            "graphs": graphcache.store,
+            "kernels": lambda: modules.module_store("kernels"),
+            "wrappers": lambda: modules.module_store("wrappers"),
+            "autotune": autotune._Tuned._store,
+            "binaries": warmload.store,
+            "compiled": xcompile._markers,
+        }
+        return makers[kind]()
+
+    def autograd() -> Any:
+        from stoker_autograd._internal import graphstore
+
+        return graphstore.store()
+
+    makers: dict[str, Callable[[], Any]] = {
+        "capture/graphs": lambda: capture("graphs"),
+        "capture/sites": lambda: capture("sites"),
+        "autograd/graphs": autograd,
+        **{
+            f"triton/{k}": functools.partial(triton, k)
+            for k in ("graphs", "kernels", "wrappers", "autotune", "binaries", "compiled")
+        },
+    }
+    out: dict[str, tuple[str, str]] = {}
+    for folder, make in makers.items():
+        try:
+            store = make()
+        except Exception:  # not installed here (stoker-triton without Triton, ...)
+            continue
+        out[folder] = (str(store.kind), str(store.version))
+    return out
 
 
 def triton_cache_dir() -> Path:
@@ -63,15 +115,21 @@ def info(out: TextIO | None = None) -> int:
         groups.setdefault(str(p.parent.relative_to(root)), []).append(p)
     if not groups:
         print("  (empty)", file=out)
+    current = _versions() if groups else {}
     for folder in sorted(groups):
         files = groups[folder]
         temps = [p for p in files if p.name.endswith(".tmp")]
         entries = [p for p in files if p not in temps]
-        broken = [p for p in entries if inspect_file(p)[2] is not None]
+        found = [inspect_file(p) for p in entries]
+        broken = [f for f in found if f[2] is not None]
+        want = current.get(folder)
+        other = [f for f in found if f[2] is None and want is not None and f[:2] != want]
         size = sum(p.stat().st_size for p in files)
         line = f"  {folder:<20} {len(entries):>6} entries {_size(size):>10}"
-        if broken:
-            line += f"  ({len(broken)} broken: read as misses, rewritten on the next compile)"
+        if broken or other:
+            what = [f"{len(broken)} broken"] if broken else []
+            what += [f"{len(other)} of another version"] if other else []
+            line += f"  ({', '.join(what)}: read as misses, rewritten on the next compile)"
         if temps:
             line += f"  ({len(temps)} unfinished temporary files)"
         if folder in KINDS:
