@@ -16,12 +16,14 @@ from ._internal.engine import (
     is_enabled,
     off,
     on,
+    recapture_reasons,
     recompile_reasons,
     reset_stats,
     stats,
 )
 from ._internal.final_callbacks import on_backward_start, skip_compile
 from ._internal.ops import OPAQUE_TARGETS, BoundBackward, accumulate_grad, call_backward, call_hook
+from ._internal.recapture import name_parameters
 from ._internal.session import Session, Stats, aten_executor
 
 __all__ = [
@@ -38,10 +40,12 @@ __all__ = [
     "disabled",
     "enable",
     "is_enabled",
+    "name_parameters",
     "off",
     "on",
     "on_backward_start",
     "passes",
+    "recapture_reasons",
     "recompile_reasons",
     "reset_stats",
     "skip_compile",

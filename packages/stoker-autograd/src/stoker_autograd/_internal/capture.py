@@ -45,7 +45,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, _suppres
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._thunk import Thunk
 
-from . import ops
+from . import ops, recapture
 from .aot_inline import inline_aot_backward, stoker_aot_info
 from .forward_dims import ForwardDims
 from .origins import Origins
@@ -94,6 +94,9 @@ class CaptureInstance:
         # the sizes an inlined AOT backward's forward held symbolic (set by begin_capture)
         self.forward_dims = ForwardDims([], self.sym_sources)
         self.id = -1
+        # the autograd nodes walked, in order (`recapture`: why a capture happened again)
+        self.signature: list[str] = []
+        self._real: dict[int, torch.Tensor] = {}  # id(fake input) -> the engine's tensor
 
     def close(self) -> None:
         self.stack.close()
@@ -120,6 +123,8 @@ class CaptureInstance:
         self.stack.enter_context(enable_python_dispatcher())
 
         fakes = [self._fake_input(x) for x in inputs]
+        self._real = {id(f): x for f, x in zip(fakes, inputs)}
+        self.signature = []
         self.origins = Origins(fakes, self.sym_sources)  # for recompile reasons
         self.forward_dims = ForwardDims(fakes, self.sym_sources)
         self._sym_anchor = packed_p.node
@@ -296,6 +301,7 @@ class CaptureInstance:
     def set_node_origin(self, node_name: str, nodecall_index: int, pyobj: Any) -> None:
         self.origin_marks.append((len(self.tracer.graph.nodes), node_name, nodecall_index))
         self.origins.node = node_name
+        self.signature.append(node_name.removeprefix("torch::autograd::"))
 
     def bind_function(
         self, fn_name: str, fn: Callable[..., Any], is_custom_function: bool, is_traceable: bool
@@ -359,8 +365,15 @@ class CaptureInstance:
             grad, has_post_hooks = rest
             variable_grad, returns = None, False
         shape = tuple(variable.shape)
-        self.origins.tensor(variable, f"the parameter of shape {shape} (AccumulateGrad)")
-        self.origins.tensor(variable_grad, f"the .grad of the parameter of shape {shape}")
+        name = recapture.parameter_name(self._real.get(id(variable)))
+        what = f"the parameter {name}" if name else "the parameter"
+        self.origins.tensor(variable, f"{what} of shape {shape} (AccumulateGrad)")
+        self.origins.tensor(variable_grad, f"the .grad of {what} of shape {shape}")
+        if self.signature:
+            param = name if name else f"a parameter of shape {shape}"
+            # torch 2.11's engine does not pass .grad: its state is not in the key
+            held = "" if not returns else f" [.grad {'None' if variable_grad is None else 'set'}]"
+            self.signature[-1] += f" of {param}{held}"
         self.forward_dims.parameter(variable)
         self.forward_dims.parameter(variable_grad)
         self._note_grads([grad], f"AccumulateGrad (a parameter of shape {shape})")
@@ -557,6 +570,8 @@ class CaptureInstance:
 
         self._node(ops.exec_final_callbacks_stub, ())
         self.stack.close()
+        self._real = {}
+        recapture.note(self.session.signatures, self.signature, f"backward graph {self.id}")
         self.tracer.create_node(
             "output", "output", (self.tracer.create_arg(self.to_proxy(outputs)),), {}
         )

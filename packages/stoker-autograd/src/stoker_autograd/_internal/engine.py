@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from . import recapture
 from .capture import CaptureInstance
 from .session import RECOMPILE_REASONS, Compiler, Session, Stats, aten_executor
 
@@ -103,10 +104,19 @@ def recompile_reasons() -> list[str]:
     return list(RECOMPILE_REASONS)
 
 
+def recapture_reasons() -> list[str]:
+    """Why each backward was captured again since `reset_stats()` (one line per
+    recapture, naming the graph and how its autograd nodes differ from the closest
+    earlier capture: ``AccumulateGrad of fc1.weight (.grad None) -> AccumulateGrad of
+    fc1.weight (.grad set)``, ``no longer: AccumulateGrad of head.bias``)."""
+    return list(recapture.RECAPTURE_REASONS)
+
+
 def reset_stats() -> None:
     for k in STATS.as_dict():
         setattr(STATS, k, 0)
     RECOMPILE_REASONS.clear()
+    recapture.RECAPTURE_REASONS.clear()
 
 
 @contextlib.contextmanager

@@ -74,3 +74,4 @@ class Session:
     warned: set[str] = field(default_factory=set)
     graphs: list[Any] = field(default_factory=list)  # CompiledBackward per capture, in order
     capture_reasons: list[list[str]] = field(default_factory=list)  # engine's miss reasons
+    signatures: list[list[str]] = field(default_factory=list)  # `recapture`, newest last

@@ -96,10 +96,13 @@ def autograd_stats() -> dict[str, Any]:
         outcomes: dict[str, int] = getattr(stoker_autograd, "cache_outcomes", dict)()
         # why each backward was compiled again (the report's Recompiles section lists them)
         reasons: list[str] = getattr(stoker_autograd, "recompile_reasons", list)()
+        # why a backward was captured again (its autograd nodes differ from an earlier one)
+        again: list[str] = getattr(stoker_autograd, "recapture_reasons", list)()
         return (
             dict(value)
             | {f"disk cache {k}": n for k, n in sorted(outcomes.items())}
             | ({"recompile reasons": reasons} if reasons else {})
+            | ({"recapture reasons": again} if again else {})
         )
     if hasattr(value, "__dataclass_fields__"):
         import dataclasses

@@ -137,6 +137,8 @@ class StokerBackend:
         if not self.exports_guards:  # stoker.compile gets reasons from guard_fail_fn instead
             self._note_recompiles_from_dynamo()
         self._input_desc = _describe_inputs(gm)
+        if opts.compiled_autograd:
+            _name_parameters(gm, example_inputs)
         if opts.mode == "reduce-overhead":
             _mark_buffers_static(gm, example_inputs)
         self._log_graph(rec, "dynamo", gm)
@@ -536,6 +538,27 @@ def _mark_buffers_static(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> N
         name = name() if callable(name) else name
         if isinstance(x, torch.Tensor) and "._buffers[" in str(name):
             mark_static(x)
+
+
+_PARAM_PATH = re.compile(r"_(?:modules|parameters)\[['\"]([^'\"]+)['\"]\]")
+
+
+def _name_parameters(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    """The frame's parameters by their module path (``fc1.weight``, from Dynamo's
+    sources), so compiled autograd's messages name them."""
+    try:
+        from stoker_autograd import name_parameters
+    except ImportError:  # pragma: no cover - the umbrella installs it
+        return
+    named: list[tuple[str, torch.Tensor]] = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for n, x in zip(placeholders, example_inputs):
+        src: Any = getattr(n.meta.get("grapharg"), "source", None)
+        name = getattr(src, "name", "")
+        name = str(name() if callable(name) else name)
+        if isinstance(x, torch.nn.Parameter) and "_parameters[" in name:
+            named.append((".".join(_PARAM_PATH.findall(name)), x))
+    name_parameters(named)
 
 
 def _describe_inputs(gm: fx.GraphModule) -> dict[str, str]:

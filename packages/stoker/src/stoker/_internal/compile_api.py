@@ -117,8 +117,16 @@ def _name_of(obj: Any) -> str:
 
 
 def last_report() -> Report | None:
-    """The `Report` of the most recent `stoker.compile` call (None before the first)."""
-    return _LAST[0] if _LAST else None
+    """The `Report` of the most recent `stoker.compile` call (None before the first),
+    with compiled autograd's counters and reasons as they are now (a backward runs
+    after the compile that made the report)."""
+    if not _LAST:
+        return None
+    from .backend import _autograd_stats
+
+    r = _LAST[0]
+    r.autograd = _autograd_stats()
+    return r
 
 
 @atexit.register

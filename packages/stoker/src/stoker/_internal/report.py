@@ -334,6 +334,9 @@ def _render(r: Report) -> str:
     # recompiles
     backward = [
         ["backward (compiled autograd)", x] for x in r.autograd.get("recompile reasons", [])
+    ] + [
+        ["backward captured again (compiled autograd)", x]
+        for x in r.autograd.get("recapture reasons", [])
     ]
     parts.append(
         _table(["frame", "reason"], [[x.frame, x.reason] for x in r.recompiles] + backward)
@@ -388,7 +391,9 @@ def _render(r: Report) -> str:
         )
     parts.append("".join(k))
     # autograd
-    counters = sorted((a, b) for a, b in r.autograd.items() if a != "recompile reasons")
+    counters = sorted(
+        (a, b) for a, b in r.autograd.items() if a not in ("recompile reasons", "recapture reasons")
+    )
     ag = _table(["counter", "value"], [[a, b] for a, b in counters])
     for gr in r.autograd_graphs:
         ag += (
