@@ -339,3 +339,27 @@ def test_bench_demo_step_times_eager_and_stoker_side_by_side():
     assert best, proc.stdout
     eager, stoker, ratio = map(float, best.groups())
     assert eager > 0 and stoker > 0 and abs(ratio - eager / stoker) < 0.01, proc.stdout
+
+
+def test_gpu_suite_backends_are_the_five_of_issue_11(monkeypatch):
+    """eager, Inductor default and reduce-overhead, stoker plain and reduce-overhead: each
+    suite backend reaches its compiler with its mode (the smoke run above trains eager and
+    stoker; Inductor's CPU compiles are too slow for it)."""
+    import torch
+
+    import stoker
+    from stoker._internal import bench_suite
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: calls.append(("inductor", kw)) or m)
+    monkeypatch.setattr(stoker, "compile", lambda m, **kw: calls.append(("stoker", kw)) or m)
+    assert bench_suite.SUITE_BACKENDS == ("eager", "inductor", "inductor-ro", "stoker", "stoker-ro")
+    model = torch.nn.Linear(2, 2)
+    for backend in bench_suite.SUITE_BACKENDS:
+        assert bench_suite.wrap_model(model, backend) is model
+    assert calls == [
+        ("inductor", {"mode": None}),
+        ("inductor", {"mode": "reduce-overhead"}),
+        ("stoker", {}),
+        ("stoker", {"mode": "reduce-overhead"}),
+    ]
