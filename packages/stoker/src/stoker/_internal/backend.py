@@ -298,10 +298,14 @@ def compile_with_executor(
     rec: CompileRecord | None,
     opts: CompileOptions | None = None,
     report: Report | None = None,
+    segment: CompileRecord | None = None,
 ) -> CompiledCallable:
     """The aten executor (the graph module itself) or stoker-triton's compiled callable;
-    under ``mode="reduce-overhead"``, wrapped to replay CUDA graphs (`cudagraphs`)."""
-    fn = _compile_with_executor(executor, gm, example_inputs, rec, opts, report)
+    under ``mode="reduce-overhead"``, wrapped to replay CUDA graphs (`cudagraphs`).
+    ``segment``: where a compiled-autograd segment's kernels are recorded."""
+    fn = _compile_with_executor(
+        executor, gm, example_inputs, rec or segment, opts, report, segment is not None
+    )
     if opts is None or opts.mode != "reduce-overhead":
         return fn
     from .cudagraphs import CudaGraphStats, graphed
@@ -328,6 +332,7 @@ def _compile_with_executor(
     rec: CompileRecord | None,
     opts: CompileOptions | None,
     report: Report | None,
+    backward_segment: bool = False,
 ) -> CompiledCallable:
     if executor == "aten":
         return gm
@@ -343,7 +348,8 @@ def _compile_with_executor(
         gm, list(example_inputs), options={"max_autotune": True} if autotune else None
     )
     if rec is not None:
-        _record_kernels(rec, getattr(fn, "report", None), _stage_of(gm))
+        stage = "backward" if backward_segment else _stage_of(gm)
+        _record_kernels(rec, getattr(fn, "report", None), stage)
     if report is not None:
         report.count_cache(getattr(getattr(fn, "report", None), "cache", ""))
     return fn  # type: ignore[no-any-return]
@@ -364,8 +370,12 @@ def autograd_compiler(opts: CompileOptions, first_report: Report) -> Callable[..
             "compiled autograd graph (%d ops) → %s executor", nodes, executor
         )
         report.autograd = _autograd_stats()
+        # the segment's kernels, for the report (not a Dynamo graph: not in `compiles`)
+        segment = CompileRecord(len(report.autograd_kernels), stage.split(" [")[0], executor)
+        if executor != "aten":
+            report.autograd_kernels.append(segment)
         report.flush()
-        return compile_with_executor(executor, gm, example_inputs, None, opts, report)
+        return compile_with_executor(executor, gm, example_inputs, None, opts, report, segment)
 
     return compile_backward
 
