@@ -363,3 +363,24 @@ def test_gpu_suite_backends_are_the_five_of_issue_11(monkeypatch):
         ("stoker", {}),
         ("stoker", {"mode": "reduce-overhead"}),
     ]
+
+
+def test_bench_launch_smoke_prints_every_row(tmp_path):
+    """``tools/bench_launch.py``: issue 11's launch and per-call targets, measured with the
+    stand-in sm_90 driver (the lean path must be on: the tool exits 1 otherwise) and the
+    reduce-overhead wrapper with a stubbed replay (its every timed call must replay)."""
+    env = {**os.environ, "STOKER_CACHE_DIR": str(tmp_path), "TRITON_CACHE_DIR": str(tmp_path)}
+    tool = str(ROOT / "tools" / "bench_launch.py")
+    for mode, rows in (
+        ([], ("lean path (Launcher.go)", "JITFunction.run", "per stoker.compile call")),
+        (["--replay"], ("P params K outputs", "fixed +", "target: wrapper minus bare")),
+    ):
+        proc = subprocess.run(
+            [sys.executable, tool, "--smoke", *mode],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert all(r in proc.stdout for r in rows), proc.stdout
