@@ -158,7 +158,7 @@ class StokerBackend:
             self.report.flush()
             raise
         rec.time("total", (time.perf_counter() - t0) * 1e3)
-        _record_capture_result(rec, compiled)
+        _record_capture_result(rec, compiled, opts)
         self.report.count_capture_cache(getattr(compiled, "cache_outcome", ""))
         self._record_shape_guards(rec)
         if not self.exports_guards:
@@ -420,9 +420,14 @@ def _capture_backend(
     return make(**kwargs)  # type: ignore[no-any-return]
 
 
-def _record_capture_result(rec: CompileRecord, compiled: Any) -> None:
+def _record_capture_result(rec: CompileRecord, compiled: Any, opts: CompileOptions) -> None:
     """Fill in what stoker-capture exposes on its `CompiledFn` (the partition's decisions)."""
     partition = getattr(compiled, "partition", None)
+    bw = getattr(partition, "bw", None)
+    if rec.partition is None and isinstance(bw, fx.GraphModule):
+        # a lazy backward (compiled autograd, static sizes) is never compiled, so the
+        # saved values are read from the partition's backward graph itself
+        rec.partition = _partition_from_backward(bw, opts)
     if partition is not None and rec.partition is not None:
         rec.partition.recomputed = [str(x) for x in getattr(partition, "recomputed", [])]
     codegen = sum(v for k, v in rec.timings_ms.items() if k.startswith("codegen"))
