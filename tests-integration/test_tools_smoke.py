@@ -339,3 +339,48 @@ def test_bench_demo_step_times_eager_and_stoker_side_by_side():
     assert best, proc.stdout
     eager, stoker, ratio = map(float, best.groups())
     assert eager > 0 and stoker > 0 and abs(ratio - eager / stoker) < 0.01, proc.stdout
+
+
+def test_gpu_suite_backends_are_the_five_of_issue_11(monkeypatch):
+    """eager, Inductor default and reduce-overhead, stoker plain and reduce-overhead: each
+    suite backend reaches its compiler with its mode (the smoke run above trains eager and
+    stoker; Inductor's CPU compiles are too slow for it)."""
+    import torch
+
+    import stoker
+    from stoker._internal import bench_suite
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: calls.append(("inductor", kw)) or m)
+    monkeypatch.setattr(stoker, "compile", lambda m, **kw: calls.append(("stoker", kw)) or m)
+    assert bench_suite.SUITE_BACKENDS == ("eager", "inductor", "inductor-ro", "stoker", "stoker-ro")
+    model = torch.nn.Linear(2, 2)
+    for backend in bench_suite.SUITE_BACKENDS:
+        assert bench_suite.wrap_model(model, backend) is model
+    assert calls == [
+        ("inductor", {"mode": None}),
+        ("inductor", {"mode": "reduce-overhead"}),
+        ("stoker", {}),
+        ("stoker", {"mode": "reduce-overhead"}),
+    ]
+
+
+def test_bench_launch_smoke_prints_every_row(tmp_path):
+    """``tools/bench_launch.py``: issue 11's launch and per-call targets, measured with the
+    stand-in sm_90 driver (the lean path must be on: the tool exits 1 otherwise) and the
+    reduce-overhead wrapper with a stubbed replay (its every timed call must replay)."""
+    env = {**os.environ, "STOKER_CACHE_DIR": str(tmp_path), "TRITON_CACHE_DIR": str(tmp_path)}
+    tool = str(ROOT / "tools" / "bench_launch.py")
+    for mode, rows in (
+        ([], ("lean path (Launcher.go)", "JITFunction.run", "per stoker.compile call")),
+        (["--replay"], ("P params K outputs", "fixed +", "target: wrapper minus bare")),
+    ):
+        proc = subprocess.run(
+            [sys.executable, tool, "--smoke", *mode],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert all(r in proc.stdout for r in rows), proc.stdout

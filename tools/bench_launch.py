@@ -17,6 +17,9 @@ launches (CPU time to enqueue; the GPU work is tiny).
 ``python tools/bench_launch.py --replay``: the CPU cost per call of
 ``mode="reduce-overhead"``'s wrapper around a CUDA graph replay (`replay_overhead`),
 on any machine (the replay is stubbed out).
+
+``--smoke``: a hundredth of the calls per round (numbers too noisy to quote), so a
+test can run both modes and see that every row is printed and every path taken.
 """
 
 from __future__ import annotations
@@ -26,12 +29,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+_SMOKE_DIV = [1]  # --smoke: a hundredth of the calls
+
 
 def _per_call_us(fn: Callable[[], Any], n: int) -> float:
     """CPU time of this thread per call, in microseconds: the best of 7 rounds
     (thread time leaves out the time other processes hold the core; the best
     round the least cache disturbance from them)."""
     fn()
+    n = max(1, n // _SMOKE_DIV[0])
     rounds = []
     for _ in range(7):
         t0 = time.thread_time()
@@ -215,8 +221,12 @@ def replay_overhead() -> int:
 
 
 if __name__ == "__main__":
-    import sys
+    import argparse
 
-    if sys.argv[1:] == ["--replay"]:
-        raise SystemExit(replay_overhead())
-    raise SystemExit(launch_overhead())
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--replay", action="store_true", help="the reduce-overhead wrapper instead")
+    ap.add_argument("--smoke", action="store_true", help="few calls per round: a test run")
+    opts = ap.parse_args()
+    if opts.smoke:
+        _SMOKE_DIV[0] = 100
+    raise SystemExit(replay_overhead() if opts.replay else launch_overhead())

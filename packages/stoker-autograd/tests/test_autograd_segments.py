@@ -8,6 +8,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 import torch.fx as fx
 import torch.nn as nn
@@ -506,3 +507,84 @@ def test_a_segment_makes_its_python_code_only_when_it_runs() -> None:
     assert ran.has_code
     assert sub._needs_recompile()  # the boxed code is the only code made
     assert "sin" in ran.code
+
+
+# ---------------------------------------------------------------- segment counts per model
+# Issue 11: keep the compiled backward whole; cut only at real Python calls (user hooks,
+# custom Functions). One capture per model below; the count is what a compiler is handed.
+
+
+class _TinyGPT(nn.Module):
+    """Embedding, pre-LN attention (softmax), GELU MLP, tied head: a language model's ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(11, 8)
+        self.ln1, self.ln2, self.lnf = nn.LayerNorm(8), nn.LayerNorm(8), nn.LayerNorm(8)
+        self.qkv, self.proj = nn.Linear(8, 24), nn.Linear(8, 8)
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.emb(idx)
+        q, k, v = self.qkv(self.ln1(x)).split(8, dim=-1)
+        mask = torch.ones(idx.shape[1], idx.shape[1], dtype=torch.bool).tril()
+        att = (q @ k.transpose(-1, -2) / 8**0.5).masked_fill(~mask, float("-inf"))
+        x = x + self.proj(att.softmax(-1) @ v)
+        x = x + self.mlp(self.ln2(x))
+        return self.lnf(x) @ self.emb.weight.t()  # tied head: the embedding read twice
+
+
+def _gpt_step(m: nn.Module, log: list[Any]) -> None:
+    m.zero_grad()
+    idx = torch.randint(0, 11, (2, 6))
+    nn.functional.cross_entropy(m(idx).flatten(0, 1), idx.roll(-1, 1).flatten()).backward()
+
+
+def _cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(4 * 4 * 4, 3),
+    )
+
+
+def _cnn_step(m: nn.Module, log: list[Any]) -> None:
+    m.zero_grad()
+    m(torch.randn(2, 3, 8, 8)).pow(2).sum().backward()
+
+
+def _hooked_step(m: nn.Module, log: list[Any]) -> None:
+    """Two user hooks: a tensor hook on a weight and a post-accumulate-grad hook."""
+    m.zero_grad()
+    h1 = m[2].weight.register_hook(lambda g: g * 2)
+    h2 = m[0].bias.register_post_accumulate_grad_hook(lambda p: log.append(_grads_now(m)))
+    m(torch.randn(4, 6)).pow(2).sum().backward()
+    h1.remove(), h2.remove()
+
+
+def _custom_step(m: nn.Module, log: list[Any]) -> None:
+    m.zero_grad()
+    m[2:](_Cube.apply(m[1](m[0](torch.randn(4, 6))), m, log)).pow(2).sum().backward()
+
+
+@pytest.mark.parametrize(
+    ("make", "step", "segments"),
+    [
+        (_mlp, _plain, 1),
+        (_TinyGPT, _gpt_step, 1),  # layer norms, softmax, embedding, tied head: no cut
+        (_cnn, _cnn_step, 1),  # convolution, batch norm (buffers), max-pool: no cut
+        (_mlp, _hooked_step, 3),  # a cut at each of the two hooks
+        (_mlp, _custom_step, 2),  # a cut at the custom Function's backward
+    ],
+    ids=["mlp", "tiny-gpt", "cnn-batchnorm", "two-hooks", "custom-function"],
+)
+def test_segment_count_per_model(make: Callable[[], nn.Module], step: Step, segments: int) -> None:
+    rec, *_ = _run(make, step)
+    assert stoker_autograd.stats()["captures"] == 1
+    assert len(rec.segments) == segments, [s.graph for s in rec.segments]
+    assert stoker_autograd.stats()["segments"] == segments  # what the report shows

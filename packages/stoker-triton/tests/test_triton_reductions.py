@@ -91,14 +91,14 @@ def test_log_softmax_and_softmax_on_inner_dim():
     check(lambda x: (torch.log_softmax(x, -1), torch.softmax(x, 1)), x, rtol=1e-4, atol=1e-5)
 
 
-def test_layernorm_gelu_forward_at_most_two_kernels():
+def test_layernorm_gelu_forward_is_one_kernel():
     x, w, b = torch.randn(6, 32), torch.randn(32), torch.randn(32)
     check(
         lambda x, w, b: F.gelu(F.layer_norm(x, (32,), w, b)),
         x,
         w,
         b,
-        max_kernels=2,
+        kernels=1,
         rtol=1e-4,
         atol=1e-5,
     )
@@ -191,6 +191,14 @@ def test_batch_norm_backward():
         rtol=1e-3,
         atol=1e-4,
     )
+
+
+def test_pointwise_epilogue_of_a_reduction_is_in_its_kernel():
+    """Issue 11 item 5: pointwise ops on a reduction's result (an RMS scale, a loss's
+    mean and scaling) run in the reduction's kernel, not a kernel of their own."""
+    x, w = torch.randn(8, 40), torch.randn(8)
+    check(lambda x, w: ((x * x).mean(1).add(1e-6).rsqrt() * w + 1,), x, w, kernels=1, rtol=1e-4)
+    check(lambda x: (x.amax(1).exp() * 2, x.sum(1).sigmoid()), x, kernels=1, rtol=1e-4)
 
 
 def test_sibling_reductions_share_a_kernel():

@@ -2,6 +2,7 @@
 freed extern results and extern arguments handed to a later allocation of the
 same layout when the extern op returns fresh memory (issue 11)."""
 
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -97,3 +98,62 @@ def test_a_prototype_for_a_device_not_here_allocates_when_called() -> None:
     p = prototype(torch.float32, torch.device("cuda", 0))
     with pytest.raises((RuntimeError, AssertionError)):
         p.new_empty_strided((2,), (1,))
+
+
+def _call_body(src: str) -> list[str]:
+    """The lines of the generated wrapper's ``call`` function, stripped."""
+    body = src[src.index("def call(args):") : src.index("no_grad = ")]
+    return [ln.strip() for ln in body.splitlines()[1:] if ln.strip()]
+
+
+def _cumsum_chain(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor]:
+    m = a @ b  # an extern result of 8 x 8 float32
+    n = aten.cumsum(m, 0)  # m freed right after this extern: nothing allocated since
+    return ((n * 100).to(dtype),)  # a kernel buffer of m's size and stride
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+def test_a_freed_buffer_is_reused_only_by_its_own_dtype(dtype: torch.dtype) -> None:
+    """int32 has float32's size, stride and bytes: only the dtype tells them apart."""
+    a, b = torch.randn(8, 8, device=device()), torch.randn(8, 8, device=device())
+    fn = check(lambda x, y: _cumsum_chain(x, y, dtype), a, b, rtol=1e-4, atol=1e-3)
+    src = fn.wrapper_source
+    assert ("# reuse" in src) == (dtype == torch.float32), src
+    x, y = fresh([a, b])
+    (got,) = fn(x, y)
+    assert got.dtype == dtype
+    (want,) = _cumsum_chain(x, y, dtype)
+    if dtype == torch.int32:  # a rounding of n * 100 may land on either side of an integer
+        assert (got - want).abs().max() <= 1
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+
+
+_NAME = re.compile(r"\b(?:buf|arg)\d+\b")
+
+
+def _ends_ok(line: str) -> bool:
+    """Lines the wrapper may place between a buffer's last reader and its ``del``:
+    other ``del``s and the layout check of the result just made."""
+    return line.startswith("del ") or (line.startswith("if ") and "_layout(" in line)
+
+
+@pytest.mark.parametrize("case", ["matmul", "cumsum"])
+def test_every_buffer_is_deleted_right_after_its_last_reader(case: str) -> None:
+    """Issue 11 item 4: a buffer (an input included) lives from its allocation to its
+    last reader and not one launch or allocation longer; only the outputs outlive the
+    call."""
+    a, b = torch.randn(8, 8, device=device()), torch.randn(8, 8, device=device())
+    f = _matmul_chain if case == "matmul" else lambda x, y: _cumsum_chain(x, y, torch.int32)
+    lines = _call_body(check(f, a, b, rtol=1e-4, atol=1e-3).wrapper_source)
+    returned = set(_NAME.findall(lines[-1]))
+    assert lines[-1].startswith("return"), lines
+    names = {n for ln in lines for n in _NAME.findall(ln)}
+    assert names - returned, lines
+    for name in names - returned:
+        dels = [i for i, ln in enumerate(lines) if ln == f"del {name}"]
+        assert len(dels) == 1, (name, lines)
+        uses = [i for i, ln in enumerate(lines) if name in _NAME.findall(ln) and i != dels[0]]
+        assert max(uses) < dels[0], (name, lines)  # nothing reads it after its del
+        between = lines[max(uses) + 1 : dels[0]]
+        assert all(_ends_ok(ln) for ln in between), (name, between)

@@ -219,3 +219,27 @@ def test_mode_reaches_the_triton_compiler(
 def test_unknown_mode_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match=r"mode='fast'; choose one of default, max-autotune"):
         stoker.compile(lambda x: x, mode="fast")
+
+
+def test_report_lists_the_backward_segments_kernels_per_call() -> None:
+    """Issue 11 item 5: kernels in the report. The compiled-autograd backward's segments
+    (no Dynamo graph) are listed beside the forward, each graph with its kernels and
+    extern calls per call; the summary counts the backward's kernels."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    m = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 2))
+    stoker.reset()
+    c = stoker.compile(m, backend="interpret", dynamic=False)
+    for _ in range(2):
+        c(torch.randn(3, 4)).pow(2).sum().backward()
+    rep = c.stoker_report
+    stoker.reset()
+    seg = rep.autograd_kernels
+    assert seg and all(s.executor == "interpret" for s in seg), seg
+    assert rep.summary()["backward_kernels"] == sum(len(s.kernels) for s in seg) > 0
+    assert all(k.name.startswith("backward/") for s in seg for k in s.kernels), seg
+    assert any(s.externs for s in seg), seg  # the Linear gradients' matmuls
+    html = rep.to_html()
+    assert "compiled autograd graph 0 [interpret]" in html
+    for r in [rep.compiles[0], seg[0]]:
+        assert f"({len(r.kernels)} kernels, {len(r.externs)} extern calls per call)" in html

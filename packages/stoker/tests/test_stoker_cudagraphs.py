@@ -380,6 +380,54 @@ def test_new_size_keys_record_up_to_the_limit_then_run_plain() -> None:
     assert stats.reason is None  # the recorded keys keep replaying
 
 
+def test_each_record_and_the_limit_are_logged(capsys: pytest.CaptureFixture[str]) -> None:
+    """A record per new size key is counted and logged (``STOKER_LOGS=cudagraphs``) with
+    the running count, and so is the switch to plain launches at the limit."""
+
+    def scale(x: torch.Tensor, n: int) -> tuple[torch.Tensor]:
+        return (x * n,)
+
+    try:
+        stoker.set_logs("cudagraphs")
+        with cg.use_recorder(cg.HostRecorder()):
+            fn, stats = _graphed(scale, [torch.randn(3), 2], limit=2)
+            for n in (2, 2, 3, 3, 4, 4, 4):
+                fn(torch.randn(3), n)
+    finally:
+        stoker.set_logs("")
+    err = capsys.readouterr().err
+    recorded = [ln for ln in err.splitlines() if "recorded size key" in ln]
+    assert len(recorded) == stats.records == 2, err
+    assert "(2,)" in recorded[0] and "1 keys, 1 records" in recorded[0], recorded
+    assert "(3,)" in recorded[1] and "2 keys, 2 records" in recorded[1], recorded
+    assert "[stoker.cudagraphs]" in recorded[0]
+
+
+def test_forward_and_backward_graphs_share_one_pool() -> None:
+    """One private memory pool per device, shared by every graph of the forward and of
+    the compiled-autograd backward (a backward reads the forward's outputs in place)."""
+    torch.manual_seed(0)
+    model = MLP(8, 16, 4, depth=1)
+    graphs: list[cg.GraphedCallable] = []
+    make = cg.GraphedCallable.__init__
+
+    def spy(self: cg.GraphedCallable, *args: Any, **kwargs: Any) -> None:
+        make(self, *args, **kwargs)
+        graphs.append(self)
+
+    stoker.reset()
+    with pytest.MonkeyPatch.context() as mp, cg.use_recorder(cg.HostRecorder()):
+        mp.setattr(cg.GraphedCallable, "__init__", spy)
+        compiled = stoker.compile(model, backend="aten", dynamic=False, mode="reduce-overhead")
+        batches = [(torch.randn(6, 8), torch.randint(0, 4, (6,))) for _ in range(5)]
+        _train(compiled, batches, _ce, True)
+    labels = [g.stats.label for g in graphs]
+    assert any(lb.endswith("forward") for lb in labels), labels
+    assert any(lb.startswith("compiled autograd") for lb in labels), labels
+    assert len({id(g.pool) for g in graphs}) == 1, labels
+    assert all(g.stats.replays >= 1 for g in graphs), [g.stats for g in graphs]  # all recorded
+
+
 def test_sizes_that_never_repeat_stop_recording() -> None:
     def scale(x: torch.Tensor, n: int) -> tuple[torch.Tensor]:
         return (x * n,)

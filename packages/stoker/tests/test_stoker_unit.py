@@ -235,6 +235,7 @@ def test_report_html_sections_and_content(tmp_path: object) -> None:
         "graphs": 1,
         "guards": 2,
         "kernels": 1,
+        "backward_kernels": 0,
         "fallbacks": 1,
         "recompiles": 1,
         "cache_hits": 0,

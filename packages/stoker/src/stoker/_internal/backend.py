@@ -160,7 +160,7 @@ class StokerBackend:
             self.report.flush()
             raise
         rec.time("total", (time.perf_counter() - t0) * 1e3)
-        _record_capture_result(rec, compiled)
+        _record_capture_result(rec, compiled, opts)
         self.report.count_capture_cache(getattr(compiled, "cache_outcome", ""))
         self._record_shape_guards(rec)
         if not self.exports_guards:
@@ -300,10 +300,14 @@ def compile_with_executor(
     rec: CompileRecord | None,
     opts: CompileOptions | None = None,
     report: Report | None = None,
+    segment: CompileRecord | None = None,
 ) -> CompiledCallable:
     """The aten executor (the graph module itself) or stoker-triton's compiled callable;
-    under ``mode="reduce-overhead"``, wrapped to replay CUDA graphs (`cudagraphs`)."""
-    fn = _compile_with_executor(executor, gm, example_inputs, rec, opts, report)
+    under ``mode="reduce-overhead"``, wrapped to replay CUDA graphs (`cudagraphs`).
+    ``segment``: where a compiled-autograd segment's kernels are recorded."""
+    fn = _compile_with_executor(
+        executor, gm, example_inputs, rec or segment, opts, report, segment is not None
+    )
     if opts is None or opts.mode != "reduce-overhead":
         return fn
     from .cudagraphs import CudaGraphStats, graphed
@@ -330,6 +334,7 @@ def _compile_with_executor(
     rec: CompileRecord | None,
     opts: CompileOptions | None,
     report: Report | None,
+    backward_segment: bool = False,
 ) -> CompiledCallable:
     if executor == "aten":
         return gm
@@ -345,7 +350,8 @@ def _compile_with_executor(
         gm, list(example_inputs), options={"max_autotune": True} if autotune else None
     )
     if rec is not None:
-        _record_kernels(rec, getattr(fn, "report", None), _stage_of(gm))
+        stage = "backward" if backward_segment else _stage_of(gm)
+        _record_kernels(rec, getattr(fn, "report", None), stage)
     if report is not None:
         report.count_cache(getattr(getattr(fn, "report", None), "cache", ""))
     return fn  # type: ignore[no-any-return]
@@ -366,8 +372,12 @@ def autograd_compiler(opts: CompileOptions, first_report: Report) -> Callable[..
             "compiled autograd graph (%d ops) → %s executor", nodes, executor
         )
         report.autograd = _autograd_stats()
+        # the segment's kernels, for the report (not a Dynamo graph: not in `compiles`)
+        segment = CompileRecord(len(report.autograd_kernels), stage.split(" [")[0], executor)
+        if executor != "aten":
+            report.autograd_kernels.append(segment)
         report.flush()
-        return compile_with_executor(executor, gm, example_inputs, None, opts, report)
+        return compile_with_executor(executor, gm, example_inputs, None, opts, report, segment)
 
     return compile_backward
 
@@ -412,9 +422,14 @@ def _capture_backend(
     return make(**kwargs)  # type: ignore[no-any-return]
 
 
-def _record_capture_result(rec: CompileRecord, compiled: Any) -> None:
+def _record_capture_result(rec: CompileRecord, compiled: Any, opts: CompileOptions) -> None:
     """Fill in what stoker-capture exposes on its `CompiledFn` (the partition's decisions)."""
     partition = getattr(compiled, "partition", None)
+    bw = getattr(partition, "bw", None)
+    if rec.partition is None and isinstance(bw, fx.GraphModule):
+        # a lazy backward (compiled autograd, static sizes) is never compiled, so the
+        # saved values are read from the partition's backward graph itself
+        rec.partition = _partition_from_backward(bw, opts)
     if partition is not None and rec.partition is not None:
         rec.partition.recomputed = [str(x) for x in getattr(partition, "recomputed", [])]
     codegen = sum(v for k, v in rec.timings_ms.items() if k.startswith("codegen"))

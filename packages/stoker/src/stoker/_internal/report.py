@@ -143,6 +143,9 @@ class Report:
     # mode="reduce-overhead": one `cudagraphs.CudaGraphStats` per compiled graph (live
     # counters: records, replays, plain launches and why)
     cudagraphs: list[Any] = field(default_factory=list)
+    # the compiled-autograd backward's segments compiled by stoker-triton: their kernels
+    # (they are no Dynamo graph, so not in `compiles`)
+    autograd_kernels: list[CompileRecord] = field(default_factory=list)
     # stoker-triton's compiled-graph cache: outcome ("hit", "miss (new key)", ...) -> graphs
     graph_cache: dict[str, int] = field(default_factory=dict)
     # stoker-capture's captured-graph cache: outcome ("hit", "miss (new key)", ...) -> graphs
@@ -184,6 +187,8 @@ class Report:
             "graphs": self.n_graphs,
             "guards": self.n_guards,
             "kernels": self.n_kernels,
+            # kernels of the compiled-autograd backward's segments (Triton executor)
+            "backward_kernels": sum(len(c.kernels) for c in self.autograd_kernels),
             "fallbacks": sum(len(c.fallbacks) for c in self.compiles),
             "recompiles": len(self.recompiles),
             # compiled graphs loaded from stoker-triton's cache / compiled (and why)
@@ -364,10 +369,12 @@ def _render(r: Report) -> str:
     parts.append("".join(p) or '<p class="muted">none recorded (inference graphs only)</p>')
     # kernels
     k: list[str] = []
-    for c in r.compiles:
+    segments = [(c, f"{c.frame} [{c.executor}]") for c in r.autograd_kernels]
+    for c, label in [*((c, _label(c)) for c in r.compiles), *segments]:
         if not c.kernels and not c.fallbacks and not c.externs:
             continue
-        k.append(f"<h3>{_e(_label(c))}</h3>")
+        per_call = f"{len(c.kernels)} kernels, {len(c.externs)} extern calls per call"
+        k.append(f"<h3>{_e(label)} <span class=muted>({per_call})</span></h3>")
         k.append(
             _table(["kernel", "kind", "detail"], [[x.name, x.kind, x.detail] for x in c.kernels])
         )
