@@ -132,6 +132,16 @@ def _other_version(data: bytes) -> bytes:
     return b" ".join([magic, cache, kind, b"0-other" + version, digest]) + b"\n" + body
 
 
+def _cold_run(tmp_path: Path) -> tuple[Path, Path, dict[Path, bytes]]:
+    """The training script, its cache directory after one cold process, and the bytes
+    of every entry that process wrote."""
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    cache = tmp_path / "cache"
+    _finish(_start(script, cache, 1))
+    return script, cache, {p: p.read_bytes() for p in _entries(cache)}
+
+
 BREAK = {
     "random bytes": lambda data: os.urandom(len(data)),
     "empty file": lambda data: b"",
@@ -142,11 +152,7 @@ BREAK = {
 
 @pytest.mark.slow
 def test_every_cache_broken_every_way_is_a_miss_and_rewritten(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(_SCRIPT)
-    cache = tmp_path / "cache"
-    _finish(_start(script, cache, 1))
-    sound = {p: p.read_bytes() for p in _entries(cache)}
+    script, cache, sound = _cold_run(tmp_path)
     cold = {p: inspect_file(p) for p in sound}  # (kind, version, None)
     kinds = set(_entries(cache).values())
     assert _KINDS <= kinds, kinds
@@ -183,11 +189,7 @@ def _read_only() -> tuple[str, ...]:
 
 @pytest.mark.slow
 def test_a_read_only_cache_directory_is_read_never_written(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(_SCRIPT)
-    cache = tmp_path / "cache"
-    _finish(_start(script, cache, 1))
-    before = {p: p.read_bytes() for p in _entries(cache)}
+    script, cache, before = _cold_run(tmp_path)
     dirs = [cache, *(p for p in cache.rglob("*") if p.is_dir())]
     for p in before:
         p.chmod(0o444)
