@@ -21,3 +21,15 @@ def _seed_from_test_id(request: pytest.FixtureRequest) -> None:
     seed = zlib.crc32(request.node.nodeid.encode())
     torch.manual_seed(seed)
     random.seed(seed)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, tests marked ``slow`` start first (the order is otherwise kept).
+
+    The workers take tests in collection order; a test of a minute collected near the
+    end kept one worker busy alone after the other had run out of work.  Run serially,
+    the order is left alone (moving a test away from its module would set up its
+    module's fixtures twice)."""
+    if not hasattr(config, "workerinput"):
+        return
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

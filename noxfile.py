@@ -57,20 +57,25 @@ def _tests_env() -> dict[str, str]:
     return INTERPRET_ENV
 
 
+# pip byte-compiles every module it installs (torch alone: about 25 s of CPU per venv);
+# Python compiles on import the few each process loads, and caches them the same way.
+NO_COMPILE = "--no-compile"
+
+
 def _install(
     session: nox.Session, keys: list[str], extra: Sequence[str] = (), with_torch: bool = True
 ) -> None:
     """Pin torch first, then install the given packages (editable) and extras."""
     if with_torch:
-        session.install(TORCH)
+        session.install(NO_COMPILE, TORCH)
     needs_triton = any(PACKAGES[k][2] for k in keys)
     if needs_triton:
-        session.install(TRITON)
+        session.install(NO_COMPILE, TRITON)
     args: list[str] = []
     for k in keys:
         args += ["-e", str(ROOT / "packages" / PACKAGES[k][0])]
     if args or extra:
-        session.install(*args, *extra, TORCH)
+        session.install(NO_COMPILE, *args, *extra, TORCH)
 
 
 def _drop_venv(session: nox.Session) -> None:
@@ -95,6 +100,15 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 # pytest-xdist workers per suite (`auto`: one per core); STOKER_TEST_WORKERS=0 runs serially.
 WORKERS = os.environ.get("STOKER_TEST_WORKERS", "auto")
+# Suites too small to gain from workers: each worker imports torch and collects the
+# suite again, which cost stoker-shapes more than it saved (17 s on 2 workers, 9 s alone).
+SERIAL = {"shapes"}
+# The root conftest puts tests marked `slow` first; `worksteal` gives each worker half of
+# the tests, in order, and an idle worker takes the back half of the other's queue, so
+# the long tests start early and no worker ends alone on one. (`load` handed the first
+# worker its whole first chunk, every slow test; `loadgroup` no longer groups on
+# pytest 9.2, pytest-xdist issue 1386.)
+XDIST = ["--dist", "worksteal"]
 
 
 @nox.session
@@ -109,8 +123,8 @@ def tests(session: nox.Session, group: str) -> None:
 
 def _run_group(session: nox.Session, order: Sequence[str]) -> None:
     installed: list[str] = []
-    session.install(TORCH)
-    session.install(*TEST_DEPS, "pytest-xdist>=3", TORCH)
+    session.install(NO_COMPILE, TORCH)
+    session.install(NO_COMPILE, *TEST_DEPS, "pytest-xdist>=3.2", TORCH)
     for package in order:
         keys = list(PACKAGES) if package == "integration" else _closure(package)
         needed = [k for k in keys if k not in installed]
@@ -135,7 +149,8 @@ def _run_group(session: nox.Session, order: Sequence[str]) -> None:
             if package == "integration"
             else f"packages/{PACKAGES[package][0]}/tests"
         )
-        workers = [] if WORKERS in ("", "0") else ["-n", WORKERS]
+        serial = WORKERS in ("", "0") or package in SERIAL
+        workers = [] if serial else ["-n", WORKERS, *XDIST]
         session.run("pytest", where, *workers, *session.posargs, env=_tests_env())
 
 

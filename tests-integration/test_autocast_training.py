@@ -62,6 +62,7 @@ def _check(res: dict[str, Any], executor: str) -> None:
     assert worst["grad"] < 2e-2 and worst["param"] < 2e-2, res
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "variant"), CPU_CASES, ids=CPU_IDS)
 def test_cpu_bf16_autocast_interpreter(name: str, variant: str, tmp_path: Path) -> None:
     _check(_train(name, variant, "cpu", "interpret", tmp_path), "interpret")

@@ -23,6 +23,9 @@ GLOO = pytest.mark.skipif(
     reason="torch.distributed with gloo is not built into this torch",
 )
 
+# every test reads the one 2-rank job per group (`_run`, cached per process): started
+# first and together, they stay in one xdist worker's share, which runs the job once
+pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).with_name("distributed_script.py")
 FP32 = 1e-5  # relative, on losses and on every parameter after 4 SGD steps
 BF16 = 2e-2

@@ -115,6 +115,7 @@ TINY = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "compiled_autograd"),
     [

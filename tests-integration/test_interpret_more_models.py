@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 CASES = [
     "attn",
     "groupnorm",
@@ -16,6 +18,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 def test_more_models_match_eager_forward_gradients_and_buffers(tmp_path: Path) -> None:
     script = Path(__file__).with_name("more_models_script.py")
     env = {**os.environ, "TRITON_INTERPRET": "1", "STOKER_CACHE_DIR": str(tmp_path)}

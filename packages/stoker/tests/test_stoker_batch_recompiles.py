@@ -25,6 +25,7 @@ def _reset() -> Iterator[None]:
     stoker.reset()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_batches_3_5_7_9_compile_the_backward_once_more_then_never(name: str) -> None:
     """The GPT's batches are slices (``seq[:, :-1]``); its backward used to recompile
@@ -52,6 +53,7 @@ def test_batches_3_5_7_9_compile_the_backward_once_more_then_never(name: str) ->
     assert end == {**after[2], "cache_hits": end["cache_hits"]}, after  # batch 9: nothing new
 
 
+@pytest.mark.slow
 def test_gpt_batch_and_sequence_length_varying_together_stay_compiled() -> None:
     """Static (sliced) ids next to symbolic activations made the retrace fail on a
     ``batch x T`` view ("tgt_bound ... not a subset of src_bound") and fall back."""
@@ -74,6 +76,7 @@ def test_gpt_batch_and_sequence_length_varying_together_stay_compiled() -> None:
     assert st["fallbacks"] == 0 and st["recompiles"] <= st["captures"], st
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["dynamic=True", "mark_dynamic", "automatic"])
 def test_gpt_batch_varying_at_length_10_keeps_the_backward_compiled(how: str) -> None:
     """The backward views the gradient of the head's ``batch x 10`` rows back to

@@ -16,9 +16,14 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-pytestmark = pytest.mark.skipif(
-    not dist.is_available() or not dist.is_gloo_available(), reason="no gloo in this torch"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not dist.is_available() or not dist.is_gloo_available(), reason="no gloo in this torch"
+    ),
+    # every test reads the one spawned job (`results`): started first and together,
+    # they stay in one xdist worker's share, which runs the job once
+    pytest.mark.slow,
+]
 SCRIPT = Path(__file__).with_name("ddp_ranks_script.py")
 FP32 = 1e-5  # relative, per step, on every gradient and parameter
 

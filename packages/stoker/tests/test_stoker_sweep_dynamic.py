@@ -334,6 +334,7 @@ def bf16_gpt_case() -> Case:
     return Case(Block, seq_batch, bf16_lm_step, sizes, bf16=True, compile_kw={"dynamic": True})
 
 
+@pytest.mark.slow
 def test_bf16_autocast_with_a_dynamic_sequence() -> None:
     check_compiles(run_case(bf16_gpt_case()), 1, backward_dims=2)
 
@@ -414,6 +415,7 @@ GPT_HOW: dict[str, tuple[str, Callable[[Callable[..., Any]], Callable[..., Any]]
 GPT_CASES = [(how, k % 2 == 0) for k, how in enumerate(GPT_HOW)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("how", "sdpa", "mode"), rotated(GPT_CASES))
 def test_gpt_block_sequence_length(how: str, sdpa: bool, mode: str) -> None:
     """AdamW (eps 1e-3: the key bias's exact gradient is 0, see sweep_cases._OPTIMIZERS);
@@ -515,6 +517,7 @@ def masked_batch(n: int, gen: torch.Generator) -> Batch:
 SEQ_SIZES = (bt(2, 5), bt(2, 6), bt(3, 9), bt(4, 13))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "how", "mode"),
     rotated(product([Reductions, Views, Masked], ["dynamic_true", "automatic", "mark_batch"])),
@@ -573,6 +576,7 @@ def test_torch_compile_with_options_reports_into_the_fresh_report_after_reset() 
 # --- Triton kernels under the interpreter (tiny) --------------------------------------------
 
 
+@pytest.mark.slow
 def test_interpreted_triton_dynamic_tiny_cases() -> None:
     """A fresh process: the interpreter must be on before Triton jits anything."""
     run_interpreted(

@@ -652,6 +652,7 @@ INTERPRETED = (
 )
 
 
+@pytest.mark.slow
 def test_interpreted_triton_kernels_zoo() -> None:
     """A few zoo cases with Triton kernels under the interpreter (a fresh process: the
     interpreter must be on before Triton jits anything)."""

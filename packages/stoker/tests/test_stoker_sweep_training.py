@@ -446,6 +446,7 @@ def test_input_mutated_after_forward_all_modes(mode: str) -> None:
             out.sum().backward()
 
 
+@pytest.mark.slow
 def test_interpreted_triton_kernels_tiny_cases() -> None:
     """A few tiny cases with Triton kernels under the interpreter (a fresh process: the
     interpreter must be on before Triton jits anything)."""
