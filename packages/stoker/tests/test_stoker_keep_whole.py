@@ -39,3 +39,40 @@ def test_backward_of_kept_ops_compiled_by_triton_matches_eager() -> None:
     gc = torch.autograd.grad(out_c, comp)
     for a, b in zip(gc, ge):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_hook_on_the_layer_norm_bias_sees_its_weight_accumulated_as_in_eager() -> None:
+    """The layer norm's weight and bias gradients leave its backward together, kept
+    whole: the compiled backward accumulates them in the engine's order, so a
+    post-accumulate-grad hook on the later one (stoker's DDP reducer hooks only a
+    bucket's last gradient) finds the earlier one in ``.grad``, as eager does."""
+    import copy
+
+    import torch.nn as nn
+
+    import stoker
+
+    def run(model: nn.Sequential, compiled: bool, hooked: str) -> list[bool]:
+        # one hook, on `hooked` only: a hook on each would place each accumulate
+        seen: list[bool] = []
+        norm = model[1]
+        other = norm.weight if hooked == "bias" else norm.bias
+        getattr(norm, hooked).register_post_accumulate_grad_hook(
+            lambda _p: seen.append(other.grad is not None)
+        )
+        fn = stoker.compile(model) if compiled else model
+        for _ in range(2):
+            model.zero_grad(set_to_none=True)
+            fn(torch.randn(4, 6)).sum().backward()
+        return seen
+
+    for hooked in ("bias", "weight"):
+        stoker.reset()
+        try:
+            eager = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.GELU(), nn.Linear(8, 3))
+            model = copy.deepcopy(eager)
+            with stoker.autograd_enabled(False):
+                want = run(eager, False, hooked)
+            assert run(model, True, hooked) == want, (hooked, want)
+        finally:
+            stoker.reset()
