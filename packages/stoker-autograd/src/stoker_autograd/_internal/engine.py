@@ -107,8 +107,8 @@ def recompile_reasons() -> list[str]:
 def recapture_reasons() -> list[str]:
     """Why each backward was captured again since `reset_stats()` (one line per
     recapture, naming the graph and how its autograd nodes differ from the closest
-    earlier capture: ``AccumulateGrad of fc1.weight (.grad None) -> AccumulateGrad of
-    fc1.weight (.grad set)``, ``no longer: AccumulateGrad of head.bias``)."""
+    earlier capture: ``AccumulateGrad of fc1.weight: .grad None -> .grad set``,
+    ``no longer: AccumulateGrad of head.bias [.grad set]``)."""
     return list(recapture.RECAPTURE_REASONS)
 
 

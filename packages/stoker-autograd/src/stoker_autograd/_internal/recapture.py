@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import torch
 import torch.nn as nn
@@ -55,12 +55,6 @@ def parameter_name(t: object) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def describe_parameter(t: object, shape: Sequence[int]) -> str:
-    """``fc1.weight`` when named, else ``a parameter of shape (8, 6)``."""
-    name = parameter_name(t)
-    return name if name is not None else f"a parameter of shape {tuple(shape)}"
-
-
 def _kind(entry: str) -> str:
     """What an entry is, without what it holds: ``AccumulateGrad of fc1.weight``
     without its ``[.grad None]``, a compiled forward's backward without its number."""
@@ -71,7 +65,7 @@ _NUMBERED = re.compile(r"(CompiledFunction)_\d+")
 
 
 def _changed(a: str, b: str) -> str:
-    """``AccumulateGrad of fc1.weight: .grad None -> set`` for one node holding other
+    """``AccumulateGrad of fc1.weight: .grad None -> .grad set`` for one node holding other
     values; ``a -> b`` otherwise."""
     ka, _, ha = a.partition(" [")
     kb, _, hb = b.partition(" [")
