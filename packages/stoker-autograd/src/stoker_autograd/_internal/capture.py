@@ -45,6 +45,8 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, _suppres
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._thunk import Thunk
 
+from stoker_shapes import timing
+
 from . import ops, recapture
 from .aot_inline import inline_aot_backward, stoker_aot_info
 from .forward_dims import ForwardDims
@@ -110,6 +112,7 @@ class CaptureInstance:
         origins: list[list[tuple[int, str]]],
         *rest: Any,  # torch 2.13: accumulate_grad, check_nans
     ) -> tuple[str, list[torch.Tensor], list[Any], list[Any]]:
+        self._t0 = timing.start()  # the capture's mark, ended by end_capture
         self.id = next(_COUNTER)
         self.session.stats.captures += 1
         self.tracer.root = torch.nn.Module()
@@ -592,6 +595,7 @@ class CaptureInstance:
             self.forward_dims,
         )
         self.session.graphs.append(compiled)
+        timing.done("autograd capture", self._t0, "", f"backward graph {self.id}")
         return runtime_wrapper, compiled
 
     def _annotate_origins(self, graph: fx.Graph) -> None:
