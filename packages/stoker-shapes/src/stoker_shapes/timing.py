@@ -35,6 +35,7 @@ STAGES: dict[str, str] = {
     "run backward": "first run: backward",
     "report": "report and logs",
     "gc": "Python GC",
+    "user": "user code (loss, optimizer step)",
 }
 """Every stage a mark may name, with what a report calls it."""
 

@@ -77,6 +77,7 @@ class CaptureInstance:
     """One capture of one backward graph (built by the engine through ``factory()``)."""
 
     def __init__(self, session: Session) -> None:
+        self._t0 = timing.start()  # the capture's mark (the engine makes one per capture)
         self.session = session
         self.stack = contextlib.ExitStack()
         self.shape_env = ShapeEnv()
@@ -112,7 +113,6 @@ class CaptureInstance:
         origins: list[list[tuple[int, str]]],
         *rest: Any,  # torch 2.13: accumulate_grad, check_nans
     ) -> tuple[str, list[torch.Tensor], list[Any], list[Any]]:
-        self._t0 = timing.start()  # the capture's mark, ended by end_capture
         self.id = next(_COUNTER)
         self.session.stats.captures += 1
         self.tracer.root = torch.nn.Module()
