@@ -45,9 +45,16 @@ _EPOCH_NS = time.time_ns() - time.perf_counter_ns()
 
 
 def enabled() -> bool:
-    """Whether torch's structured trace log has a handler (``TORCH_TRACE`` is set)."""
+    """Whether torch's structured trace log writes somewhere (``TORCH_TRACE`` is set, or a
+    handler of the user's): torch keeps an idle handler without a directory otherwise."""
     mod = sys.modules.get("torch._logging._internal")
-    return bool(mod is not None and getattr(mod, "trace_log", None) and mod.trace_log.handlers)
+    log = getattr(mod, "trace_log", None)
+    if log is None:
+        return False
+    return any(
+        not (type(h).__name__ == "LazyTraceHandler" and getattr(h, "root_dir", None) is None)
+        for h in log.handlers
+    )
 
 
 def _trace(name: str, payload: Callable[[], Any], metadata: Any = dict, **kw: Any) -> None:
@@ -113,7 +120,7 @@ def guards(rec: Any) -> None:
 
 def output_code(fn: Any, what: str) -> None:
     """stoker-triton's wrapper and kernel sources of one compiled graph."""
-    if not enabled():
+    if not enabled() or not hasattr(fn, "wrapper_source"):  # the aten executor: no code
         return
     rep = getattr(fn, "report", None)
 
