@@ -128,6 +128,34 @@ def test_a_caller_marks_the_step_it_timed(tmp_path: Path) -> None:
     stoker.reset()
 
 
+def test_demo_report_accounts_for_the_first_step_the_cli_prints(tmp_path: Path) -> None:
+    """`stoker demo`'s figure (its first compiled step) is what the report breaks down."""
+    from stoker._internal.demo import format_result, train_side_by_side
+
+    stoker.reset()
+    res = train_side_by_side(
+        steps=2,
+        batch=2,
+        backend="aten",
+        device="cpu",
+        report=str(tmp_path / "demo.html"),
+        seed=0,
+        progress=False,
+    )
+    wall_ms = res.times_compiled[0] * 1e3
+    assert sum(res.first_step.values()) == pytest.approx(wall_ms, rel=1e-6)
+    named = sum(ms for st, ms in res.first_step.items() if st != "other")
+    assert named >= 0.95 * wall_ms, res.first_step  # within 5% of the CLI's figure
+    for stage in ("dynamo", "capture", "autograd capture", "run forward", "user"):
+        assert res.first_step.get(stage, 0) > 0, (stage, res.first_step)
+    text = format_result(res)
+    assert "of which: " in text and "on-disk caches: cold (" in text, text
+    page = (tmp_path / "demo.html").read_text()
+    assert '<svg class="timeline"' in page and '<svg class="memory"' in page
+    assert "the step the caller timed" in page
+    stoker.reset()
+
+
 # ----------------------------------------------------------------------------- memory
 
 

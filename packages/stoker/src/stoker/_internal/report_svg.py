@@ -51,6 +51,8 @@ def legend(by_stage: dict[str, float], wall_ms: float) -> str:
     """The stage colors with each stage's share, as HTML (under the timeline)."""
     items = []
     for stage, ms in by_stage.items():
+        if ms < 0.05:  # a stage that ran but took no time worth a swatch (the table has it)
+            continue
         pct = 100 * ms / wall_ms if wall_ms else 0.0
         items.append(
             f'<span class="lg"><span class="sw" style="background:{COLORS.get(stage, "#999")}">'
