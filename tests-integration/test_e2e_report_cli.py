@@ -133,6 +133,7 @@ def test_cli_explain_runs_a_script(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr[-3000:]
     assert "args ['--flag', '1']" in p.stdout
     assert "[stoker.graphs]" in p.stderr and "[stoker.autograd]" in p.stderr
+    assert "first compiled step " in p.stderr and "on-disk caches " in p.stderr, p.stderr[-2000:]
     assert report.exists() and 'id="guards"' in report.read_text()
 
 

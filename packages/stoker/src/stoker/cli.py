@@ -191,7 +191,12 @@ def _write_explain_report(path: str) -> None:
 
     rep.autograd = _autograd_stats()
     written = rep.write(rep.path or path)
-    print(f"stoker explain: report written to {written}", file=sys.stderr)
+    step = rep.step_record()
+    took = f"first compiled step {step.wall_ms / 1e3:.2f} s, " if step is not None else ""
+    print(
+        f"stoker explain: {took}on-disk caches {rep.cache_line()}; report written to {written}",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":
