@@ -123,7 +123,8 @@ def _trace_cuda(dev: Any, got: list[MemoryRecord]) -> Iterator[None]:
 
     torch.cuda.synchronize(dev)
     base = torch.cuda.memory_allocated(dev)
-    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    # every alloc and free ("all"), without their tracebacks (context=None: cheaper)
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, max_entries=200_000)
     try:
         t0_us, p0 = time.time_ns() / 1e3, time.perf_counter_ns()
         yield

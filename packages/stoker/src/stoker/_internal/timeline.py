@@ -205,6 +205,8 @@ class TimedRun:
         return out
 
     def __getattr__(self, name: str) -> Any:
+        if name in TimedRun.__slots__:  # not set yet (a copy made without __init__)
+            raise AttributeError(name)
         return getattr(self.fn, name)
 
 

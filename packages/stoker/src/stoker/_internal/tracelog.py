@@ -147,7 +147,10 @@ def autograd_graph(number: int | None, gm: Any) -> None:
             )
         except Exception:  # a torch whose CompileId differs: logged without an id
             kw = {}
-    _trace("compiled_autograd_graph", lambda: _readable(gm), expect_trace_id=False, **kw)
+    try:
+        _trace("compiled_autograd_graph", lambda: _readable(gm), expect_trace_id=False, **kw)
+    except TypeError:  # a trace_structured without compile_id=
+        _trace("compiled_autograd_graph", lambda: _readable(gm), expect_trace_id=False)
 
 
 def artifact(name: str, payload: Callable[[], Any], encoding: str = "string") -> None:
