@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -143,8 +144,8 @@ def test_cli_demo_few_steps(tmp_path: Path) -> None:
             "demo",
             "--steps",
             "6",
-            "--backend",
-            "aten",
+            "--device",  # auto picks the aten executor on the CPU, as in the docs sample
+            "cpu",
             "--report",
             str(report),
         ],
@@ -169,3 +170,33 @@ def test_cli_demo_few_steps(tmp_path: Path) -> None:
     diff = float(out.split("max |diff| = ")[1].split()[0])
     assert diff < 1e-3, out
     assert report.exists()
+    _check_the_docs_sample(p.stdout, p.stderr)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _label(line: str) -> str:
+    """A line of the demo's output without its numbers, paths and progress-bar fill."""
+    line = re.sub(r"\[[#.]+\]", "[bar]", line)
+    line = re.sub(r"(?<![\w/])/\S+", "PATH", line)
+    line = re.sub(r"[-+]?\d+(\.\d+)?(e[-+]?\d+)?", "#", line)
+    return " ".join(line.split())
+
+
+def _check_the_docs_sample(stdout: str, stderr: str) -> None:
+    """The sample `stoker demo` output in README.md and docs/stoker.md is what the demo
+    prints, numbers aside: each sample line is a line of this run, and each line this
+    run printed to stdout is in the sample."""
+    real = {_label(x) for x in re.split(r"[\r\n]", stdout + "\n" + stderr) if x.strip()}
+    printed = {_label(x) for x in stdout.splitlines() if x.strip()}
+    for doc in (ROOT / "README.md", ROOT / "docs" / "stoker.md"):
+        found = re.search(
+            r"^\$ stoker demo\n(.*?)^```", doc.read_text(encoding="utf-8"), re.M | re.S
+        )
+        assert found, f"{doc.name} has no sample of `$ stoker demo`"
+        sample = {_label(x) for x in found.group(1).splitlines() if x.strip()}
+        stale = sample - real
+        assert not stale, f"{doc.name}'s sample shows lines the demo no longer prints: {stale}"
+        missing = printed - sample
+        assert not missing, f"the demo prints lines {doc.name}'s sample lacks: {missing}"

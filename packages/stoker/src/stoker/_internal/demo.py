@@ -218,6 +218,40 @@ def format_result(res: DemoResult) -> str:
     return "\n".join(x for x in lines if x)
 
 
+def check_demo_args(
+    *, steps: int, batch: int, backend: str, device: str | None, ranks: int = 1
+) -> str:
+    """The device the demo will run on, or a `StokerConfigError` saying what to pass
+    instead (``stoker demo`` prints it as one line and exits with 2)."""
+    from .config import BACKENDS, StokerConfigError, check_device, resolve_backend
+
+    if steps < 1:
+        raise StokerConfigError(f"--steps {steps}: train at least 1 step (default 200)")
+    if batch < 1:
+        raise StokerConfigError(f"--batch {batch}: use at least 1 sequence per step (default 16)")
+    if ranks < 1:
+        raise StokerConfigError(f"--ranks {ranks}: use 1 (one process) or more")
+    if backend not in BACKENDS:
+        raise StokerConfigError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
+    device = check_device(device)
+    dev = torch.device(device)
+    if ranks > 1 and dev.index is not None:
+        raise StokerConfigError(
+            f"--device {device}: with --ranks, name cpu or cuda without an index (one GPU per rank)"
+        )
+    if ranks > 1 and dev.type == "cuda" and torch.cuda.device_count() < ranks:
+        n = torch.cuda.device_count()
+        raise StokerConfigError(
+            f"--ranks {ranks} on cuda needs {ranks} GPUs (NCCL, one per rank); this machine "
+            f"has {n}: pass --ranks {n}, or --device cpu (gloo)"
+        )
+    try:
+        resolve_backend(backend, [dev])
+    except StokerConfigError as e:
+        raise StokerConfigError(f"--backend {backend} on {device}: {e}") from None
+    return device
+
+
 def run_demo(
     *,
     steps: int,
@@ -230,8 +264,7 @@ def run_demo(
 ) -> int:
     import os
 
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = check_demo_args(steps=steps, batch=batch, backend=backend, device=device)
     if backend == "auto":
         why = (
             "a GPU is present: Triton kernels" if device == "cuda" else "no GPU: the aten executor"
