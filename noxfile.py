@@ -183,6 +183,13 @@ def integration(session: nox.Session) -> None:
 
 
 @nox.session
+def build(session: nox.Session) -> None:
+    """The five wheels in dist/: `pip install dist/*.whl` installs them (offline once torch is in)."""
+    session.install(NO_COMPILE, "hatchling>=1.18")
+    session.run("python", "tools/build_wheels.py", *(session.posargs or ["dist"]))
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check."""
     session.install("ruff>=0.6")

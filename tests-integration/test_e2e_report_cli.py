@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -138,11 +139,12 @@ def test_cli_explain_runs_a_script(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, Path]]:
-    """``stoker demo`` twice with one cache directory: cold, then warm (stdout, report)."""
+def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, str, Path]]:
+    """``stoker demo`` twice with one cache directory: cold, then warm (stdout, stderr,
+    report). On the CPU, auto picks the aten executor, as in the docs' sample."""
     tmp = tmp_path_factory.mktemp("demo")
     runs = []
-    for i, steps in enumerate((4, 2)):
+    for i, steps in enumerate((6, 2)):
         report = tmp / f"demo-{i}.html"
         p = subprocess.run(
             [
@@ -152,8 +154,8 @@ def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, Path]
                 "demo",
                 "--steps",
                 str(steps),
-                "--backend",
-                "aten",
+                "--device",
+                "cpu",
                 "--report",
                 str(report),
             ],
@@ -164,17 +166,17 @@ def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, Path]
             env={**os.environ, "STOKER_CACHE_DIR": str(tmp / "cache")},
         )
         assert p.returncode == 0, p.stderr[-3000:]
-        runs.append((p.stdout, report))
+        runs.append((p.stdout, p.stderr, report))
     return runs
 
 
-def test_cli_demo_few_steps(demo_runs: list[tuple[str, Path]]) -> None:
-    out, report = demo_runs[0]
+def test_cli_demo_few_steps(demo_runs: list[tuple[str, str, Path]]) -> None:
+    out, err, report = demo_runs[0]
     for needle in (
         "executor: aten",
         "compile time",
         "of which: ",
-        "on-disk caches: cold (0 hits, ",
+        "on-disk caches: cold (hits 0, ",
         "steady step time, eager",
         "steady step time, stoker",
         "loss curves agree",
@@ -186,8 +188,10 @@ def test_cli_demo_few_steps(demo_runs: list[tuple[str, Path]]) -> None:
     diff = float(out.split("max |diff| = ")[1].split()[0])
     assert diff < 1e-3, out
     assert report.exists()
+    _check_the_docs_sample(out, err)
+
     warm = demo_runs[1][0]
-    assert "on-disk caches: warm (" in warm and " 0 misses)" in warm, warm
+    assert "on-disk caches: warm (" in warm and "misses 0)" in warm, warm
 
 
 def _cli_first_step_s(out: str) -> float:
@@ -253,14 +257,14 @@ def _hex(color: str) -> tuple[int, int, int]:
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 def test_demo_report_timeline_and_memory_render_in_chromium(
-    demo_runs: list[tuple[str, Path]], tmp_path: Path
+    demo_runs: list[tuple[str, str, Path]], tmp_path: Path
 ) -> None:
     """The warm demo's report in headless Chromium: no console errors; the timeline and the
     memory plot are drawn (their colors are on the screen); the stages in the DOM sum to
     the first-step time the CLI printed, within 5%."""
     from stoker._internal.report_svg import COLORS
 
-    out, report = demo_runs[1]
+    out, _, report = demo_runs[1]
     base = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
     p = subprocess.run(
         [
@@ -409,3 +413,32 @@ def test_torch_trace_shows_stokers_stages_and_graphs(tmp_path: Path) -> None:
     mine = [e for e in events if e.get("cat") == "stoker"]
     stages = {e["args"]["stage"] for e in mine}
     assert {"Dynamo trace", "capture", "partition", "compiled autograd: capture"} <= stages
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _label(line: str) -> str:
+    """A line of the demo's output without its numbers, paths and progress-bar fill."""
+    line = re.sub(r"\[[#.]+\]", "[bar]", line)
+    line = re.sub(r"(?<![\w/])/\S+", "PATH", line)
+    line = re.sub(r"[-+]?\d+(\.\d+)?(e[-+]?\d+)?", "#", line)
+    return " ".join(line.split())
+
+
+def _check_the_docs_sample(stdout: str, stderr: str) -> None:
+    """The sample `stoker demo` output in README.md and docs/stoker.md is what the demo
+    prints, numbers aside: each sample line is a line of this run, and each line this
+    run printed to stdout is in the sample."""
+    real = {_label(x) for x in re.split(r"[\r\n]", stdout + "\n" + stderr) if x.strip()}
+    printed = {_label(x) for x in stdout.splitlines() if x.strip()}
+    for doc in (ROOT / "README.md", ROOT / "docs" / "stoker.md"):
+        found = re.search(
+            r"^\$ stoker demo\n(.*?)^```", doc.read_text(encoding="utf-8"), re.M | re.S
+        )
+        assert found, f"{doc.name} has no sample of `$ stoker demo`"
+        sample = {_label(x) for x in found.group(1).splitlines() if x.strip()}
+        stale = sample - real
+        assert not stale, f"{doc.name}'s sample shows lines the demo no longer prints: {stale}"
+        missing = printed - sample
+        assert not missing, f"the demo prints lines {doc.name}'s sample lacks: {missing}"

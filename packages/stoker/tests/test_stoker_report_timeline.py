@@ -6,6 +6,7 @@ from __future__ import annotations
 import html.parser
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -149,7 +150,9 @@ def test_demo_report_accounts_for_the_first_step_the_cli_prints(tmp_path: Path) 
     for stage in ("dynamo", "capture", "autograd capture", "run forward", "user"):
         assert res.first_step.get(stage, 0) > 0, (stage, res.first_step)
     text = format_result(res)
-    assert "of which: " in text and "on-disk caches: cold (" in text, text
+    assert "of which: Dynamo trace " in text and "on-disk caches: cold (hits 0," in text, text
+    groups = [float(x) for x in re.findall(r"(\d+\.\d+) s\b", text.split("of which:")[1])]
+    assert len(groups) == 9 and sum(groups) == pytest.approx(wall_ms / 1e3, abs=0.05), text
     page = (tmp_path / "demo.html").read_text()
     assert '<svg class="timeline"' in page and '<svg class="memory"' in page
     assert "the step the caller timed" in page
@@ -279,7 +282,7 @@ def test_cache_state_counts_every_cache_once() -> None:
     assert r.cache_state() == "off" and r.summary()["cache"] == "off"
     r.count_capture_cache("hit")
     r.autograd = {"disk_hits": 2, "disk_misses": 0, "disk cache hit": 2}
-    assert r.cache_state() == "warm" and r.cache_line() == "warm (3 hits, 0 misses)"
+    assert r.cache_state() == "warm" and r.cache_line() == "warm (hits 3, misses 0)"
     r.count_cache("miss (new key)")
     s = r.summary()
     assert (s["cache"], s["cache_hits"], s["cache_misses"]) == ("partly warm", 3, 1)
@@ -287,9 +290,9 @@ def test_cache_state_counts_every_cache_once() -> None:
     cold = Report()
     cold.count_capture_cache("miss (new key)")
     cold.count_capture_cache("uncacheable: a subgraph")  # not a lookup that missed
-    assert cold.cache_line() == "cold (0 hits, 1 miss)"
+    assert cold.cache_line() == "cold (hits 0, misses 1)"
     page = r.to_html()
-    assert "partly warm (3 hits, 1 miss)" in page and "hit: 2" in page
+    assert "partly warm (hits 3, misses 1)" in page and "hit: 2" in page
 
 
 # ----------------------------------------------------------------------------- the page

@@ -374,6 +374,8 @@ def test_bench_worker_eager_mlp() -> None:
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["model"] == "mlp" and row["backend"] == "eager" and row["recompiles"] == 0
     assert row["peak_mem"] > 0 and row["steady_ms"] > 0
+    assert row["steady_ms_min"] <= row["steady_ms"] <= row["steady_ms_max"]
+    assert row["steady_repeats"] == 2
 
 
 # ----------------------------------------------------------------------------- per call

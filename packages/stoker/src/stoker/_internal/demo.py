@@ -40,7 +40,7 @@ class DemoResult:
     summary: dict[str, Any] = field(default_factory=dict)
     # the first compiled step by stage (ms; they sum to times_compiled[0], "other" included)
     first_step: dict[str, float] = field(default_factory=dict)
-    cache: str = ""  # the on-disk caches' state: "warm (2 hits, 0 misses)", "cold (...)"
+    cache: str = ""  # the on-disk caches' state: "warm (hits 2, misses 0)", "cold (...)"
 
     @property
     def max_loss_diff(self) -> float:
@@ -214,17 +214,28 @@ def train_side_by_side(
     return res
 
 
-def format_stages(stages: dict[str, float], top: int = 6) -> str:
-    """``Dynamo trace 0.61 s, capture 0.40 s, ..., other 0.02 s``: the largest stages."""
-    from .timeline import STAGE_LABELS
+# the demo's breakdown of its first step, in groups of stages that it always prints
+STAGE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Dynamo trace", ("dynamo",)),
+    ("capture and partition", ("backend", "capture", "partition")),
+    ("codegen and kernel compile", ("codegen", "kernel compile")),
+    ("compiled autograd", ("autograd capture", "autograd retrace", "autograd compile")),
+    ("caches", ("cache load", "cache write")),
+    ("first runs", ("run forward", "run backward")),
+    ("loss and optimizer", ("user",)),
+    ("report and GC", ("report", "gc")),
+    ("other", ("other",)),
+)
 
-    named = sorted(((ms, st) for st, ms in stages.items() if st != "other"), reverse=True)
-    shown = [f"{STAGE_LABELS.get(st, st)} {ms / 1e3:.2f} s" for ms, st in named[:top]]
-    rest = sum(ms for ms, _ in named[top:])
-    if rest:
-        shown.append(f"{len(named) - top} more {rest / 1e3:.2f} s")
-    shown.append(f"other {stages.get('other', 0.0) / 1e3:.2f} s")
-    return ", ".join(shown)
+
+def format_stages(stages: dict[str, float]) -> list[str]:
+    """The first step by group of stages, seconds each, on two lines (every group, in
+    one order: the lines read alike from run to run)."""
+    parts = [
+        f"{name} {sum(stages.get(st, 0.0) for st in keys) / 1e3:.2f} s"
+        for name, keys in STAGE_GROUPS
+    ]
+    return [", ".join(parts[:4]) + ",", ", ".join(parts[4:])]
 
 
 def format_result(res: DemoResult) -> str:
@@ -234,7 +245,8 @@ def format_result(res: DemoResult) -> str:
     lines = [
         f"stoker demo: small GPT ({res.steps} steps) on {res.device}, executor: {res.executor}",
         f"  compile time (first compiled step):  {first_c:8.2f} s",
-        f"    of which: {format_stages(res.first_step)}" if res.first_step else "",
+        f"    of which: {format_stages(res.first_step)[0]}" if res.first_step else "",
+        f"              {format_stages(res.first_step)[1]}" if res.first_step else "",
         f"    on-disk caches: {res.cache}" if res.cache else "",
         f"  steady step time, eager:             {steady_e * 1e3:8.2f} ms",
         f"  steady step time, stoker:            {steady_c * 1e3:8.2f} ms"
@@ -255,6 +267,40 @@ def format_result(res: DemoResult) -> str:
     return "\n".join(x for x in lines if x)
 
 
+def check_demo_args(
+    *, steps: int, batch: int, backend: str, device: str | None, ranks: int = 1
+) -> str:
+    """The device the demo will run on, or a `StokerConfigError` saying what to pass
+    instead (``stoker demo`` prints it as one line and exits with 2)."""
+    from .config import BACKENDS, StokerConfigError, check_device, resolve_backend
+
+    if steps < 1:
+        raise StokerConfigError(f"--steps {steps}: train at least 1 step (default 200)")
+    if batch < 1:
+        raise StokerConfigError(f"--batch {batch}: use at least 1 sequence per step (default 16)")
+    if ranks < 1:
+        raise StokerConfigError(f"--ranks {ranks}: use 1 (one process) or more")
+    if backend not in BACKENDS:
+        raise StokerConfigError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
+    device = check_device(device)
+    dev = torch.device(device)
+    if ranks > 1 and dev.index is not None:
+        raise StokerConfigError(
+            f"--device {device}: with --ranks, name cpu or cuda without an index (one GPU per rank)"
+        )
+    if ranks > 1 and dev.type == "cuda" and torch.cuda.device_count() < ranks:
+        n = torch.cuda.device_count()
+        raise StokerConfigError(
+            f"--ranks {ranks} on cuda needs {ranks} GPUs (NCCL, one per rank); this machine "
+            f"has {n}: pass --ranks {n}, or --device cpu (gloo)"
+        )
+    try:
+        resolve_backend(backend, [dev])
+    except StokerConfigError as e:
+        raise StokerConfigError(f"--backend {backend} on {device}: {e}") from None
+    return device
+
+
 def run_demo(
     *,
     steps: int,
@@ -267,8 +313,7 @@ def run_demo(
 ) -> int:
     import os
 
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = check_demo_args(steps=steps, batch=batch, backend=backend, device=device)
     if backend == "auto":
         why = (
             "a GPU is present: Triton kernels" if device == "cuda" else "no GPU: the aten executor"

@@ -291,13 +291,13 @@ class Report:
         return "warm" if not misses else "cold" if not hits else "partly warm"
 
     def cache_line(self) -> str:
-        """``warm (3 hits, 0 misses)``: the caches' state in one line."""
+        """``warm (hits 3, misses 0)``: the caches' state in one line."""
         hits = sum(h for h, _ in self.cache_counts().values())
         misses = sum(m for _, m in self.cache_counts().values())
         state = self.cache_state()
         if state == "off":
             return "off (no cache lookup)"
-        return f"{state} ({hits} hit{'s' * (hits != 1)}, {misses} miss{'es' * (misses != 1)})"
+        return f"{state} (hits {hits}, misses {misses})"
 
     def new_compile(self, frame: str, executor: str) -> CompileRecord:
         rec = CompileRecord(index=len(self.compiles), frame=frame, executor=executor)
