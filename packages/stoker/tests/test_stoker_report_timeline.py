@@ -328,7 +328,7 @@ def test_timeline_and_memory_svg_are_well_formed() -> None:
     assert [a["data-stage"] for a in shares] == ["dynamo", "capture", "other"]
     widths = [float(a["width"] or 0) for a in shares]
     assert sum(widths) == pytest.approx(1100 - 70)  # the bar spans the whole step
-    assert "Dynamo &lt;frame&gt;" in page and "<script" not in page
+    assert "Dynamo &lt;frame&gt;" in page and "<script" not in page and "http" not in page
     (peak,) = [a for t, a in p.tags if t == "circle" and a.get("class") == "peak"]
     assert float(peak["cx"] or 0) > 70 and "peak 300" not in page and "peak 0.3 KiB" in page
 

@@ -89,7 +89,7 @@ def timeline_svg(step: StepRecord, max_spans: int = 3000) -> str:
         return 60 + (_W - 70) * (t - step.start_ns) / wall
 
     out = [
-        f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{_W}" '
+        f'<svg class="timeline" width="{_W}" '
         f'height="{top + lanes * lane_h + 30}" role="img" aria-label="first compiled step '
         f'timeline" style="{_FONT}">'
     ]
@@ -150,7 +150,7 @@ def memory_svg(mem: MemoryRecord) -> str:
         return top + (h - top - bottom) * (1 - (v - lo) / (hi - lo))
 
     out = [
-        f'<svg class="memory" xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{h}" '
+        f'<svg class="memory" width="{_W}" height="{h}" '
         f'role="img" aria-label="live bytes over the step" style="{_FONT}">'
     ]
     for name, a, b in mem.phases:
