@@ -258,9 +258,11 @@ def _write_explain_reports(kept: list[Report], path: str) -> None:
             rep.path = next(free)
         written = rep.write(rep.path)
         graphs = len(rep.compiles)
+        step = rep.step_record()
+        took = f"first compiled step {step.wall_ms / 1e3:.2f} s; " if step is not None else ""
         print(
             f"stoker explain: report written to {written} ({graphs} graph"
-            f"{'s' if graphs != 1 else ''})",
+            f"{'s' if graphs != 1 else ''}; {took}on-disk caches {rep.cache_line()})",
             file=sys.stderr,
         )
 

@@ -45,6 +45,8 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, _suppres
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._thunk import Thunk
 
+from stoker_shapes import timing
+
 from . import ops, recapture
 from .aot_inline import inline_aot_backward, stoker_aot_info
 from .forward_dims import ForwardDims
@@ -75,6 +77,7 @@ class CaptureInstance:
     """One capture of one backward graph (built by the engine through ``factory()``)."""
 
     def __init__(self, session: Session) -> None:
+        self._t0 = timing.start()  # the capture's mark (the engine makes one per capture)
         self.session = session
         self.stack = contextlib.ExitStack()
         self.shape_env = ShapeEnv()
@@ -592,6 +595,7 @@ class CaptureInstance:
             self.forward_dims,
         )
         self.session.graphs.append(compiled)
+        timing.done("autograd capture", self._t0, "", f"backward graph {self.id}")
         return runtime_wrapper, compiled
 
     def _annotate_origins(self, graph: fx.Graph) -> None:

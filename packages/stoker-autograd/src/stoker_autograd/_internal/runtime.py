@@ -27,6 +27,7 @@ import torch.fx as fx
 
 from stoker_capture import autocast_off, eager_autograd_engine
 from stoker_capture._internal.boxed import BoxedGraph, call_boxed, mark_boxed
+from stoker_shapes import timing
 
 from . import final_callbacks, graphstore, ops
 from .forward_dims import ForwardDims
@@ -49,9 +50,12 @@ def runtime_wrapper(
     # called outside autocast (a backward inside an autocast region must not cast again);
     # callbacks queued during the backward (FSDP2, the DDP reducer) run at its end;
     # the `on_backward_start` callables run first
+    t0 = timing.start()
     with eager_autograd_engine(), autocast_off(), final_callbacks.collecting():
         final_callbacks.run_start_callbacks()
         out = compiled_fn(inputs, sizes, scalars, hooks, packed_data)
+    if t0:  # someone listens (`stoker_shapes.timing`)
+        timing.done("run backward", t0, "backward", f"backward graph {compiled_fn.capture_id}")
     return out if type(out) is list else list(out)  # the engine wants exactly a list
 
 
@@ -120,6 +124,10 @@ class CompiledBackward:
         self._entry: list[dict[str, Any]] | None = None  # its retraced graph, serialized
 
     @property
+    def _label(self) -> str:
+        return f"backward graph {self.capture_id}"
+
+    @property
     def gm(self) -> fx.GraphModule:
         """The captured graph after the reordering passes (run now if not yet)."""
         if self._gm is None:
@@ -128,7 +136,9 @@ class CompiledBackward:
 
             assert self._captured is not None
             root, graph, name = self._captured
+            t0 = timing.start()
             self._gm = graph_module(root, run_all(graph), name)
+            timing.done("autograd retrace", t0, "reordering passes", self._label)
         return self._gm
 
     def __call__(
@@ -151,7 +161,9 @@ class CompiledBackward:
         if self.variants:  # why the newest variant did not fit (`recompile_reasons()`)
             self.last_miss = self.variants[-1].guards.explain(gargs, {}, None)
         if self.failed is None and len(self.variants) < self.session.recompile_limit:
+            t0 = timing.start()
             warm = self._load(inputs, sizes, scalars)
+            timing.done("cache load", t0, "compiled-autograd cache load", self._label)
             if warm is not None:
                 return _run(warm, lists)
         if self.failed is not None or len(self.variants) >= self.session.recompile_limit:
@@ -204,6 +216,7 @@ class CompiledBackward:
         values: dict[Position, int],
     ) -> None:
         stats = self.session.stats
+        t0 = timing.start()
         try:
             rt = retrace(
                 self.gm,
@@ -219,6 +232,7 @@ class CompiledBackward:
             self.failed = str(e)
             self._warn(f"could not compile it ({e})")
             return
+        timing.done("autograd retrace", t0, "retrace", self._label)
         self.last_retraced = rt
         self._entry = None
         if self._key is not None:  # serialized before the compiler may change the graph
@@ -226,7 +240,9 @@ class CompiledBackward:
                 self._entry = graphstore.graph_json(rt.gm)
             except graphstore.Uncacheable as e:
                 self._uncacheable(str(e))
+        t0 = timing.start()
         fn = self._compiled(rt.gm)
+        timing.done("autograd compile", t0, "compile", self._label)
         if fn is None:
             return
         try:
@@ -235,7 +251,9 @@ class CompiledBackward:
             self.failed = f"its guards could not be built: {e}"
             self._warn(self.failed)
             return
+        t0 = timing.start()
         self._store(fn, rt, guards, values, inputs, sizes, scalars)
+        timing.done("cache write", t0, "compiled-autograd cache write", self._label)
         self.variants.append(Variant(guards, fn, rt.arg_spec, rt.gm, values))
         stats.compiles += 1
         if len(self.variants) > 1:

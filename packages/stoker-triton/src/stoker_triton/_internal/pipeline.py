@@ -24,6 +24,8 @@ import sympy
 import torch
 import torch.fx
 
+from stoker_shapes import timing
+
 from . import graphcache
 from .report import CompileReport, KernelInfo
 from .runtime import (
@@ -158,9 +160,10 @@ def compile_graph_impl(
     _fill_report(report, program, sched, kernels, paths, str(wpath), ctx, shape_env, n_guards)
     if key is not None:
         added = list(shape_env.guards[n_guards:]) if shape_env is not None else []
-        _save_cached(
-            key, caller_gm, report, kernels, launchers, wrapper_src, consts, out_spec, added
-        )
+        with timing.timed("cache write", "compiled-graph cache write"):
+            _save_cached(
+                key, caller_gm, report, kernels, launchers, wrapper_src, consts, out_spec, added
+            )
     if debug:
         print(_debug_text(report, wrapper_src), file=sys.stderr)
     return CompiledGraph(call, report, wrapper_src, out_spec)

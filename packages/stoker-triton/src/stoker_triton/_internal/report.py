@@ -7,6 +7,8 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator
 
+from stoker_shapes import timing
+
 
 @dataclasses.dataclass
 class KernelInfo:
@@ -70,7 +72,7 @@ class CompileReport:
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, mark = time.perf_counter(), time.process_time(), timing.start()
         try:
             yield
         finally:
@@ -78,6 +80,10 @@ class CompileReport:
                 self.timings_ms.get(name, 0.0) + (time.perf_counter() - t0) * 1e3
             )
             self.cpu_ms[name] = self.cpu_ms.get(name, 0.0) + (time.process_time() - c0) * 1e3
+            if name == "cache":
+                timing.done("cache load", mark, "compiled-graph cache load")
+            else:
+                timing.done("codegen", mark, f"triton {name}")
 
     def __str__(self) -> str:
         lines = [

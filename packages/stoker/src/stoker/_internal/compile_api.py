@@ -69,11 +69,12 @@ def compile(
     )
     if opts.backend == "interpret":
         ensure_interpret_env()  # before triton jits anything
-    be = StokerBackend(opts)
-    be.exports_guards = True
-    be.name_hint = _name_of(model_or_fn)
     import torch
     import torch._dynamo
+
+    be = StokerBackend(opts)  # with Dynamo imported: it listens to Dynamo's compiles
+    be.exports_guards = True
+    be.name_hint = _name_of(model_or_fn)
 
     kwargs: dict[str, Any] = {
         "nopython": opts.fullgraph,
