@@ -253,6 +253,20 @@ class LoweringContext:
             self.realized_by[name] = tv
         return out
 
+    def _planned_layout(self, tv: TensorValue) -> BufferRef:
+        """The layout `realize(tv)` gives `tv` (its buffer's name aside): the layout it has,
+        the one it was realized in, a view of its value's planned layout, else contiguous."""
+        if tv.layout is not None:
+            return tv.layout
+        if tv.realized is not None and tv.realized.layout is not None:
+            return tv.realized.layout
+        if tv.view_of is not None:
+            base, relayout = tv.view_of
+            lay = relayout(self._planned_layout(base))
+            if lay is not None:
+                return lay
+        return BufferRef("(planned)", tv.size, contiguous_strides(tv.size), ZERO)
+
     def is_whole_buffer(self, ref: BufferRef) -> bool:
         buf = self.buffers[ref.buf]
         return (ref.size, ref.stride, ref.offset) == (buf.size, buf.stride, 0)
@@ -265,6 +279,8 @@ class LoweringContext:
         the view cannot be taken of the stored layout (a reshape of a strided one)."""
         assert tv.view_of is not None
         base, relayout = tv.view_of
+        if relayout(self._planned_layout(base)) is None:
+            return None  # known before storing anything: the value would be stored in vain
         stored = self.realize(base)
         if stored.layout is None:
             return None
