@@ -50,6 +50,19 @@ def test_a_matmul_gets_a_transposed_view_not_a_transposed_copy():
     assert sum(k.written for k in g.kernels) == 32 * 16 * 4
 
 
+def test_a_copy_a_matmul_reads_through_a_view_is_stored_once_as_an_output_too():
+    # attention's output: a transposed copy, read by the projection's addmm through one
+    # reshape and returned (saved for the backward) through another: one store
+    def f(a, w):
+        y = a.view(2, 8, 4, 4).transpose(1, 2).contiguous()
+        return y.view(2, 4, 32), y.view(8, 32) @ w
+
+    a, w = torch.randn(16, 16), torch.randn(32, 8)
+    check(f, a, w, kernels=1, rtol=1e-4, atol=1e-4)
+    g = _traffic(f, a, w)
+    assert sum(k.written for k in g.kernels) == 256 * 4, [(k.name, k.writes) for k in g.kernels]
+
+
 def test_per_row_and_per_column_operands_load_once_per_row_or_column():
     def f(x, m, w):
         return ((x - m[:, None]) * w).sum(-1)

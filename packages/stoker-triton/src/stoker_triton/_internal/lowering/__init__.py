@@ -515,6 +515,23 @@ def _stored_once(
     twice) or a view an extern made of it (an output must be its own tensor)."""
     contiguous = contiguous_strides(v.size)
     want = tuple(stride) if stride is not None else contiguous
+    if v.view_of is not None:
+        # a view of a value an extern had stored (its view taken for the extern): the
+        # output is that buffer, seen in the output's layout, when it is the whole buffer
+        r0 = v.realized
+        lay = r0.layout if r0 is not None and r0.layout is not None else ctx.planned_layout(v)
+        buf = ctx.buffers.get(lay.buf)
+        if (
+            buf is not None
+            and buf.kind == "kernel"
+            and buf.name not in taken
+            and buf.name not in ctx.aliases.values()
+            and buf.offset == 0
+            and lay.offset == 0
+            and tuple(lay.stride) == want
+            and product(buf.size) == product(v.size)
+        ):
+            return BufferRef(buf.name, tuple(v.size), want, sympy.Integer(0))
     cands = [v]
     if want == contiguous:
         cands += [env[u] for u in o.users if u.target in _RESHAPES and u.args[0] is o]

@@ -253,7 +253,7 @@ class LoweringContext:
             self.realized_by[name] = tv
         return out
 
-    def _planned_layout(self, tv: TensorValue) -> BufferRef:
+    def planned_layout(self, tv: TensorValue) -> BufferRef:
         """The layout `realize(tv)` gives `tv` (its buffer's name aside): the layout it has,
         the one it was realized in, a view of its value's planned layout, else contiguous."""
         if tv.layout is not None:
@@ -262,7 +262,7 @@ class LoweringContext:
             return tv.realized.layout
         if tv.view_of is not None:
             base, relayout = tv.view_of
-            lay = relayout(self._planned_layout(base))
+            lay = relayout(self.planned_layout(base))
             if lay is not None:
                 return lay
         return BufferRef("(planned)", tv.size, contiguous_strides(tv.size), ZERO)
@@ -279,7 +279,7 @@ class LoweringContext:
         the view cannot be taken of the stored layout (a reshape of a strided one)."""
         assert tv.view_of is not None
         base, relayout = tv.view_of
-        if relayout(self._planned_layout(base)) is None:
+        if relayout(self.planned_layout(base)) is None:
             return None  # known before storing anything: the value would be stored in vain
         stored = self.realize(base)
         if stored.layout is None:
@@ -369,7 +369,17 @@ def recompute_bytes(body: Value, idx: Sequence[Expr], size: Sequence[Expr]) -> i
     load whose index moves with every non-trivial dim of `idx`); broadcast operands
     (a bias, a per-row statistic) stay in cache and do not count."""
     full = {v for v, s in zip(idx, size) if s != 1}
-    return sum(ld.dtype.itemsize for ld in loads_of(body) if full <= ld.index.free_symbols)
+    return sum(ld.dtype.itemsize for ld in loads_of(body) if full <= _index_deps(ld))
+
+
+def _index_deps(ld: Load) -> set[sympy.Basic]:
+    """The loop variables a load's address moves with, through a gather's index too (an
+    embedding row: the token's position picks the row, the column var the element)."""
+    deps = set(ld.index.free_symbols)
+    for _, iv in ld.indirect:
+        for inner in loads_of(iv):
+            deps |= _index_deps(inner)
+    return deps
 
 
 def cast(v: Value, dtype: torch.dtype) -> Value:
