@@ -168,6 +168,26 @@ def test_a_job_past_its_limit_is_killed_and_one_without_time_is_skipped(tmp_path
     assert seen["late"][0] is None and "skipped" in seen["late"][1]
 
 
+def test_one_measurement_at_a_time_on_the_kept_cores(tmp_path, monkeypatch):
+    import threading
+
+    path = str(tmp_path / "gpu.lock")
+    cpu = min(os.sched_getaffinity(0))
+    monkeypatch.setenv("STOKER_LAP_TIMED_CPUS", str(cpu))
+    before = os.sched_getaffinity(0)
+    first, second = gpu_lap.GpuLock(path), gpu_lap.GpuLock(path)
+    inside: list[set[int]] = []
+    with first():
+        inside.append(os.sched_getaffinity(0))
+        t = threading.Thread(target=lambda: second().__enter__())
+        t.start()
+        time.sleep(0.5)
+        assert t.is_alive()  # the second measurement waits for the first
+    t.join(10)
+    assert not t.is_alive() and second.waited_s >= 0.4
+    assert inside == [{cpu}] and os.sched_getaffinity(0) == before  # pinned, then restored
+
+
 def test_tests_output_is_counted_as_it_comes():
     out = "\n".join(
         [

@@ -121,10 +121,10 @@ def check(rows: list[dict[str, Any]], expected_path: str, margin: float) -> list
         if want is None:
             bad.append(f"{r['model']}: no stored ratio in {expected_path}")
         elif got > want * (1 + margin):
-            bad.append(f"{r['model']}: ratio {got:.4f} > stored {want:.4f} (+{margin:.0%})")
+            bad.append(f"{r['model']}: ratio {got:.4f} > stored {want:.4f} (+{margin:.1%})")
         elif got < want * (1 - margin):
             bad.append(
-                f"{r['model']}: ratio {got:.4f} < stored {want:.4f} (-{margin:.0%}): "
+                f"{r['model']}: ratio {got:.4f} < stored {want:.4f} (-{margin:.1%}): "
                 f"fewer bytes, good; store the new ratio in {expected_path}"
             )
     return bad

@@ -97,13 +97,27 @@ def _cpus(spec: str) -> set[int]:
 
 
 def _pin(spec: str) -> set[int] | None:
-    """Pin the calling thread to the cores of `spec`; the mask before, or None."""
-    cpus = _cpus(spec) & os.sched_getaffinity(0) if spec else set()
+    """Pin the calling thread to the cores of `spec` (which may lie outside its present
+    mask: a compiling process moves to the measuring cores); the mask before, or None
+    where the cores are not ours to take."""
+    cpus = _cpus(spec) if spec else set()
     if not cpus or not hasattr(os, "sched_setaffinity"):
         return None
     before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cpus)
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:
+        return None
     return before
+
+
+def _split_cpus() -> tuple[str, str] | None:
+    """(cores kept for measurements, cores for the compiles beside them), from this
+    process's own mask; None on a machine too small to split."""
+    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(mine) < TIMED_CPUS + 2:
+        return None
+    return ",".join(map(str, mine[:TIMED_CPUS])), ",".join(map(str, mine[TIMED_CPUS:]))
 
 
 # ----------------------------------------------------------------------------- worker
@@ -300,11 +314,10 @@ def row_job(
         extra["STOKER_TRITON_CHECK_TARGETS"] = ""
     else:
         extra["TRITON_INTERPRET"] = "0"
-    if concurrent:
-        n = os.cpu_count() or 1
-        if n > TIMED_CPUS + 2:
-            extra["STOKER_LAP_TIMED_CPUS"] = f"0-{TIMED_CPUS - 1}"
-            cmd += ["--cpus", f"{TIMED_CPUS}-{n - 1}"]
+    split = _split_cpus() if concurrent else None
+    if split is not None:
+        extra["STOKER_LAP_TIMED_CPUS"] = split[0]
+        cmd += ["--cpus", split[1]]
 
     def done(code: int | None, out: str) -> None:
         row: dict[str, Any] = {"model": model, "backend": backend, "run": tag}
@@ -469,8 +482,10 @@ def kernels_job(lap: Lap, concurrent: bool) -> Job:
     extra["TRITON_INTERPRET"] = "1" if lap.dry_run else "0"
     if lap.dry_run:
         extra["STOKER_TRITON_CHECK_TARGETS"] = ""
-    if concurrent and (os.cpu_count() or 1) > TIMED_CPUS + 2:
-        extra["STOKER_LAP_TIMED_CPUS"] = f"0-{TIMED_CPUS - 1}"
+    split = _split_cpus() if concurrent else None
+    if split is not None:
+        extra["STOKER_LAP_TIMED_CPUS"] = split[0]
+        cmd = ["taskset", "-c", split[1], *cmd] if shutil.which("taskset") else cmd
 
     def done(code: int | None, out: str) -> None:
         try:
