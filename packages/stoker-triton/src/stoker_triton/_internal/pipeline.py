@@ -27,7 +27,7 @@ import torch.fx
 from stoker_shapes import timing
 
 from . import graphcache
-from .report import CompileReport, KernelInfo
+from .report import CompileReport, KernelInfo, register_kernels
 from .runtime import (
     PRECOMPILE_SEED,
     Launcher,
@@ -202,6 +202,7 @@ def _load_cached(
     call = got.wrapper.make_call(launchers, got.consts)
     added = [str(g.expr) for g in shape_env.guards[n_guards:]] if shape_env is not None else []
     graphcache.report_of(got, report, added)
+    register_kernels(report)
     graphcache.count("hits")
     report.cache = "hit"
     log_cache.info("compiled-graph cache hit: %s (%d kernels)", key, len(launchers))
@@ -483,6 +484,8 @@ def _inline_decomposition(
         if traces is not None and key is not None:
             traces[key] = sub
     env: dict[torch.fx.Node, Any] = {}
+    packet = getattr(node.target, "_overloadpacket", None)
+    origin = str(packet if packet is not None else node.target)  # for profiles and reports
     placeholders = [n for n in sub.nodes if n.op == "placeholder"]
     for ph, i in zip(placeholders, dyn):
         env[ph] = srcs[i]
@@ -497,6 +500,7 @@ def _inline_decomposition(
             if sn.op == "get_attr":
                 raise RuntimeError("the decomposition created a constant tensor")
             env[sn] = gm.graph.node_copy(sn, lambda a: env[a])
+            env[sn].meta["stoker_origin"] = node.meta.get("stoker_origin", origin)
     if isinstance(result, torch.fx.Node):
         node.replace_all_uses_with(result)
     else:
@@ -621,16 +625,35 @@ def _output_kind(gm: torch.fx.GraphModule) -> tuple[str, Any]:
 # stage 4: load
 
 
+def kernel_fn_name(ks: KernelSource) -> str:
+    """The kernel function's name, from its source (the same kernel in another graph or
+    layer has the same name): what a profiler lists, `stoker_<kind>_<hash>`, kind `pw`
+    (pointwise), `per` (persistent reduction), `red` (looped reduction), `sc` (scatter)."""
+    import hashlib
+
+    body = ks.source.replace(f"def {ks.name}(", "def kernel(", 1)
+    kind = (
+        "sc"
+        if ks.has_atomics
+        else "pw"
+        if not ks.is_reduction
+        else ("per" if ks.persistent else "red")
+    )
+    return f"stoker_{kind}_{hashlib.sha256(body.encode()).hexdigest()[:12]}"
+
+
 def kernel_module_source(ks: KernelSource) -> str:
     from .codegen_ops import PRELUDE, PRELUDE_BF16
 
-    body = ks.source.replace(f"def {ks.name}(", "def kernel(", 1)
+    name = kernel_fn_name(ks)
+    body = ks.source.replace(f"def {ks.name}(", f"def {name}(", 1)
     return (
         "# stoker-triton kernel\nimport triton\nimport triton.language as tl\n"
         + PRELUDE
         + PRELUDE_BF16["interpret" if interpreting() else "native"]
         + f"\nREDUCTION_HINT = {'outer' if ks.outer else 'inner'!r}\n\n"
         + body
+        + f"\n\nkernel = {name}\n"
     )
 
 
@@ -759,6 +782,8 @@ def _fill_report(
                     str(step.rnumel),
                     paths[step.name],
                     ks.source,
+                    kernel_fn_name(ks),
+                    sorted({o for n in step.nodes for o in n.origins}),
                 )
             )
         else:
@@ -770,6 +795,7 @@ def _fill_report(
     report.wrapper_path = wpath
     report.text_of["ir"] = program.as_text
     report.text_of["schedule"] = sched.as_text
+    register_kernels(report)
 
 
 def _debug_text(report: CompileReport, wrapper_src: str) -> str:

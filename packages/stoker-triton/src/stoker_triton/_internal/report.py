@@ -19,6 +19,19 @@ class KernelInfo:
     rnumel: str
     path: str  # kernel source file in the cache dir
     source: str
+    fn_name: str = ""  # the Triton function's name: what a profiler shows (`kernel_fn_name`)
+    origins: list[str] = dataclasses.field(default_factory=list)  # the aten ops it fused
+
+
+# Every kernel of every graph compiled or loaded in this process, by its function name
+# (a profile of a training step names kernels so: `tools/lap_profile.py` reads this).
+KERNELS: dict[str, KernelInfo] = {}
+
+
+def register_kernels(report: CompileReport) -> None:
+    for k in report.kernels:
+        if k.fn_name:
+            KERNELS.setdefault(k.fn_name, k)
 
 
 @dataclasses.dataclass

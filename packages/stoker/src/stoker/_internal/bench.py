@@ -147,9 +147,24 @@ def worker(model_name: str, backend: str, steps: int, device: str) -> dict[str, 
 
 
 def suite_worker(
-    entry_name: str, backend: str, steps: int, device: str, smoke: bool, params_path: str | None
+    entry_name: str,
+    backend: str,
+    steps: int,
+    device: str,
+    smoke: bool,
+    params_path: str | None,
+    *,
+    timed: Callable[[], Any] | None = None,
+    after: Callable[[Callable[[], float], Any, Any], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """One GPU-suite configuration under one backend (see `bench_suite`)."""
+    """One GPU-suite configuration under one backend (see `bench_suite`).
+
+    ``timed()`` is a context manager entered around the measured part (the steady
+    steps, peak memory, kernel count; `tools/gpu_lap.py` holds the GPU alone there
+    while other rows compile). ``after(step, fn, model)``, called inside it, returns
+    more figures for the row (the lap's per-kernel profile)."""
+    import contextlib
+
     import torch
 
     from .bench_suite import count_device_kernels, get_entry, wrap_model
@@ -190,18 +205,22 @@ def suite_worker(
     losses.append(step())
     first = time.perf_counter() - t0
     losses.append(step())
-    if dev_type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        losses.append(step())
-        times.append(time.perf_counter() - t0)
-    peak: int | None = int(torch.cuda.max_memory_allocated()) if dev_type == "cuda" else None
-    kernels = count_device_kernels(step)
-    # the CPU proxy of peak memory: bytes allocated at once during one more step, from
-    # allocation events (every backend runs this step, so parity is unchanged)
-    cpu_peak = peak_live_bytes(step) if dev_type == "cpu" else None
+    extra: dict[str, Any] = {}
+    with timed() if timed is not None else contextlib.nullcontext():
+        if dev_type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            losses.append(step())
+            times.append(time.perf_counter() - t0)
+        peak: int | None = int(torch.cuda.max_memory_allocated()) if dev_type == "cuda" else None
+        kernels = count_device_kernels(step)
+        # the CPU proxy of peak memory: bytes allocated at once during one more step, from
+        # allocation events (every backend runs this step, so parity is unchanged)
+        cpu_peak = peak_live_bytes(step) if dev_type == "cpu" else None
+        if after is not None:
+            extra = after(step, fn, model)
     out: dict[str, Any] = {
         "model": entry_name,
         "backend": backend,
@@ -218,6 +237,7 @@ def suite_worker(
     rep = getattr(fn, "stoker_report", None)
     if rep is not None:
         out["stoker"] = rep.summary()
+    out.update(extra)
     if params_path:
         torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, params_path)
         out["params_path"] = params_path
