@@ -48,6 +48,7 @@ from torch.utils._thunk import Thunk
 from . import ops, recapture
 from .aot_inline import inline_aot_backward, stoker_aot_info
 from .forward_dims import ForwardDims
+from .functions import function_key, function_name, is_torch_compiled
 from .origins import Origins
 
 if TYPE_CHECKING:
@@ -299,6 +300,9 @@ class CaptureInstance:
 
     # ----------------------------------------------------- engine: functional
     def set_node_origin(self, node_name: str, nodecall_index: int, pyobj: Any) -> None:
+        cls = getattr(pyobj, "_forward_cls", None)
+        if cls is not None and is_torch_compiled(cls):  # which of torch's compiled functions
+            node_name = f"{node_name}[torch.compile aot_id {cls._aot_id}]"
         self.origin_marks.append((len(self.tracer.graph.nodes), node_name, nodecall_index))
         self.origins.node = node_name
         self.signature.append(node_name.removeprefix("torch::autograd::"))
@@ -399,12 +403,18 @@ class CaptureInstance:
         opaque_object_indices: Sequence[int] = (),
         *rest: Any,
     ) -> tuple[torch.Tensor | None, ...]:
+        cls = ctx._forward_cls
+        fn_name = function_name(cls)
         if maybe_backward_state_idx is not None:
             raise NotImplementedError(
-                f"stoker-autograd: {ctx._forward_cls.__qualname__} carries a Dynamo BackwardState; "
-                "only torch.compile's own backends produce these"
+                f"stoker-autograd: {fn_name} carries a Dynamo BackwardState, which Dynamo "
+                "makes only while torch's own compiled autograd is enabled at compile time "
+                "(hooks registered inside the compiled region are then deferred to it). "
+                "Compile that forward without torch's compiled autograd enabled (Dynamo then "
+                "runs such hooks eagerly), or run its backward under torch's compiled "
+                "autograd instead of stoker_autograd.enable()"
             )
-        name = f"{ctx._forward_cls.__qualname__}.backward"
+        name = f"{fn_name}.backward"
         self._note_grads(inputs, name)
         self.origins.saved(
             saved_tensors,
@@ -417,22 +427,17 @@ class CaptureInstance:
         psaved = self.to_proxy(list(saved_tensors))
         info = stoker_aot_info(ctx)
         nodes: list[Any] | None = None
-        if info is not None:
+        if info is not None:  # stoker's own AOT backward: inlined where it can be
             proxies = inline_aot_backward(self, info, ctx, pinputs, psaved, output_metadatas)
             if proxies is not None:
                 nodes = [None if p is None else p.node for p in proxies]
                 self._note_forward_dims(info, ctx, saved_tensors, output_metadatas)
         if nodes is None:
-            if hasattr(ctx._forward_cls, "_aot_id"):
-                raise NotImplementedError(
-                    f"stoker-autograd: {ctx._forward_cls.__qualname__} is a backward compiled by "
-                    "torch's own AOTAutograd (torch.compile with another backend); compile the "
-                    "forward with stoker, or run this backward outside stoker_autograd.enable()"
-                )
+            # Any other Function, torch.compile's CompiledFunction (Inductor, aot_eager)
+            # included: an opaque call of its real backward with its real ctx.
             call = self._node(ops.call_backward, (pctx, psaved, *pinputs))
-            cls = ctx._forward_cls
-            call.meta["stoker_fn"] = cls.__qualname__
-            call.meta["stoker_fn_key"] = f"{cls.__module__}.{cls.__qualname__}"  # in the key
+            call.meta["stoker_fn"] = fn_name
+            call.meta["stoker_fn_key"] = function_key(cls)  # in the key (None: uncacheable)
             call.meta["stoker_out_meta"] = [
                 None if m is None else (m[0], m[1], m[2], self._size_exprs(m[3]))
                 for m in output_metadatas

@@ -199,6 +199,11 @@ def graph_text(
         target = n.target if n.op != "call_function" else _target_text(n.target)
         meta = n.meta.get("stoker_out_meta")
         fn = n.meta.get("stoker_fn_key")
+        if fn is None and n.op == "call_function" and n.target is ops.call_backward:
+            raise Uncacheable(
+                f"{n.meta.get('stoker_fn', 'a custom Function')} has no stable identity "
+                "(a torch.compile'd function without its backward graph)"
+            )
         lines.append(
             f"{n.op} {target} {_arg_text(tuple(n.args), index)} {_arg_text(dict(n.kwargs), index)}"
             + (f" out_meta={_arg_text(meta, index)}" if meta is not None else "")
