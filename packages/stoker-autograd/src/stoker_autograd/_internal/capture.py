@@ -87,9 +87,10 @@ class CaptureInstance:
         self.sym_sources: dict[
             sympy.Symbol, tuple[str, int]
         ] = {}  # capture symbol -> (list, index)
-        self.origin_marks: list[
-            tuple[int, str, int]
-        ] = []  # (first node index, node name, call index)
+        # (the graph's last node when the engine began the autograd node, its name as
+        # messages show it, its name as eager's engine names it, call index): a node
+        # object, not a position, since a lifted size's item is inserted at the top later
+        self.origin_marks: list[tuple[fx.Node, str, str, int]] = []
         self.aot_counts: dict[int, int] = {}
         self.origins = Origins([], self.sym_sources)  # set per capture by begin_capture
         # the sizes an inlined AOT backward's forward held symbolic (set by begin_capture)
@@ -300,10 +301,12 @@ class CaptureInstance:
 
     # ----------------------------------------------------- engine: functional
     def set_node_origin(self, node_name: str, nodecall_index: int, pyobj: Any) -> None:
+        raw = node_name
         cls = getattr(pyobj, "_forward_cls", None)
         if cls is not None and is_torch_compiled(cls):  # which of torch's compiled functions
             node_name = f"{node_name}[torch.compile aot_id {cls._aot_id}]"
-        self.origin_marks.append((len(self.tracer.graph.nodes), node_name, nodecall_index))
+        last = self.graph._root.prev  # the placeholders come first: never the root itself
+        self.origin_marks.append((last, node_name, raw, nodecall_index))
         self.origins.node = node_name
         self.signature.append(node_name.removeprefix("torch::autograd::"))
 
@@ -600,14 +603,20 @@ class CaptureInstance:
         return runtime_wrapper, compiled
 
     def _annotate_origins(self, graph: fx.Graph) -> None:
-        marks = sorted(self.origin_marks)
-        j, current = 0, None
-        for idx, node in enumerate(graph.nodes):
-            while j < len(marks) and marks[j][0] <= idx:
-                current = f"{marks[j][1]} (NodeCall {marks[j][2]})"
-                j += 1
+        """Each node's autograd node: ``meta["autograd_node"]`` as messages name it
+        (``MulBackward0 (NodeCall 3)``), ``meta["autograd_fn"]`` as eager's engine
+        names it (``MulBackward0``; anomaly mode's messages)."""
+        after: dict[fx.Node, tuple[str, str]] = {}
+        for last, name, raw, call in self.origin_marks:
+            after[last] = (f"{name} (NodeCall {call})", raw)  # the last one begun there
+        current: tuple[str, str] | None = None
+        for node in graph.nodes:
             if current is not None and node.op == "call_function":
-                node.meta.setdefault("autograd_node", current)
+                node.meta.setdefault("autograd_node", current[0])
+                node.meta.setdefault("autograd_fn", current[1])
+            mark = after.get(node)
+            if mark is not None:
+                current = mark
 
 
 def fake_tensor(

@@ -258,6 +258,8 @@ def _tensor_text(t: torch.Tensor) -> str:
 
 
 def _value_text(v: Any) -> str:
+    if isinstance(v, torch.Tensor) and v.layout != torch.strided:
+        raise Uncacheable(f"an input of layout {v.layout} (a sparse .grad or saved tensor)")
     if isinstance(v, torch.Tensor):
         return _tensor_text(v)
     if v is None or isinstance(v, bool | int | float):

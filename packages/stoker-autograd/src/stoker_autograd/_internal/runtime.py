@@ -62,6 +62,9 @@ class Variant:
     arg_spec: list[tuple[int, int]]
     gm: fx.GraphModule
     values: dict[Position, int]  # the sizes it was compiled for
+    # compiled for create_graph=True (grad mode on): run as differentiable aten ops,
+    # whatever the compiler, so .grad keeps its history as in eager
+    grad_mode: bool = False
 
 
 class _Recorder(fx.Interpreter):
@@ -145,11 +148,13 @@ class CompiledBackward:
             stats.cache_hits += 1
         lists = (inputs, sizes, scalars, hooks, packed)
         gargs = (inputs, sizes, scalars)
+        grad_mode = torch.is_grad_enabled()  # create_graph=True
         for v in self.variants:
-            if v.guards.check(gargs, {}, None):
+            if v.grad_mode is grad_mode and v.guards.check(gargs, {}, None):
                 return _run(v, lists)
-        if self.variants:  # why the newest variant did not fit (`recompile_reasons()`)
-            self.last_miss = self.variants[-1].guards.explain(gargs, {}, None)
+        mine = [v for v in self.variants if v.grad_mode is grad_mode]
+        if mine:  # why the newest variant did not fit (`recompile_reasons()`)
+            self.last_miss = mine[-1].guards.explain(gargs, {}, None)
         if self.failed is None and len(self.variants) < self.session.recompile_limit:
             warm = self._load(inputs, sizes, scalars)
             if warm is not None:
@@ -169,7 +174,7 @@ class CompiledBackward:
             return out
         now = concrete_values(inputs, sizes, scalars, rec.unpack_meta, unpack_index(self.gm))
         self.dynamic, self.free = self._shape_state(now)
-        if self.variants:
+        if mine:
             why = describe(self.last_miss, self.origins) if self.last_miss else "?"
             note_recompile(f"backward graph {self.capture_id}", why)
         self._compile(inputs, list(sizes), list(scalars), rec.unpack_meta, now)
@@ -236,15 +241,19 @@ class CompiledBackward:
             self._warn(self.failed)
             return
         self._store(fn, rt, guards, values, inputs, sizes, scalars)
-        self.variants.append(Variant(guards, fn, rt.arg_spec, rt.gm, values))
+        grad_mode = torch.is_grad_enabled()
+        recompile = any(v.grad_mode is grad_mode for v in self.variants)
+        self.variants.append(Variant(guards, fn, rt.arg_spec, rt.gm, values, grad_mode))
         stats.compiles += 1
-        if len(self.variants) > 1:
+        if recompile:
             stats.recompiles += 1
 
     def _compiled(self, gm: fx.GraphModule) -> Callable[..., Any] | None:
         """``gm`` compiled (None: the compiler failed, and a warning said so)."""
         try:
-            if self.session.compiler is aten_executor:
+            # create_graph=True: the gradients must carry their history (the aten ops run
+            # under grad mode record it; a compiler's kernels would not)
+            if self.session.compiler is aten_executor or torch.is_grad_enabled():
                 _mark_stealable(gm)
                 return mark_boxed(gm)
             return SegmentedBackward(gm, self._counted_compiler)  # pure aten segments
@@ -332,7 +341,7 @@ class CompiledBackward:
             for b, c in zip(boxed, code):
                 if c is not None:
                     b.load(c)
-        variant = Variant(guards, fn, arg_spec, gm, values)
+        variant = Variant(guards, fn, arg_spec, gm, values, torch.is_grad_enabled())
         self.variants.append(variant)
         self.dynamic, self.free = dynamic, free
         self.session.stats.disk_hits += 1
