@@ -351,7 +351,9 @@ class CaptureInstance:
             # accumulate-grad and hooks can move up to it (passes), also out of an
             # inlined AOT backward, where one node yields every gradient.
             for k, out in enumerate(outputs):
-                self._track_items([out], self._node(op, ([out], [metas[k]])))
+                check = self._node(op, ([out], [metas[k]]))
+                check.meta["stoker_out_index"] = k  # which output (anomaly mode's message)
+                self._track_items([out], check)
             return outputs
         self._track_items(outputs, self._node(op, (outputs, *args)))
         return outputs
