@@ -42,6 +42,8 @@ def _core_aten_table() -> dict[Any, Any]:
 # stays core aten.
 KEEP_WHOLE_IN_BACKWARD: tuple[str, ...] = (
     "native_layer_norm_backward",
+    "native_batch_norm_backward",
+    "native_group_norm_backward",
     "gelu_backward",
     "_softmax_backward_data",
     "_log_softmax_backward_data",
