@@ -20,10 +20,12 @@ aten = torch.ops.aten
 
 
 def _f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Every op of `KEEP_WHOLE_IN_BACKWARD` through its forward: layer norm, GELU,
-    softmax, log-softmax + NLL (cross entropy), ReLU, sigmoid, tanh, SiLU, batch norm."""
+    """Every op of `KEEP_WHOLE_IN_BACKWARD` through its forward: layer norm, batch
+    norm, group norm, GELU, softmax, log-softmax + NLL (cross entropy), ReLU, sigmoid,
+    tanh, SiLU."""
     h = F.layer_norm(x, (x.shape[-1],), w, b)
     h = F.batch_norm(h, None, None, w, b, training=True)
+    h = F.group_norm(h, 1, w, b)
     h = F.gelu(h) + torch.relu(h) * torch.sigmoid(h) + torch.tanh(h) + F.silu(h)
     att = torch.softmax(h @ h.transpose(0, 1), dim=-1) @ h
     return F.cross_entropy(att, y)

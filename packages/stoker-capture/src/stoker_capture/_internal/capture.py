@@ -42,6 +42,8 @@ def _core_aten_table() -> dict[Any, Any]:
 # stays core aten.
 KEEP_WHOLE_IN_BACKWARD: tuple[str, ...] = (
     "native_layer_norm_backward",
+    "native_batch_norm_backward",
+    "native_group_norm_backward",
     "gelu_backward",
     "_softmax_backward_data",
     "_log_softmax_backward_data",
@@ -50,7 +52,6 @@ KEEP_WHOLE_IN_BACKWARD: tuple[str, ...] = (
     "sigmoid_backward",
     "tanh_backward",
     "silu_backward",
-    "native_batch_norm_backward",
 )
 # Of those, the ones whose eager kernel takes a low-precision input with float32
 # parameters and statistics (what autocast hands a batch norm): whole even then.
