@@ -33,7 +33,7 @@ from .forward_dims import ForwardDims
 from .origins import describe
 from .retrace import Position, Retraced, concrete_values, retrace, unpack_index
 from .segments import SegmentedBackward
-from .session import Session, aten_executor, note_recompile
+from .session import RUNTIME_CALLS, Session, aten_executor, note_recompile
 
 
 def runtime_wrapper(
@@ -49,6 +49,7 @@ def runtime_wrapper(
     # called outside autocast (a backward inside an autocast region must not cast again);
     # callbacks queued during the backward (FSDP2, the DDP reducer) run at its end;
     # the `on_backward_start` callables run first
+    RUNTIME_CALLS[0] += 1
     with eager_autograd_engine(), autocast_off(), final_callbacks.collecting():
         final_callbacks.run_start_callbacks()
         out = compiled_fn(inputs, sizes, scalars, hooks, packed_data)

@@ -1,4 +1,4 @@
-"""What one `enable()` holds: the compiler, the dynamic flag, the counters."""
+"""What one `enable()` (or `set_default`) holds: the compiler, the dynamic flag, the counters."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch.fx as fx
+
+from . import recapture
 
 Compiler = Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]
 
@@ -44,6 +46,10 @@ class Stats:
         return dict(self.__dict__)
 
 
+RUNTIME_CALLS = [0]
+"""Calls of stoker's runtime wrapper (the engine ran a graph stoker captured); the router
+checks that a compiled backward it routed ran one."""
+
 RECOMPILE_REASONS: list[str] = []
 """Why each backward recompile happened, since the last `reset_stats()`
 (`stoker_autograd.recompile_reasons()`): what changed in user terms (`origins.describe`),
@@ -74,4 +80,11 @@ class Session:
     warned: set[str] = field(default_factory=set)
     graphs: list[Any] = field(default_factory=list)  # CompiledBackward per capture, in order
     capture_reasons: list[list[str]] = field(default_factory=list)  # engine's miss reasons
-    signatures: list[list[str]] = field(default_factory=list)  # `recapture`, newest last
+    # `recapture`'s signatures, newest last: one list for every session (the engine's
+    # cache, and so what a recapture is compared with, outlives a session)
+    signatures: list[list[str]] = field(default_factory=lambda: recapture.SIGNATURES)
+
+    def config(self) -> tuple[Any, bool, int]:
+        """What the graphs this session captures are compiled for: the engine's cache can
+        serve a session of the same config (`engine`)."""
+        return (self.compiler, self.dynamic, self.recompile_limit)

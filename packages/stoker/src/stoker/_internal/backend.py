@@ -5,7 +5,8 @@ captured.  Per graph, it
 
 1. picks the executor (`config.resolve_backend`: Triton on CUDA, the aten
    executor on CPU, or the Triton interpreter),
-2. switches compiled autograd on for the process (once; `autograd_switch`),
+2. turns compiled autograd on for the backwards of stoker-compiled forwards (once, for
+   the process; `autograd_switch`),
 3. hands the graph to ``stoker_capture.dynamo_backend(compiler=...)``, which
    adopts Dynamo's fake mode (so every stage's guards become Dynamo's) and
    calls ``compiler`` on the partitioned forward and backward graphs,
@@ -43,7 +44,7 @@ from .report import (
 
 CompiledCallable = Callable[..., Any]
 
-# One switch per process: the autograd engine has one compiled-autograd hook.
+# One switch per process: the scope in which stoker-autograd compiles backwards.
 SWITCH = AutogradSwitch()
 # The report of the graph compiled last: backward graphs captured by compiled autograd
 # belong to it (the switch and its compiler outlive any one stoker.compile).
