@@ -165,3 +165,28 @@ def test_reset_inside_an_autograd_enabled_block_leaves_the_block_working() -> No
         ref(x).sum().backward()
     for pc, pr in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(pc.grad, pr.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_backward_inside_a_function_the_stoker_backend_compiles_under_enable() -> None:
+    """``.backward()`` in a ``torch.compile(fn, backend="stoker")`` while
+    ``stoker_autograd.enable()`` is active: it runs in a Dynamo graph break, where stoker's
+    engine callbacks must not be traced (compiling one with the stoker backend turned
+    compiled autograd on again mid-capture, which freed the engine's cache entry being
+    filled: ``vector::reserve`` / ``idx == result_len`` assertion)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sigmoid(), nn.Linear(4, 4), nn.Sigmoid())
+    x = torch.randn(2, 4)
+
+    def call_backward(loss: torch.Tensor) -> None:
+        loss.backward()
+
+    model(x).sum().backward()
+    want = [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+    model.zero_grad(set_to_none=True)
+    with stoker_autograd.enable():
+        torch.compile(call_backward, backend="stoker")(model(x).sum())
+    for p, w in zip(model.parameters(), want, strict=True):
+        torch.testing.assert_close(p.grad, w, rtol=1e-5, atol=1e-6)
+    assert stoker_autograd.stats()["captures"] == 1
+    prior, _ = torch._C._dynamo.compiled_autograd.set_autograd_compiler(None, False)
+    assert prior is None
