@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
 import threading
 from collections import deque
@@ -86,7 +85,9 @@ class _State:
         self.owner: tuple[Any, bool, int] | None = None  # config the cache's graphs are for
         self.clear_pending: str | None = None  # why to clear the cache before the next one
         self.routed: Session | None = None  # the session of the compiled backward running
-        self.lock = threading.Lock()  # one compiled backward at a time: one hook per process
+        # one compiled backward at a time (one hook per process); reentrant: a backward
+        # on the same thread inside one is eager anyway, never a deadlock
+        self.lock = threading.RLock()
 
 
 _STATE = _State()
@@ -96,13 +97,14 @@ def _update_idle() -> None:
     _STATE.idle = not _STATE.stack and _STATE.default is None
 
 
+_OWN_MODULES = frozenset({"stoker_autograd", "stoker", "contextlib"})
+
+
 def _caller() -> str:
-    """file:line of the user code that opened a block."""
+    """file:line of the user code that opened a block (past stoker's own frames: the
+    umbrella's ``autograd_enabled`` opens blocks too)."""
     f = sys._getframe(1)
-    here = os.path.dirname(__file__)
-    while f is not None and (
-        f.f_code.co_filename.startswith(here) or f.f_code.co_filename == contextlib.__file__
-    ):
+    while f is not None and str(f.f_globals.get("__name__", "")).split(".")[0] in _OWN_MODULES:
         f = f.f_back  # type: ignore[assignment]
     return f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "?"
 
@@ -122,7 +124,16 @@ def _factory() -> CaptureInstance:
 
 
 # ------------------------------------------------------------------ sessions and blocks
-def _session(compiler: Compiler | None, dynamic: bool, recompile_limit: int) -> Session:
+def _session(
+    compiler: Compiler | None, dynamic: bool, recompile_limit: int, reuse: Session | None = None
+) -> Session:
+    if reuse is not None:
+        if compiler is not None or dynamic is not True or recompile_limit != 8:
+            raise TypeError(
+                "stoker_autograd: pass either session= or compiler/dynamic/recompile_limit "
+                "(a session brings its own)"
+            )
+        return reuse
     return Session(
         compiler=compiler or aten_executor,
         dynamic=bool(dynamic),
@@ -175,10 +186,12 @@ def on(
     recompile_limit: int = 8,
     *,
     scope: str = "all",
+    session: Session | None = None,
 ) -> Session:
     """Compile backwards until the matching `off()` (`enable` without a ``with``)."""
     _check_scope(scope)
-    entry = _Entry(scope, _session(compiler, dynamic, recompile_limit), "on()", _caller())
+    session = _session(compiler, dynamic, recompile_limit, session)
+    entry = _Entry(scope, session, "on()", _caller())
     _push(entry)
     assert entry.session is not None
     return entry.session
@@ -205,6 +218,7 @@ def enable(
     recompile_limit: int = 8,
     *,
     scope: str = "all",
+    session: Session | None = None,
 ) -> Iterator[Session]:
     """Capture and compile backwards inside this block.
 
@@ -214,10 +228,13 @@ def enable(
     as is).  With ``dynamic`` sizes are graph inputs, so a new batch size reuses the
     captured graph.  What the engine captured is kept when the block ends: entering
     again with the same compiler (the same object), ``dynamic`` and
-    ``recompile_limit`` replays it.
+    ``recompile_limit`` replays it.  ``session=`` reuses a `Session` (its compiler,
+    ``dynamic``, ``recompile_limit``, and its ``graphs`` list, which this block's
+    captures join), e.g. `default_session()`.
     """
     _check_scope(scope)
-    entry = _Entry(scope, _session(compiler, dynamic, recompile_limit), "enable()", _caller())
+    session = _session(compiler, dynamic, recompile_limit, session)
+    entry = _Entry(scope, session, "enable()", _caller())
     _push(entry)
     try:
         assert entry.session is not None
@@ -323,11 +340,11 @@ def _install() -> None:
 def _route(real: Any, t_outputs: Sequence[Any], args: Any, kwargs: Any) -> Any:
     st = _STATE
     entry = st.stack[-1] if st.stack else st.default
-    if entry is None:
+    if entry is None or _EAGER_DEPTH[0]:  # (a hook's backward in a compiled one: eager)
         return real.run_backward(t_outputs, *args, **kwargs)
     if entry.kind == "off":
         return _run_eager(real, t_outputs, args, kwargs)
-    if _EAGER_DEPTH[0] or _torch_ca_disabled():
+    if _torch_ca_disabled():
         return real.run_backward(t_outputs, *args, **kwargs)
     if entry.kind == "compiled" and not holds_stoker_node(t_outputs):
         return real.run_backward(t_outputs, *args, **kwargs)
@@ -402,12 +419,22 @@ def holds_stoker_node(roots: Sequence[Any]) -> bool:
 
 
 def _run_eager(real: Any, t_outputs: Sequence[Any], args: Any, kwargs: Any) -> Any:
-    """`disabled()`: the eager engine, also where another implementation set the hook."""
-    prior = _hook.set_autograd_compiler(None, False)
+    """`disabled()`: the eager engine, also where another implementation set the hook.
+
+    The hook is read and swapped under the lock (a compiled backward on another thread
+    holds it while stoker's hook is set), but the backward runs outside it: a backward
+    that this one's hooks start on another thread (reentrant checkpointing on a device
+    thread) must not wait for it."""
+    st = _STATE
+    with st.lock:
+        prior = _hook.set_autograd_compiler(None, False)
+    if prior[0] is None:  # nothing was set (stoker's hook never is, outside its calls)
+        return real.run_backward(t_outputs, *args, **kwargs)
     try:
         return real.run_backward(t_outputs, *args, **kwargs)
     finally:
-        _hook.set_autograd_compiler(*prior)
+        with st.lock:
+            _hook.set_autograd_compiler(*prior)
 
 
 def _prepare_cache(session: Session) -> None:

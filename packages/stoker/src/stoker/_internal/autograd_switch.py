@@ -63,7 +63,10 @@ class AutogradSwitch:
             yield  # without stoker-autograd every backward is eager anyway
             return
         ag = _autograd()
-        if enabled:
+        if enabled and self.session is not None:  # the default's session: its graphs too
+            with ag.enable(session=self.session, scope="all"):
+                yield
+        elif enabled:
             with ag.enable(compiler=self._compiler, dynamic=self._dynamic, scope="all"):
                 yield
         else:
