@@ -8,14 +8,16 @@ that decides.  This measures, in microseconds per backward call (median over
 ``--repeats`` rounds of ``--calls`` calls, and the fastest round, the better estimate of
 a fixed cost on a shared machine; variants interleaved, their order rotated):
 
-1. the decision alone (`engine.holds_stoker_node`): no stoker node alive (O(1)); the
-   walk of a stoker model's graph (stops at its first node); the walk of eager graphs of
-   several sizes (all of it: a stoker graph is alive beside them);
+1. the decision alone (`engine.holds_stoker_node`): no stoker node pending (none alive,
+   or all backwarded already: O(1)); the walk of a stoker model's graph (stops at its
+   first node); the walk of eager graphs of several sizes (all of it: a stoker forward
+   not yet backwarded is alive beside them);
 2. an eager backward of ``nn.Linear(3, 3)`` (``retain_graph``, no forward): the real
    engine called directly, the router with no scope, with the default scope and no
-   stoker graph alive, and with one alive (the walk);
-3. a stoker model's step (forward and replayed backward): the hook set once for the
-   whole loop (as before the router) against the router setting it per call.
+   stoker node pending, and with a stoker forward pending (the walk);
+3. around a stoker model's compiled backward: the router's own work per call (the
+   engine replaced by a stub), and a whole step (forward, replayed backward) with the
+   hook set once for the loop (as before the router) against the router.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from torch.autograd.variable import Variable
 import stoker_autograd
 import stoker_capture
 from stoker_autograd._internal import engine
+from stoker_autograd._internal.session import RUNTIME_CALLS
 
 
 def _us(fn: Callable[[], Any], calls: int) -> float:
@@ -77,21 +80,21 @@ def decision(repeats: int, calls: int) -> list[tuple[str, int, float]]:
     for depth in (1, 8, 32):
         graphs[f"eager MLP, {depth} layers"] = _mlp(16, depth)(x16).pow(2).sum()
     rows: dict[str, list[float]] = {k: [] for k in graphs}
-    rows["none alive (O(1))"] = []
+    rows["none pending (O(1))"] = []
     for _ in range(repeats):
         for name, loss in graphs.items():
             rows[name].append(_us(lambda loss=loss: engine.holds_stoker_node([loss]), calls))
         live = engine._LIVE[0]
-        engine._LIVE[0] = 0  # what the check reads when no stoker graph is alive
+        engine._LIVE[0] = 0  # what the check reads when no stoker node is pending
         try:
             mlp8 = graphs["eager MLP, 8 layers"]
-            rows["none alive (O(1))"].append(
+            rows["none pending (O(1))"].append(
                 _us(lambda g=mlp8: engine.holds_stoker_node([g]), calls)
             )
         finally:
             engine._LIVE[0] = live
     med = _median(rows)
-    sizes = {k: _nodes(v) for k, v in graphs.items()} | {"none alive (O(1))": 0}
+    sizes = {k: _nodes(v) for k, v in graphs.items()} | {"none pending (O(1))": 0}
     return [(k, sizes[k], med[k]) for k in rows]
 
 
@@ -142,15 +145,26 @@ def eager_backward(repeats: int, calls: int) -> dict[str, tuple[float, float]]:
         {
             "real engine (no router)": real_engine,
             "router, no scope": lambda: _us(step, calls),
-            "router, default scope, no stoker graph alive": lambda: default_scope(False),
-            "router, default scope, a stoker graph alive": lambda: default_scope(True),
+            "router, default scope, no stoker node pending": lambda: default_scope(False),
+            "router, default scope, a stoker forward pending": lambda: default_scope(True),
         },
         repeats,
     )
 
 
-def compiled_backward(repeats: int, calls: int) -> dict[str, tuple[float, float]]:
-    """A stoker model's backward, replayed from the engine's cache (forward included)."""
+class _StubEngine:
+    """Runs no backward: what is left of a routed call is the router's own work."""
+
+    def run_backward(self, *args: Any, **kwargs: Any) -> None:
+        RUNTIME_CALLS[0] += 1  # as stoker's runtime wrapper counts a compiled backward
+
+
+def routing_overhead(repeats: int, calls: int) -> dict[str, tuple[float, float]]:
+    """The router's own work around one compiled backward of a stoker model (the
+    decision, Dynamo's frame evaluation off and on, the hook set and put back, the lock,
+    the engine's multithreading flag, the counters), the engine replaced by a stub; and a
+    whole step of that model (forward, replayed backward) with the hook set once for the
+    loop, as before the router, against the router."""
     torch.manual_seed(0)
     base = _mlp(16, 2)
     model = stoker_capture.aot_module(base)
@@ -159,6 +173,7 @@ def compiled_backward(repeats: int, calls: int) -> dict[str, tuple[float, float]
     router = Variable._execution_engine
     assert isinstance(router, engine._Router)
     real = router._real
+    stub = _StubEngine()
 
     def step() -> None:
         base.zero_grad(set_to_none=True)
@@ -167,9 +182,25 @@ def compiled_backward(repeats: int, calls: int) -> dict[str, tuple[float, float]
     with stoker_autograd.enable(scope="compiled") as session:
         for _ in range(3):
             step()  # capture, compile
+        loss = model(x).sum()  # a pending stoker graph: the walk finds its node
+        args = ((torch.ones(()),), True, False, ())
+
+        def routed_stub() -> float:
+            return _us(lambda: router.run_backward((loss,), *args, allow_unreachable=True), calls)
+
+        def direct_stub() -> float:
+            return _us(lambda: stub.run_backward((loss,), *args, allow_unreachable=True), calls)
+
+        router._real = stub
+        try:
+            rows = _interleaved(
+                {"stub engine, called directly": direct_stub, "stub engine, routed": routed_stub},
+                repeats,
+            )
+        finally:
+            router._real = real
 
         def hook_for_the_loop() -> float:
-            # as before the router: the hook set once, every backward handed to it
             prior = torch._C._dynamo.compiled_autograd.set_autograd_compiler(
                 engine._factory,  # type: ignore[arg-type]
                 True,
@@ -177,16 +208,16 @@ def compiled_backward(repeats: int, calls: int) -> dict[str, tuple[float, float]
             Variable._execution_engine = real  # type: ignore[assignment]
             engine._STATE.routed = session
             try:
-                return _us(step, calls)
+                return _us(step, calls // 10)
             finally:
                 engine._STATE.routed = None
                 Variable._execution_engine = router  # type: ignore[assignment]
                 torch._C._dynamo.compiled_autograd.set_autograd_compiler(*prior)
 
-        rows = _interleaved(
+        rows |= _interleaved(
             {
-                "hook set for the loop (before)": hook_for_the_loop,
-                "router, per call": lambda: _us(step, calls),
+                "step, hook set for the loop (before)": hook_for_the_loop,
+                "step, router per call": lambda: _us(step, calls // 10),
             },
             repeats,
         )
@@ -209,9 +240,9 @@ def main() -> None:
     print(f"{'':<46}{'median':>9}{'min':>9}")
     for name, (med, low) in eager_backward(args.repeats, args.calls).items():
         print(f"{name:<46}{med:>9.2f}{low:>9.2f}")
-    print("\n3. a stoker model's step, backward replayed (2-layer MLP, aten executor)")
+    print("\n3. around a stoker model's compiled backward (2-layer MLP, aten executor)")
     print(f"{'':<46}{'median':>9}{'min':>9}")
-    for name, (med, low) in compiled_backward(args.repeats, args.calls // 3).items():
+    for name, (med, low) in routing_overhead(args.repeats, args.calls).items():
         print(f"{name:<46}{med:>9.2f}{low:>9.2f}")
 
 

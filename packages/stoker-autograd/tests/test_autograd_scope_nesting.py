@@ -70,11 +70,18 @@ def test_compiled_scope_takes_only_backwards_through_a_stoker_forward() -> None:
         plain(x).pow(2).sum().backward()  # beside a live stoker graph: walked, eager
         assert stoker_autograd.stats() == before
         _close(_grads(plain), _grads(ref_plain))
-        out.pow(2).sum().backward()
+        out.pow(2).sum().backward(retain_graph=True)
         assert stoker_autograd.stats()["captures"] == before["captures"] + 1
         _close(_grads(base), _grads(ref))
-    del out
-    assert runtime_fn.LIVE[0] == 0  # the graph is gone: the O(1) check says no
+        assert runtime_fn.LIVE[0] == 1  # retained: it may be backwarded again
+        base.zero_grad(set_to_none=True)
+        out.pow(2).sum().backward()
+        _close(_grads(base), _grads(ref))
+        assert runtime_fn.LIVE[0] == 0  # backwarded without retain_graph: the O(1) check
+        again = fwd(x)
+        assert runtime_fn.LIVE[0] == 1
+    del again
+    assert runtime_fn.LIVE[0] == 0  # the graph is gone
     assert _hook_unset()
 
 

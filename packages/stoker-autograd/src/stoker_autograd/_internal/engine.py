@@ -52,7 +52,15 @@ from stoker_capture._internal import runtime_fn as _runtime_fn
 
 from . import recapture
 from .capture import CaptureInstance
-from .session import RECOMPILE_REASONS, RUNTIME_CALLS, Compiler, Session, Stats, aten_executor
+from .session import (
+    RECOMPILE_REASONS,
+    RELEASE_NODES,
+    RUNTIME_CALLS,
+    Compiler,
+    Session,
+    Stats,
+    aten_executor,
+)
 
 STATS = Stats()
 """Process-wide counters (`stats()`); every session adds to them."""
@@ -503,9 +511,13 @@ def _run_registered(
     multithreading = torch._C._is_multithreading_enabled()
     torch._C._set_multithreading_enabled(False)  # compiled autograd runs on this thread
     st.routed = session
+    # _engine_run_backward passes (grad_tensors, keep_graph, create_graph, inputs, ...)
+    keep = args[1] if len(args) > 1 else kwargs.get("keep_graph", True)
+    RELEASE_NODES[0] = not keep
     try:
         out = real.run_backward(t_outputs, *args, **kwargs)
     finally:
+        RELEASE_NODES[0] = False
         st.routed = None
         torch._C._set_multithreading_enabled(multithreading)
     if _RUNS[0] == runs:  # the engine replayed a graph of another compiled-autograd compiler

@@ -33,7 +33,14 @@ from .forward_dims import ForwardDims
 from .origins import describe
 from .retrace import Position, Retraced, concrete_values, retrace, unpack_index
 from .segments import SegmentedBackward
-from .session import RUNTIME_CALLS, Session, aten_executor, note_recompile
+from .session import (
+    RELEASE_NODES,
+    RUNTIME_CALLS,
+    Session,
+    aten_executor,
+    note_recompile,
+    release_stoker_nodes,
+)
 
 
 def runtime_wrapper(
@@ -52,6 +59,8 @@ def runtime_wrapper(
     RUNTIME_CALLS[0] += 1
     with eager_autograd_engine(), autocast_off(), final_callbacks.collecting():
         final_callbacks.run_start_callbacks()
+        if RELEASE_NODES[0]:  # no retain_graph: its stoker nodes cannot be backwarded again
+            release_stoker_nodes(hooks)
         out = compiled_fn(inputs, sizes, scalars, hooks, packed_data)
     return out if type(out) is list else list(out)  # the engine wants exactly a list
 

@@ -50,6 +50,30 @@ RUNTIME_CALLS = [0]
 """Calls of stoker's runtime wrapper (the engine ran a graph stoker captured); the router
 checks that a compiled backward it routed ran one."""
 
+RELEASE_NODES = [False]
+"""Set by the router while a compiled backward without ``retain_graph`` runs: the runtime
+wrapper then marks the stoker Function nodes of its graph as backwarded (stoker-capture's
+``LIVE`` count, the router's O(1) check)."""
+
+_STOKER_CTX: dict[type, bool] = {}  # ctx type -> is a stoker Function's
+
+
+def release_stoker_nodes(hooks: list[Any]) -> None:
+    """The stoker Function ctxs among a compiled backward's lifted objects: backwarded."""
+    kinds = _STOKER_CTX
+    for h in hooks:
+        t = type(h)
+        k = kinds.get(t)
+        if k is None:
+            k = kinds[t] = (
+                getattr(getattr(h, "_forward_cls", None), "_stoker_aot", None) is not None
+            )
+        if k:
+            live = getattr(h, "_stoker_live", None)
+            if live is not None:
+                live.release()
+
+
 RECOMPILE_REASONS: list[str] = []
 """Why each backward recompile happened, since the last `reset_stats()`
 (`stoker_autograd.recompile_reasons()`): what changed in user terms (`origins.describe`),

@@ -26,21 +26,28 @@ _HOOK = torch._C._dynamo.compiled_autograd
 
 
 LIVE = [0]
-"""How many ctx objects of stoker Functions are alive (each one an autograd node while its
-graph lives).  stoker-autograd reads it before it looks for a stoker node in a backward's
-graph: 0 means none can be there."""
+"""How many stoker Function nodes may still be backwarded: their ctx is alive and no
+backward has run through them yet (without ``retain_graph``).  stoker-autograd reads it
+before it looks for a stoker node in a backward's graph: 0 means none can be there."""
 
 
 class _Live:
-    """Counted in `LIVE` while the ctx that holds it lives."""
+    """Counted in `LIVE` while the ctx that holds it lives, until `release`."""
 
-    __slots__ = ()
+    __slots__ = ("_on",)
 
     def __init__(self) -> None:
+        self._on = True
         LIVE[0] += 1
 
+    def release(self) -> None:
+        """Its backward ran and freed what it saved: no later backward goes through it."""
+        if self._on:
+            self._on = False
+            LIVE[0] -= 1
+
     def __del__(self) -> None:
-        LIVE[0] -= 1
+        self.release()
 
 
 COMPILED_AUTOGRAD_PROBE: list[Callable[[], bool | None]] = []
