@@ -22,8 +22,9 @@ Reported (µs per step, the thread's CPU time, best round):
   guard check and frame entry, stoker's forward runtime, the generated graph
   wrappers, kernel launches (count, µs each), extern calls (aten ops the wrapper
   calls: matmuls, at these sizes mostly dispatch), compiled autograd (the C++
-  engine: cache lookup and graph walk; our runtime wrapper; its guard check; the
-  segment dispatch; accumulate-grad), the optimizer, and the eager rest of the step.
+  engine: cache lookup and graph walk; stoker-autograd's router: the scope decision and
+  the hook set for the call; our runtime wrapper; its guard check; the segment
+  dispatch; accumulate-grad), the optimizer, and the eager rest of the step.
 
 ``--profile N``: cProfile N steady steps and print the top functions by own time.
 """
@@ -156,6 +157,7 @@ def _replay_no_grad(
 
 def _instrument(parts: Parts) -> None:
     """Wrap stoker's steady-step entry points (by class or module attribute)."""
+    from stoker_autograd._internal import engine as ag_engine
     from stoker_autograd._internal import runtime as ag_runtime
     from stoker_autograd._internal import segments
     from stoker_capture._internal import compile as cap_compile
@@ -172,6 +174,8 @@ def _instrument(parts: Parts) -> None:
         parts.patch(launcher.Launcher, "__call__", "kernel launch", record=True)
     else:
         _instrument_go(parts, launcher.Launcher, fastlaunch.FastPath)
+    # the router (stoker_autograd's engine): which backward to compile, the hook per call
+    parts.patch(ag_engine, "_route", "compiled autograd: scope decision, hook per call")
     parts.patch(ag_runtime, "runtime_wrapper", "compiled autograd: runtime_wrapper")
     parts.patch(ag_runtime.CompiledBackward, "__call__", "compiled autograd: guards, arguments")
     parts.patch(segments.SegmentedBackward, "call_boxed", "compiled autograd: segment dispatch")
@@ -292,7 +296,7 @@ def main() -> int:
     eager_step = stepper(net, params)
     for _ in range(a.warmup):
         eager_step()
-    # eager first: once stoker.compile has run, compiled autograd takes every backward
+    # eager first (its backward would stay on the eager engine after stoker.compile too)
     eager = _per_step_us(eager_step, a.steps, a.rounds)
     compiled = stoker.compile(net)
     step = stepper(compiled, params)
@@ -395,7 +399,10 @@ _NESTS: dict[str, tuple[str, ...]] = {
     "Dynamo guards, frame entry": ("stoker forward runtime (CompiledFn)",),
     "stoker forward runtime (CompiledFn)": ("graph wrapper (generated)",),
     "graph wrapper (generated)": ("kernel launch", "extern call"),
-    "autograd engine (C++: cache lookup, graph walk)": ("compiled autograd: runtime_wrapper",),
+    "autograd engine (C++: cache lookup, graph walk)": (
+        "compiled autograd: scope decision, hook per call",
+    ),
+    "compiled autograd: scope decision, hook per call": ("compiled autograd: runtime_wrapper",),
     "compiled autograd: runtime_wrapper": ("compiled autograd: guards, arguments",),
     "compiled autograd: guards, arguments": ("compiled autograd: segment dispatch",),
     "compiled autograd: segment dispatch": (
