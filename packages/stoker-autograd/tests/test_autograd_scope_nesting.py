@@ -398,3 +398,18 @@ def test_plain_eager_backward_is_untouched_beside_a_compiled_one() -> None:
     assert order[0] == order[1] and order[0]
     for p, r in zip(plain.parameters(), ref.parameters(), strict=True):
         assert torch.equal(p.grad, r.grad)  # type: ignore[arg-type]
+
+
+def test_clear_cache_between_backwards_gives_the_recapture_its_reason() -> None:
+    m, ref = _mlp(15), _mlp(15)
+    x = torch.randn(3, 4)
+    with stoker_autograd.enable():
+        m(x).sum().backward()
+        stoker_autograd.clear_cache()
+        m.zero_grad(set_to_none=True)
+        m(x).sum().backward()
+    ref(x).sum().backward()
+    _close(_grads(m), _grads(ref))
+    assert stoker_autograd.stats()["captures"] == 2
+    (reason,) = stoker_autograd.recapture_reasons()
+    assert "the engine's cache was cleared (clear_cache() was called)" in reason, reason

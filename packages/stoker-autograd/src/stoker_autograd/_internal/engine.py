@@ -295,10 +295,12 @@ def default_session() -> Session | None:
 def clear_cache() -> None:
     """Forget every captured backward (the engine's cache).  Inside a backward that stoker
     is compiling this happens before the next one instead."""
+    why = "clear_cache() was called"
     if _STATE.routed is not None:
-        _STATE.clear_pending = _STATE.clear_pending or "clear_cache() was called"
+        _STATE.clear_pending = _STATE.clear_pending or why
         return
     _hook.clear_cache()
+    recapture.cache_cleared(why)
     _STATE.owner = None
     _STATE.clear_pending = None
 
