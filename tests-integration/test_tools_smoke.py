@@ -281,6 +281,7 @@ def test_bench_step_cpu_smoke_splits_a_steady_step_by_part(tmp_path):
         "forward: Dynamo guards, frame entry",
         "forward: stoker forward runtime (CompiledFn)",
         "forward: graph wrapper (generated)",
+        "backward: compiled autograd: scope decision, hook per call",
         "backward: compiled autograd: runtime_wrapper",
         "backward: compiled autograd: accumulate-grad",
         "backward: autograd engine (C++: cache lookup, graph walk)",

@@ -22,8 +22,9 @@ Reported (µs per step, the thread's CPU time, best round):
   guard check and frame entry, stoker's forward runtime, the generated graph
   wrappers, kernel launches (count, µs each), extern calls (aten ops the wrapper
   calls: matmuls, at these sizes mostly dispatch), compiled autograd (the C++
-  engine: cache lookup and graph walk; our runtime wrapper; its guard check; the
-  segment dispatch; accumulate-grad), the optimizer, and the eager rest of the step.
+  engine: cache lookup and graph walk; torch's Python around it; stoker-autograd's
+  router: the scope decision and the hook set for the call; our runtime wrapper; its guard check; the segment
+  dispatch; accumulate-grad), the optimizer, and the eager rest of the step.
 
 ``--profile N``: cProfile N steady steps and print the top functions by own time.
 """
@@ -154,8 +155,21 @@ def _replay_no_grad(
     return out
 
 
+class _TimedEngine:
+    """The engine object the router forwards to, its ``run_backward`` timed."""
+
+    def __init__(self, real: Any, run_backward: Callable[..., Any]) -> None:
+        self._real, self.run_backward = real, run_backward
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
 def _instrument(parts: Parts) -> None:
     """Wrap stoker's steady-step entry points (by class or module attribute)."""
+    from torch.autograd.variable import Variable
+
+    from stoker_autograd._internal import engine as ag_engine
     from stoker_autograd._internal import runtime as ag_runtime
     from stoker_autograd._internal import segments
     from stoker_capture._internal import compile as cap_compile
@@ -172,6 +186,18 @@ def _instrument(parts: Parts) -> None:
         parts.patch(launcher.Launcher, "__call__", "kernel launch", record=True)
     else:
         _instrument_go(parts, launcher.Launcher, fastlaunch.FastPath)
+    # the router (stoker_autograd's engine): which backward to compile, the hook per call;
+    # then the C++ engine it calls (the engine object it forwards to, timed)
+    parts.patch(ag_engine, "_route", "compiled autograd: scope decision, hook per call")
+    ag_engine._install()
+    router = Variable._execution_engine
+    router._real = _TimedEngine(  # type: ignore[union-attr]
+        router._real,  # type: ignore[union-attr]
+        parts.wrap(
+            "autograd engine (C++: cache lookup, graph walk)",
+            router._real.run_backward,  # type: ignore[union-attr]
+        ),
+    )
     parts.patch(ag_runtime, "runtime_wrapper", "compiled autograd: runtime_wrapper")
     parts.patch(ag_runtime.CompiledBackward, "__call__", "compiled autograd: guards, arguments")
     parts.patch(segments.SegmentedBackward, "call_boxed", "compiled autograd: segment dispatch")
@@ -272,7 +298,7 @@ def main() -> int:
         opt = torch.optim.AdamW(params, lr=1e-3) if optimize else None
         forward = parts.wrap("Dynamo guards, frame entry", model, phase="forward: ")
         backward = parts.wrap(
-            "autograd engine (C++: cache lookup, graph walk)",
+            "loss.backward() (torch's Python: gradients, engine entry)",
             lambda loss: loss.backward(),
             phase="backward: ",
         )
@@ -292,7 +318,7 @@ def main() -> int:
     eager_step = stepper(net, params)
     for _ in range(a.warmup):
         eager_step()
-    # eager first: once stoker.compile has run, compiled autograd takes every backward
+    # eager first (its backward would stay on the eager engine after stoker.compile too)
     eager = _per_step_us(eager_step, a.steps, a.rounds)
     compiled = stoker.compile(net)
     step = stepper(compiled, params)
@@ -389,12 +415,21 @@ def _inner_counts(calls: dict[str, int]) -> dict[str, int]:
 _NESTS: dict[str, tuple[str, ...]] = {
     "loss, zero_grad, the step's Python": (
         "Dynamo guards, frame entry",
-        "autograd engine (C++: cache lookup, graph walk)",
+        "loss.backward() (torch's Python: gradients, engine entry)",
         "AdamW step",
+    ),
+    # the router forwards straight to the engine when nothing is in scope (the eager
+    # step), through the scope decision otherwise
+    "loss.backward() (torch's Python: gradients, engine entry)": (
+        "compiled autograd: scope decision, hook per call",
+        "autograd engine (C++: cache lookup, graph walk)",
     ),
     "Dynamo guards, frame entry": ("stoker forward runtime (CompiledFn)",),
     "stoker forward runtime (CompiledFn)": ("graph wrapper (generated)",),
     "graph wrapper (generated)": ("kernel launch", "extern call"),
+    "compiled autograd: scope decision, hook per call": (
+        "autograd engine (C++: cache lookup, graph walk)",
+    ),
     "autograd engine (C++: cache lookup, graph walk)": ("compiled autograd: runtime_wrapper",),
     "compiled autograd: runtime_wrapper": ("compiled autograd: guards, arguments",),
     "compiled autograd: guards, arguments": ("compiled autograd: segment dispatch",),

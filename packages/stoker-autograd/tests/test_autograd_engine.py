@@ -36,18 +36,27 @@ def test_on_off_restores_what_was_registered_before() -> None:
         stoker_autograd.off()
 
 
-def test_nested_enable_and_exit_clear_the_engine_cache() -> None:
+def test_another_config_clears_the_engine_cache_before_its_backward_with_a_reason() -> None:
     m = _mlp()
     with stoker_autograd.enable():
         m(torch.randn(3, 4)).sum().backward()
         assert not hook.is_cache_empty()
         with stoker_autograd.enable(dynamic=False):
-            assert hook.is_cache_empty()  # switching instances: nothing replays across
-            m(torch.randn(3, 4)).sum().backward()
-        assert hook.is_cache_empty()
-    assert hook.is_cache_empty()
+            assert not hook.is_cache_empty()  # entering clears nothing
+            m(torch.randn(3, 4)).sum().backward()  # compiled for another config: cleared
+        assert not hook.is_cache_empty()  # leaving clears nothing either
+        m(torch.randn(3, 4)).sum().backward()  # back to the first config: cleared again
     assert not stoker_autograd.is_enabled()
-    assert stoker_autograd.stats()["captures"] == 2
+    assert stoker_autograd.stats()["captures"] == 3
+    reasons = stoker_autograd.recapture_reasons()
+    assert len(reasons) == 2, reasons
+    # the second backward differs anyway (.grad is set now); the third is the second's
+    assert ".grad None -> .grad set" in reasons[0], reasons
+    assert "cache was cleared before it: compiled for another dynamic True -> False" in reasons[0]
+    assert "cache was cleared (compiled for another dynamic False -> True)" in reasons[1]
+    # the hook is set only while a compiled backward runs
+    prior, _ = hook.set_autograd_compiler(None, False)
+    assert prior is None
 
 
 def test_disabled_block_runs_eager_and_keeps_the_cache() -> None:

@@ -203,6 +203,7 @@ def test_a_recompile_after_a_warm_load_names_what_changed(
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
     for sizes in ((3,), (3, 5)):  # cold (writes batch 3); then warm for 3, cold for 5
+        stoker_autograd.clear_cache()  # as in a new process: the engine captures again
         graphstore.outcomes.clear()
         stoker_autograd.reset_stats()
         with stoker_autograd.enable():

@@ -88,7 +88,10 @@ def _cold_and_warm(cache: Path, **env: str) -> tuple[list[dict[str, Any]], list[
 def _check_every_graph_loaded(runs: list[dict[str, Any]], logs: list[str]) -> None:
     cold, warm = runs
     n = cold["graph_cache_misses"]
-    assert n >= 3 and cold["graph_cache_hits"] == 0  # forward, backward, compiled autograd's
+    # the forward and compiled autograd's backward; the eager reference trained beside it
+    # keeps the eager engine (compiled autograd is scoped to stoker-compiled forwards)
+    assert n >= 2 and cold["graph_cache_hits"] == 0
+    assert cold["autograd"]["captures"] == 1, cold["autograd"]
     assert cold["outcomes"] == {"miss (new key)": n}, cold
     assert warm["graph_cache_hits"] == n and warm["graph_cache_misses"] == 0, warm
     # every cache's lookups, counted once: all missed, then all hit
@@ -101,14 +104,14 @@ def _check_every_graph_loaded(runs: list[dict[str, Any]], logs: list[str]) -> No
     assert logs[0].count("compiled-graph cache miss (new key)") == n, logs[0][-2000:]
     assert logs[1].count("compiled-graph cache hit") == n, logs[1][-2000:]
     assert logs[1].count("captured-graph cache hit") == warm["graphs"], logs[1][-2000:]
-    # compiled autograd's warm-start cache: both steps' backwards loaded, none retraced
-    assert logs[0].count("autograd cache miss: backward graph") == 2, logs[0][-2000:]
-    assert logs[1].count("autograd cache hit: backward graph") == 2, logs[1][-2000:]
-    assert warm["autograd"]["disk_hits"] == 2 and warm["autograd"]["compiles"] == 0, warm
+    # compiled autograd's warm-start cache: the compiled model's backward loaded, not retraced
+    assert logs[0].count("autograd cache miss: backward graph") == 1, logs[0][-2000:]
+    assert logs[1].count("autograd cache hit: backward graph") == 1, logs[1][-2000:]
+    assert warm["autograd"]["disk_hits"] == 1 and warm["autograd"]["compiles"] == 0, warm
     # the report names every cache's outcomes (compiled autograd's with its counters)
     assert "miss (new key): " in cold["html"] and "hit: " in warm["html"]
-    assert "<td>disk cache miss (new key)</td><td>2</td>" in cold["html"], cold["html"]
-    assert "<td>disk cache hit</td><td>2</td>" in warm["html"], warm["html"]
+    assert "<td>disk cache miss (new key)</td><td>1</td>" in cold["html"], cold["html"]
+    assert "<td>disk cache hit</td><td>1</td>" in warm["html"], warm["html"]
     assert "disk cache miss" not in warm["html"]
 
 

@@ -5,12 +5,18 @@ Inside ``with stoker_autograd.enable():`` a ``loss.backward()`` (or
 into one FX graph the first time, retraced into core aten with real (symbolic)
 shapes, compiled, and replayed from the engine's cache afterwards.  Hooks and
 custom ``autograd.Function`` backwards stay Python calls, run in eager order.
+``set_default(scope="compiled")`` (what ``stoker.compile`` turns on) does it for the
+backwards that run through a stoker-compiled forward only; every other backward
+keeps the eager engine.
 """
 
 from . import passes
 from .__about__ import __version__
 from ._internal.engine import (
     cache_outcomes,
+    clear_cache,
+    clear_default,
+    default_session,
     disabled,
     enable,
     is_enabled,
@@ -19,6 +25,7 @@ from ._internal.engine import (
     recapture_reasons,
     recompile_reasons,
     reset_stats,
+    set_default,
     stats,
 )
 from ._internal.final_callbacks import on_backward_start, skip_compile
@@ -37,6 +44,9 @@ __all__ = [
     "cache_outcomes",
     "call_backward",
     "call_hook",
+    "clear_cache",
+    "clear_default",
+    "default_session",
     "disabled",
     "enable",
     "is_enabled",
@@ -48,6 +58,7 @@ __all__ = [
     "recapture_reasons",
     "recompile_reasons",
     "reset_stats",
+    "set_default",
     "skip_compile",
     "stats",
 ]

@@ -90,10 +90,15 @@ def __getattr__(name: str) -> Any:
 
 @contextlib.contextmanager
 def autograd_enabled(enabled: bool = True) -> Iterator[None]:
-    """Scope the process-wide compiled-autograd switch on or off, restoring it afterwards.
+    """Compile every backward inside the block (``True``), also of models stoker did not
+    compile, or none (``False``: the plain autograd engine); afterwards the scope is what
+    it was (by default, after `stoker.compile`: the backwards through a stoker-compiled
+    forward only).  Blocks nest; captured graphs are kept either way.
 
     >>> with stoker.autograd_enabled(False):
-    ...     eager_loss.backward()        # the plain autograd engine
+    ...     loss.backward()              # the plain autograd engine
+    >>> with stoker.autograd_enabled(True):
+    ...     eager_loss.backward()        # captured and compiled by stoker-autograd
     """
     from ._internal.backend import SWITCH
 
@@ -102,20 +107,24 @@ def autograd_enabled(enabled: bool = True) -> Iterator[None]:
 
 
 def reset() -> None:
-    """Forget every compiled graph and turn compiled autograd off (as after a fresh start)."""
+    """Forget every compiled graph and turn compiled autograd off (as after a fresh start).
+
+    Blocks of `autograd_enabled` (and of ``stoker_autograd``) still open stay open."""
+    import sys
+
     from ._internal.backend import SWITCH
     from ._internal.compile_api import _LAST, keep_reports_at_reset
 
     keep_reports_at_reset()
     SWITCH.turn_off()
     _LAST.clear()
+    ag = sys.modules.get("stoker_autograd")
+    if ag is not None and hasattr(ag, "clear_cache"):
+        ag.clear_cache()  # also what explicit stoker_autograd blocks captured
     if _DEFAULT_BACKEND:
         # Keep the object: Dynamo's backend registry holds on to what the entry point loaded.
         _DEFAULT_BACKEND[0].forget()
-    import sys
-
     if "torch._dynamo" in sys.modules:
         sys.modules["torch._dynamo"].reset()
-    ag = sys.modules.get("stoker_autograd")
     if ag is not None and hasattr(ag, "reset_stats"):
         ag.reset_stats()

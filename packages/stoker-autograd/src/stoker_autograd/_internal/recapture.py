@@ -29,8 +29,21 @@ _log = logging.getLogger("stoker.recompiles")
 RECAPTURE_REASONS: list[str] = []
 """Why each backward was captured again since `reset_stats()` (``recapture_reasons()``)."""
 
+SIGNATURES: list[list[str]] = []
+"""The signatures of the newest captures since `reset_stats()`, whatever session made
+them (every `Session.signatures` is this list): the engine's cache outlives an
+``enable()`` block, so a recapture in a later block is compared with the earlier ones."""
+
+_CLEARED: dict[tuple[str, ...], str] = {}
+"""Signatures captured before stoker cleared the engine's cache -> why it was cleared: a
+capture with one of them again is a recapture for that reason (`cache_cleared`)."""
+
+_SINCE: list[str] = []
+"""Why stoker cleared the engine's cache, if no capture happened since: the next
+recapture, whatever else changed, says it too."""
+
 SIMILAR = 0.5  # a capture is a recapture of an earlier one at least this alike (difflib)
-KEPT = 16  # signatures kept per session (the newest)
+KEPT = 16  # signatures kept (the newest)
 SHOWN = 3  # differences named per reason
 
 
@@ -112,9 +125,34 @@ def why(before: list[list[str]], now: list[str]) -> str | None:
     return "; ".join(changes[:SHOWN]) + more
 
 
+def cache_cleared(reason: str) -> None:
+    """stoker cleared the engine's cache (``reason``: what the cached graphs were compiled
+    for that changed): the backwards captured so far will be captured again, for it."""
+    for sig in SIGNATURES:
+        _CLEARED[tuple(sig)] = reason
+    _SINCE[:] = [reason]
+    while len(_CLEARED) > 4 * KEPT:  # the oldest first (dicts keep insertion order)
+        del _CLEARED[next(iter(_CLEARED))]
+
+
+def reset() -> None:
+    """Forget every signature and reason (`reset_stats()`)."""
+    RECAPTURE_REASONS.clear()
+    SIGNATURES.clear()
+    _CLEARED.clear()
+    _SINCE.clear()
+
+
 def note(signatures: list[list[str]], now: list[str], graph: str) -> None:
     """Record why ``now`` was captured (if it is a recapture), then keep it."""
-    reason = why(signatures, now)
+    cleared = _CLEARED.pop(tuple(now), None)
+    if cleared is not None:  # the same nodes as before the cache was cleared
+        reason: str | None = f"the engine's cache was cleared ({cleared})"
+    else:
+        reason = why(signatures, now)
+        if reason is not None and _SINCE:
+            reason += f" (and the engine's cache was cleared before it: {_SINCE[0]})"
+    _SINCE.clear()
     if reason is not None:
         if len(RECAPTURE_REASONS) < 1000:  # a bound for a process that recaptures forever
             RECAPTURE_REASONS.append(f"{graph}: {reason}")

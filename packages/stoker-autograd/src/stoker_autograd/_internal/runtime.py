@@ -35,7 +35,14 @@ from .forward_dims import ForwardDims
 from .origins import describe
 from .retrace import Position, Retraced, concrete_values, retrace, unpack_index
 from .segments import SegmentedBackward
-from .session import Session, aten_executor, note_recompile
+from .session import (
+    RELEASE_NODES,
+    RUNTIME_CALLS,
+    Session,
+    aten_executor,
+    note_recompile,
+    release_stoker_nodes,
+)
 
 
 def runtime_wrapper(
@@ -51,9 +58,12 @@ def runtime_wrapper(
     # called outside autocast (a backward inside an autocast region must not cast again);
     # callbacks queued during the backward (FSDP2, the DDP reducer) run at its end;
     # the `on_backward_start` callables run first
+    RUNTIME_CALLS[0] += 1
     t0 = timing.start()
     with eager_autograd_engine(), autocast_off(), final_callbacks.collecting():
         final_callbacks.run_start_callbacks()
+        if RELEASE_NODES[0]:  # no retain_graph: its stoker nodes cannot be backwarded again
+            release_stoker_nodes(hooks)
         out = compiled_fn(inputs, sizes, scalars, hooks, packed_data)
     if t0:  # someone listens (`stoker_shapes.timing`)
         timing.done("run backward", t0, "backward", f"backward graph {compiled_fn.capture_id}")

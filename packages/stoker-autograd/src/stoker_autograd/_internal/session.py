@@ -1,4 +1,4 @@
-"""What one `enable()` holds: the compiler, the dynamic flag, the counters."""
+"""What one `enable()` (or `set_default`) holds: the compiler, the dynamic flag, the counters."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch.fx as fx
+
+from . import recapture
 
 Compiler = Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]
 
@@ -44,6 +46,34 @@ class Stats:
         return dict(self.__dict__)
 
 
+RUNTIME_CALLS = [0]
+"""Calls of stoker's runtime wrapper (the engine ran a graph stoker captured); the router
+checks that a compiled backward it routed ran one."""
+
+RELEASE_NODES = [False]
+"""Set by the router while a compiled backward without ``retain_graph`` runs: the runtime
+wrapper then marks the stoker Function nodes of its graph as backwarded (stoker-capture's
+``LIVE`` count, the router's O(1) check)."""
+
+_STOKER_CTX: dict[type, bool] = {}  # ctx type -> is a stoker Function's
+
+
+def release_stoker_nodes(hooks: list[Any]) -> None:
+    """The stoker Function ctxs among a compiled backward's lifted objects: backwarded."""
+    kinds = _STOKER_CTX
+    for h in hooks:
+        t = type(h)
+        k = kinds.get(t)
+        if k is None:
+            k = kinds[t] = (
+                getattr(getattr(h, "_forward_cls", None), "_stoker_aot", None) is not None
+            )
+        if k:
+            live = getattr(h, "_stoker_live", None)
+            if live is not None:
+                live.release()
+
+
 RECOMPILE_REASONS: list[str] = []
 """Why each backward recompile happened, since the last `reset_stats()`
 (`stoker_autograd.recompile_reasons()`): what changed in user terms (`origins.describe`),
@@ -74,4 +104,11 @@ class Session:
     warned: set[str] = field(default_factory=set)
     graphs: list[Any] = field(default_factory=list)  # CompiledBackward per capture, in order
     capture_reasons: list[list[str]] = field(default_factory=list)  # engine's miss reasons
-    signatures: list[list[str]] = field(default_factory=list)  # `recapture`, newest last
+    # `recapture`'s signatures, newest last: one list for every session (the engine's
+    # cache, and so what a recapture is compared with, outlives a session)
+    signatures: list[list[str]] = field(default_factory=lambda: recapture.SIGNATURES)
+
+    def config(self) -> tuple[Any, bool, int]:
+        """What the graphs this session captures are compiled for: the engine's cache can
+        serve a session of the same config (`engine`)."""
+        return (self.compiler, self.dynamic, self.recompile_limit)

@@ -282,18 +282,27 @@ def _tag_phases(gm: fx.GraphModule, fw_names: set[str] | None) -> None:
             n.meta["stoker_module_path"] = path
 
 
+EAGER_DEPTH = [0]
+"""How many `eager_autograd_engine` blocks are open (stoker-autograd's router runs every
+backward inside one on the eager engine, whatever scope is active)."""
+
+
 class eager_autograd_engine:  # a class used like a function: ``with eager_autograd_engine():``
     """Unset the compiled-autograd engine hook for a block (its cache is kept).
 
     The joint trace's ``autograd.grad`` must run on the eager engine: a compiled-autograd
     hook (stoker-autograd's or torch's) would otherwise capture it, on tracing tensors.
     stoker-autograd runs compiled backwards under it too (hooks may call backward), once
-    per step: a slotted class, not a generator context manager (issue 11)."""
+    per step: a slotted class, not a generator context manager.  stoker-autograd sets
+    its hook per backward call (not for a block), so the block also counts itself in
+    `EAGER_DEPTH`, which stoker-autograd reads before it routes a backward."""
 
     __slots__ = ("_prior",)
 
     def __enter__(self) -> None:
         self._prior = torch._C._dynamo.compiled_autograd.set_autograd_compiler(None, False)
+        EAGER_DEPTH[0] += 1
 
     def __exit__(self, *exc: object) -> None:
+        EAGER_DEPTH[0] -= 1
         torch._C._dynamo.compiled_autograd.set_autograd_compiler(*self._prior)

@@ -25,9 +25,45 @@ _AOT_IDS = itertools.count()
 _HOOK = torch._C._dynamo.compiled_autograd
 
 
+LIVE = [0]
+"""How many stoker Function nodes may still be backwarded: their ctx is alive and no
+backward has run through them yet (without ``retain_graph``).  stoker-autograd reads it
+before it looks for a stoker node in a backward's graph: 0 means none can be there."""
+
+
+class _Live:
+    """Counted in `LIVE` while the ctx that holds it lives, until `release`."""
+
+    __slots__ = ("_on",)
+
+    def __init__(self) -> None:
+        self._on = True
+        LIVE[0] += 1
+
+    def release(self) -> None:
+        """Its backward ran and freed what it saved: no later backward goes through it."""
+        if self._on:
+            self._on = False
+            LIVE[0] -= 1
+
+    def __del__(self) -> None:
+        self.release()
+
+
+COMPILED_AUTOGRAD_PROBE: list[Callable[[], bool | None]] = []
+"""Set by stoker-autograd: whether the backward of a stoker Function run now will be run
+by compiled autograd (None: it does not know; the engine hook decides)."""
+
+
 def compiled_autograd_on() -> bool:
-    """Whether a compiled-autograd compiler is registered with the engine (read by
-    swapping it out and back: the engine has no getter)."""
+    """Whether this Function's backward will run under compiled autograd: what
+    stoker-autograd says (it sets its hook per backward call, so the hook is unset while
+    a forward runs), else whether a compiled-autograd compiler is registered with the
+    engine now (read by swapping it out and back: the engine has no getter)."""
+    if COMPILED_AUTOGRAD_PROBE:
+        said = COMPILED_AUTOGRAD_PROBE[0]()
+        if said is not None:
+            return said
     prior = _HOOK.set_autograd_compiler(None, False)
     _HOOK.set_autograd_compiler(*prior)
     return prior[0] is not None
@@ -121,6 +157,7 @@ def make_function_class(
     n_tangents = info.num_tangents
 
     def forward(ctx: Any, sink: list[Any], *primals: Any) -> tuple[Any, ...]:
+        ctx._stoker_live = _Live()  # counted while this node lives (stoker-autograd's scope)
         outs = fw(*primals)
         ctx.save_for_backward(*outs[n_fw : n_fw + n_t])
         ctx._stoker_symints = [int(s) for s in outs[n_fw + n_t :]]

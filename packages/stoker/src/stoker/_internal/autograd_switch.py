@@ -1,13 +1,15 @@
-"""The process-wide switch that routes ``loss.backward()`` through stoker-autograd.
+"""The scope in which stoker-autograd compiles ``loss.backward()``.
 
-The autograd engine has one compiled-autograd hook per process, and
-``backward()`` is called by user code, outside anything stoker compiled.  So
-`stoker.compile` (with ``compiled_autograd=True``, the default) turns the
-switch on for the whole process, once: from then on every ``backward()``,
-also of models stoker did not compile, runs through stoker-autograd's
-compiled backward (same numbers, compiled).  Scope it with
-``with stoker.autograd_enabled(False): ...`` (or ``True``); `stoker.reset()`
-turns it off and forgets every compiled graph.
+The autograd engine has one compiled-autograd hook per process, and ``backward()``
+is called by user code, outside anything stoker compiled.  stoker-autograd decides
+per backward call whether to set that hook (`stoker_autograd.set_default`): with
+``compiled_autograd=True`` (the default), `stoker.compile` and the backend make the
+backwards whose graph runs through a stoker-compiled forward compiled ones; every
+other backward in the process (an eager reference model, a model another backend
+compiled) runs on the plain eager engine, as without stoker.  Scope it further
+with ``with stoker.autograd_enabled(True): ...`` (every backward in the block
+compiled, also of eager models) or ``(False)`` (none); `stoker.reset()` turns it
+off and forgets every captured graph.
 """
 
 from __future__ import annotations
@@ -20,64 +22,73 @@ from .errors import missing_piece
 
 
 class AutogradSwitch:
-    """Holds the entered ``stoker_autograd.enable(...)`` context, if on."""
+    """Holds the process-wide scope's compiler while on."""
 
     def __init__(self) -> None:
-        self._stack: contextlib.ExitStack | None = None
+        self._on = False
         self._compiler: Callable[..., Any] | None = None
         self._dynamic = True
-        self.session: Any = None  # the stoker_autograd.Session while on (its captured graphs)
+        self.session: Any = None  # the default stoker_autograd.Session while on
 
     @property
     def on(self) -> bool:
-        return self._stack is not None
+        return self._on
 
     def turn_on(self, compiler: Callable[..., Any] | None = None, dynamic: bool = True) -> None:
-        """Enter ``stoker_autograd.enable(compiler, dynamic)`` for the process (idempotent)."""
-        if self._stack is not None:
+        """Compile the backwards of stoker-compiled forwards, process-wide (idempotent: the
+        first call's compiler stays until `turn_off`)."""
+        if self._on:
             return
-        enable = _enable_fn()
-        stack = contextlib.ExitStack()
-        self.session = stack.enter_context(enable(compiler=compiler, dynamic=dynamic))
-        self._stack, self._compiler, self._dynamic = stack, compiler, dynamic
+        ag = _autograd()
+        self.session = ag.set_default(compiler=compiler, dynamic=dynamic, scope="compiled")
+        self._on, self._compiler, self._dynamic = True, compiler, dynamic
 
     def turn_off(self) -> None:
-        if self._stack is not None:
-            stack, self._stack = self._stack, None
-            stack.close()
+        """Remove the process-wide scope and forget the captured backwards (the blocks of
+        `scoped` still open stay open)."""
+        if self._on:
+            self._on = False
+            self.session = None
+            ag = _autograd()
+            ag.clear_default()
+            ag.clear_cache()
 
     @contextlib.contextmanager
     def scoped(self, enabled: bool) -> Iterator[None]:
-        """Temporarily on or off; restores the previous state afterwards.
-
-        Off is a pause: the engine hook is unset and put back, but stoker-autograd's
-        session and the engine's cache of captured backwards survive, so switching back
-        and forth every step (eager beside compiled, as the demo does) costs nothing.
-        """
-        if enabled and not self.on:
-            self.turn_on(self._compiler, self._dynamic)
-            try:
+        """A block where every backward is compiled (``True``, with the compiler and
+        ``dynamic`` of the process-wide scope, so its captured graphs are shared) or none
+        is (``False``: the eager engine).  The captured graphs survive either way, so
+        switching every step costs nothing."""
+        if not enabled and not _installed():
+            yield  # without stoker-autograd every backward is eager anyway
+            return
+        ag = _autograd()
+        if enabled and self.session is not None:  # the default's session: its graphs too
+            with ag.enable(session=self.session, scope="all"):
                 yield
-            finally:
-                self.turn_off()
-        elif not enabled and self.on:
-            from stoker_capture import eager_autograd_engine  # lazily: `import stoker` stays light
-
-            with eager_autograd_engine():
+        elif enabled:
+            with ag.enable(compiler=self._compiler, dynamic=self._dynamic, scope="all"):
                 yield
         else:
-            yield
+            with ag.disabled():
+                yield
 
 
-def _enable_fn() -> Callable[..., Any]:
+def _installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("stoker_autograd") is not None
+
+
+def _autograd() -> Any:
     try:
         import stoker_autograd
     except ImportError as e:
         raise missing_piece("stoker_autograd", "enable", "compiled_autograd=True") from e
-    enable = getattr(stoker_autograd, "enable", None)
-    if enable is None:
-        raise missing_piece("stoker_autograd", "enable", "compiled_autograd=True")
-    return enable  # type: ignore[no-any-return]
+    for name in ("set_default", "enable", "disabled", "clear_default", "clear_cache"):
+        if getattr(stoker_autograd, name, None) is None:
+            raise missing_piece("stoker_autograd", name, "compiled_autograd=True")
+    return stoker_autograd
 
 
 def autograd_stats() -> dict[str, Any]:

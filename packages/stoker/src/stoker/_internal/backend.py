@@ -5,7 +5,8 @@ captured.  Per graph, it
 
 1. picks the executor (`config.resolve_backend`: Triton on CUDA, the aten
    executor on CPU, or the Triton interpreter),
-2. switches compiled autograd on for the process (once; `autograd_switch`),
+2. turns compiled autograd on for the backwards of stoker-compiled forwards (once, for
+   the process; `autograd_switch`),
 3. hands the graph to ``stoker_capture.dynamo_backend(compiler=...)``, which
    adopts Dynamo's fake mode (so every stage's guards become Dynamo's) and
    calls ``compiler`` on the partitioned forward and backward graphs,
@@ -46,7 +47,7 @@ from .timeline import RECORDER, Span, TimedRun
 
 CompiledCallable = Callable[..., Any]
 
-# One switch per process: the autograd engine has one compiled-autograd hook.
+# One switch per process: the scope in which stoker-autograd compiles backwards.
 SWITCH = AutogradSwitch()
 # The report of the graph compiled last: backward graphs captured by compiled autograd
 # belong to it (the switch and its compiler outlive any one stoker.compile).
@@ -67,7 +68,7 @@ class StokerBackend:
 
     def __init__(self, options: CompileOptions | None = None, report: Report | None = None) -> None:
         self.options = options or CompileOptions.from_kwargs()
-        self.report = report if report is not None else Report(path=self.options.report)
+        self.report = report if report is not None else Report(path=self.options.report, live=True)
         self.report.options = _public_options(self.options)
         # Dynamo's guard-failure table is process-wide: count only what happens from now on.
         self._seen_failures: dict[Any, int] = (
@@ -83,7 +84,11 @@ class StokerBackend:
 
         The backends made for torch.compile's ``mode=`` / ``options=`` write into the report
         they were made with: they are dropped too, so later ones share the fresh report."""
-        self.report = Report(path=self.options.report, options=_public_options(self.options))
+        self.report.refresh()  # the counters as they were: `stoker.reset()` clears them next
+        self.report.live = False
+        self.report = Report(
+            path=self.options.report, options=_public_options(self.options), live=True
+        )
         self.__dict__.pop("_derived_backends", None)
         self._seen_failures = _failure_counts() if "torch._dynamo" in sys.modules else {}
 

@@ -45,9 +45,10 @@ def compile(
         backend: "auto" (Triton on CUDA inputs, the aten executor on CPU), "aten",
             "triton" or "interpret" (Triton kernels under ``TRITON_INTERPRET=1``, which
             this sets in ``os.environ`` now, before any kernel is jitted).
-        compiled_autograd: route ``loss.backward()`` through stoker-autograd.  This is a
-            process-wide switch, turned on here; ``stoker.autograd_enabled(False)`` scopes it
-            off, ``stoker.reset()`` turns it off.
+        compiled_autograd: capture and compile the backward of this model (and of any
+            stoker-compiled forward) with stoker-autograd; other backwards in the process
+            keep the eager engine.  ``stoker.autograd_enabled(True/False)`` widens or
+            pauses it for a block, ``stoker.reset()`` turns it off.
         memory_budget: fraction [0, 1] of forward activations the partitioner may save
             (0 recomputes all it may, 1 saves all; None: the partitioner decides).
         report: write the HTML compile report here (default: ``STOKER_REPORT``).

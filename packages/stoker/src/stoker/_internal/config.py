@@ -37,7 +37,7 @@ class CompileOptions:
     # auto: Triton on CUDA inputs, the aten executor on CPU; aten: always the aten executor;
     # triton: Triton kernels (CUDA); interpret: Triton kernels under TRITON_INTERPRET=1 (CPU).
     backend: str = "auto"
-    # Route loss.backward() through stoker-autograd (process-wide switch; see stoker.reset()).
+    # Compile the backwards of stoker-compiled forwards with stoker-autograd (see stoker.reset()).
     compiled_autograd: bool = True
     # Fraction [0, 1] of the forward activations the partitioner may save for backward
     # (0 recomputes all it may, 1 saves all); None: the partitioner's own choice.

@@ -233,6 +233,20 @@ class Report:
     first_start_ns: int = 0  # when the first compile began (0: none yet)
     memory: MemoryRecord | None = None  # live bytes over a traced step (`trace_memory`)
     graph_breaks: list[GraphBreakRecord] = field(default_factory=list)
+    # the report of a backend in this process: `summary` and `to_html` read compiled
+    # autograd's counters as they are now (its backwards run after the compiles that
+    # wrote the report); False keeps `autograd` as it was set (a report kept or loaded)
+    live: bool = False
+
+    def refresh(self) -> None:
+        """Read compiled autograd's counters again, if this report is live."""
+        if self.live:
+            from .autograd_switch import autograd_stats
+
+            try:
+                self.autograd = autograd_stats()
+            except Exception as e:  # counters are for reading: never fail over them
+                self.autograd = {"error": f"{type(e).__name__}: {e}"}
 
     # ------------------------------------------------------------------ the first step
     def mark_first_step(self, start: float, end: float) -> StepRecord:
@@ -328,6 +342,7 @@ class Report:
         return sum(len(c.kernels) for c in self.compiles)
 
     def summary(self) -> dict[str, Any]:
+        self.refresh()
         counts = list(self.cache_counts().values())
         step = self.step_record()
         return {
@@ -366,6 +381,7 @@ class Report:
         return json.dumps(asdict(self), indent=1, default=str)
 
     def to_html(self) -> str:
+        self.refresh()
         return _render(self)
 
     def write(self, path: str | os.PathLike[str]) -> str:
