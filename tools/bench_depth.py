@@ -2,6 +2,7 @@
 
     python tools/bench_depth.py [--layers 2,8] [--repeat 3] [--workers 0] [--json FILE]
     python tools/bench_depth.py --profile OUT.prof --layers 8 --repeat 1   # cProfile the compile
+    python tools/bench_depth.py --tree /tmp/main   # and a checkout of main, alternating
 
 Each (repeat, depth) is a new process with empty ``STOKER_CACHE_DIR`` / ``TRITON_CACHE_DIR``
 that trains the GPU suite's tiny GPT (d=64, T=32, batch 4, forward + backward) with the
@@ -119,6 +120,10 @@ def _worker(
     os.environ["TRITON_INTERPRET"] = "0"
     sys.path.insert(0, HERE)
     import torch
+
+    # one torch thread: OpenMP's idle threads spin and count as CPU time (up to a second
+    # of a steady step here, while the compile workers held the other core)
+    torch.set_num_threads(1)
     from bench_warm import stand_in  # type: ignore[import-not-found]
     from bench_workers import _tree_cpu  # type: ignore[import-not-found]
 
@@ -247,10 +252,17 @@ def summarize(run: dict[str, Any]) -> dict[str, float]:
     return row
 
 
-def _run(layers: int, a: argparse.Namespace) -> dict[str, Any]:
+def _pythonpath(tree: str) -> str:
+    """PYTHONPATH for another checkout's packages (`--tree`, e.g. a `git archive` of main)."""
+    pk = os.path.join(tree, "packages")
+    return os.pathsep.join(os.path.join(pk, d, "src") for d in sorted(os.listdir(pk)))
+
+
+def _run(layers: int, a: argparse.Namespace, tree: str | None = None) -> dict[str, Any]:
     root = tempfile.mkdtemp(prefix="stoker-depth-")
     env = {
         **os.environ,
+        **({"PYTHONPATH": _pythonpath(tree)} if tree else {}),
         "TRITON_INTERPRET": "0",
         "STOKER_TRITON_CHECK_TARGETS": "",
         "STOKER_CACHE_DIR": os.path.join(root, "stoker"),
@@ -266,7 +278,8 @@ def _run(layers: int, a: argparse.Namespace) -> dict[str, Any]:
     shutil.rmtree(root, ignore_errors=True)
     if p.returncode != 0:
         raise SystemExit(f"bench_depth worker ({layers} layers) failed:\n{p.stderr[-4000:]}")
-    print(f"  {layers} layers: {time.perf_counter() - t0:.1f} s wall", file=sys.stderr)
+    who = f" ({tree})" if tree else ""
+    print(f"  {layers} layers{who}: {time.perf_counter() - t0:.1f} s wall", file=sys.stderr)
     out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
     return out
 
@@ -304,6 +317,10 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="the tiny GPT at its smoke size")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--json", help="write the raw per-process results here")
+    ap.add_argument(
+        "--tree",
+        help="also run another checkout (its packages/*/src), alternating with this one",
+    )
     ap.add_argument("--profile", help="cProfile the steps before the steady one into this file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -311,12 +328,20 @@ def main() -> int:
     if a.worker:
         print(json.dumps(_worker(depths[0], a.steps, a.workers, a.smoke, a.profile)))
         return 0
-    runs = []
-    for r in range(a.repeat):
+    trees: list[tuple[str, str | None]] = [("this checkout", None)]
+    if a.tree:
+        trees.append((f"--tree {a.tree}", a.tree))
+    runs: dict[str, list[list[dict[str, Any]]]] = {name: [] for name, _ in trees}
+    for r in range(a.repeat):  # each repeat runs every tree and depth, side by side
         print(f"repeat {r + 1}/{a.repeat}", file=sys.stderr)
-        runs.append([_run(d, a) for d in depths])
-    print(f"tiny GPT, {' vs '.join(map(str, depths))} blocks, cold first steps (CPU s unless said)")
-    print(report(runs, depths))
+        for name, tree in trees:
+            runs[name].append([_run(d, a, tree) for d in depths])
+    for name, _ in trees:
+        print(
+            f"{name}: tiny GPT, {' vs '.join(map(str, depths))} blocks, cold first steps "
+            "(CPU s unless said)"
+        )
+        print(report(runs[name], depths))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(runs, f, indent=1)

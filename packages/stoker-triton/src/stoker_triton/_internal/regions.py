@@ -45,6 +45,7 @@ without regions.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -69,6 +70,8 @@ from .ir import (
     ScatterNode,
     Value,
 )
+
+from .lowering.core import TensorValue, strided_loader
 
 # a region shorter than this many graph nodes is not worth the bookkeeping
 MIN_NODES = 8
@@ -483,6 +486,30 @@ class _Record:
     keep: list[Any]  # the TensorValues `realized` is keyed by (kept alive)
 
 
+class LazyEnv(dict[torch.fx.Node, Any]):
+    """`lower_graph`'s node -> value map, where a copy's values are made on first read:
+    only a value some node outside the copy reads (the next block, an output) is ever
+    needed, and making each copy's every value allocates enough to set off the cyclic
+    garbage collector over the whole process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: dict[torch.fx.Node, Callable[[], Any]] = {}
+
+    def __missing__(self, key: torch.fx.Node) -> Any:
+        make = self.pending.pop(key, None)
+        if make is None:
+            raise KeyError(key)
+        v = self[key] = make()
+        return v
+
+    def get(self, key: torch.fx.Node, default: Any = None) -> Any:  # type: ignore[override]
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+
 class RegionLowering:
     """`lower_graph`'s hook: copy 0 of each region is lowered as usual and recorded
     (`after`), every later copy is made from the record (`before`)."""
@@ -556,8 +583,6 @@ class RegionLowering:
         every copy's counterpart is the same expression over other buffers of the same
         layouts. Storing it would add a kernel and a round trip through memory per copy;
         each copy's IR inlines its own input's expression instead, as without regions."""
-        from .lowering.core import TensorValue
-
         reg = self.regions[r]
         out: set[torch.fx.Node] = set()
         for i, (a0, _) in enumerate(reg.inputs[0]):
@@ -574,8 +599,6 @@ class RegionLowering:
     def _unify(self, v0: Any, vk: Any, bufs: dict[str, str]) -> bool:
         """Whether lazy `vk` is `v0` over other buffers (`bufs`: the names, filled in)."""
         from .ir import index_var
-        from .lowering.core import TensorValue
-
         if not isinstance(vk, TensorValue) or vk.layout is not None:
             return False
         if (v0.size, v0.dtype) != (vk.size, vk.dtype):
@@ -597,8 +620,6 @@ class RegionLowering:
                 self.env[a] = new
 
     def _stored(self, v: Any) -> Any:
-        from .lowering.core import TensorValue
-
         if isinstance(v, TensorValue) and v.layout is None:
             return self.ctx.realize(v)
         if isinstance(v, list | tuple):
@@ -621,8 +642,6 @@ class RegionLowering:
         }
 
     def _end(self, r: int) -> None:
-        from .lowering.core import TensorValue
-
         ctx = self.ctx
         o = self._open.pop(r)
         reg = self.regions[r]
@@ -706,16 +725,18 @@ class RegionLowering:
         for alias, base in rec.aliases.items():
             ctx.aliases[ren.buf(alias)] = ren.buf(base)
         clone = _Cloner(ctx, ren, rec.realized, seen)
+        env = self.env
         for n, v in zip(self.copies[r][k], rec.node_values):
-            self.env[n] = clone.value(v)
+            if isinstance(env, LazyEnv):  # made when a later node reads it (most never are)
+                env.pending[n] = functools.partial(clone.value, v)
+            else:
+                env[n] = clone.value(v)
         for name, tv in rec.realized_by.items():
             ctx.realized_by[bufs[name]] = clone.value(tv)
         self.reused_nodes += len(self.copies[r][k])
 
     def _pair(self, v0: Any, vk: Any, bufs: dict[str, str], seen: dict[int, Any]) -> None:
         """Map copy 0's external input value `v0` onto copy k's `vk`."""
-        from .lowering.core import TensorValue
-
         if v0 is vk:
             return
         if isinstance(v0, TensorValue) and v0.layout is None:
@@ -800,8 +821,6 @@ class _Cloner:
         self.seen = seen
 
     def value(self, v: Any) -> Any:
-        from .lowering.core import TensorValue
-
         hit = self.seen.get(id(v))
         if hit is not None:
             return hit
@@ -815,8 +834,6 @@ class _Cloner:
         return out
 
     def _tensor(self, v: Any) -> Any:
-        from .lowering.core import TensorValue, strided_loader
-
         ren = self.ren
         if v.layout is not None:
             ref = BufferRef(ren.buf(v.layout.buf), v.layout.size, v.layout.stride, v.layout.offset)

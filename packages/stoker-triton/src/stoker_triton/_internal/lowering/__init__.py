@@ -119,9 +119,12 @@ def lower_graph(
     nodes = list(gm.graph.nodes)
     reuse = None
     if regions:
-        from ..regions import lowering_order
+        from ..regions import LazyEnv, lowering_order
 
         nodes = lowering_order(gm)  # constants first: a block's copies stay alike
+        lazy = LazyEnv()
+        lazy.update(env)
+        env = lazy
         reuse = _region_lowering(ctx, gm, nodes, env, noops)
     # graph nodes lowered by their rule (not renamed from a region's copy), constants
     # (nodes that read no other node: a mask's `arange`, a `full`) aside
