@@ -70,7 +70,6 @@ from .ir import (
     ScatterNode,
     Value,
 )
-
 from .lowering.core import TensorValue, strided_loader
 
 # a region shorter than this many graph nodes is not worth the bookkeeping
@@ -599,6 +598,7 @@ class RegionLowering:
     def _unify(self, v0: Any, vk: Any, bufs: dict[str, str]) -> bool:
         """Whether lazy `vk` is `v0` over other buffers (`bufs`: the names, filled in)."""
         from .ir import index_var
+
         if not isinstance(vk, TensorValue) or vk.layout is not None:
             return False
         if (v0.size, v0.dtype) != (vk.size, vk.dtype):
