@@ -39,7 +39,9 @@ TEST_DEPS = [
     "numpy",
     "expecttest",
 ]  # expecttest: torch.testing._internal (OpInfo)
-INTEGRATION_DEPS = ["transformers"]  # the zoo's tiny HF GPT-2/BERT/Llama (pure Python, no torch)
+# transformers: the zoo's tiny HF GPT-2/BERT/Llama (pure Python, no torch); tlparse (a
+# binary wheel): reads a TORCH_TRACE of a stoker compile in test_e2e_report_cli.py
+INTEGRATION_DEPS = ["transformers", "tlparse"]
 INTERPRET_ENV = {"TRITON_INTERPRET": "1"}
 # Each test venv holds its own torch (about 1 GB) and triton (1 GB more), so six
 # of them need 9 GB at once: CI's disk has run out at the fifth. The `tests` and
@@ -178,6 +180,13 @@ def integration(session: nox.Session) -> None:
     """The full install plus tests-integration/."""
     _install(session, list(PACKAGES), TEST_DEPS + INTEGRATION_DEPS)
     session.run("pytest", "tests-integration", *session.posargs, env=_tests_env())
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """The five wheels in dist/: `pip install dist/*.whl` installs them (offline once torch is in)."""
+    session.install(NO_COMPILE, "hatchling>=1.18")
+    session.run("python", "tools/build_wheels.py", *(session.posargs or ["dist"]))
 
 
 @nox.session

@@ -2,11 +2,12 @@
 
     python tools/bench.py [--models mlp,gpt] [--backends eager,stoker] [--steps 20] [--no-warm]
 
-Runs, each if present, tools/bench_shapes.py (guard-check cost),
-bench_capture.py, bench_autograd.py and bench_triton.py, then the model
-benchmark (eager, torch.compile aot_eager / inductor, stoker side by side).
-Prints a table on stdout and writes bench-results/bench.json (the scripts
-that take ``--json`` also write bench-results/bench_<name>.json).
+Without ``--models``: runs, each if present, tools/bench_shapes.py (guard-check
+cost), bench_capture.py, bench_autograd.py and bench_triton.py, then the model
+benchmark (eager, torch.compile aot_eager / inductor, stoker side by side); with
+``--models`` only those models. Prints a table on stdout (steady step times as
+min / median / max over the steps) and writes bench-results/bench.json (the
+scripts that take ``--json`` also write bench-results/bench_<name>.json).
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ On a machine without CUDA (and no --smoke) it says so and exits 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -50,6 +52,13 @@ def main() -> int:
         action="store_true",
         help="the compile workers' start and a cold sm_90 batch compile through them, then "
         "a cold start to the first launches (tools/bench_workers.py; on the CPU)",
+    )
+    ap.add_argument("--json", default="", help="also write the table here (rewritten per case)")
+    ap.add_argument(
+        "--gpu-lock",
+        default="",
+        help="hold this lock file while timing (tools/gpu_lap.py: other processes compile "
+        "beside this one, none measures at the same time)",
     )
     args = ap.parse_args()
     if args.workers:
@@ -103,10 +112,25 @@ def main() -> int:
     # a row longer than any persistent kernel holds (online softmax), as many elements / 8
     lrows, lcols = (2, 256) if args.smoke else (16, 65536) if args.quick else (64, 262144)
     xl = torch.randn(lrows, lcols, device=dev)
-    copy_ms = do_bench(lambda: y.copy_(x))
+    timed: Callable[[], Any] = contextlib.nullcontext
+    if args.gpu_lock:
+        from gpu_lap import GpuLock
+
+        timed = GpuLock(args.gpu_lock)
+    doc: dict[str, Any] = {"device": "", "copy_gbs": None, "rows": []}
+
+    def save() -> None:
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=1)
+
+    with timed():
+        copy_ms = do_bench(lambda: y.copy_(x))
     copy_gbs = 2 * x.numel() * 4 / copy_ms / 1e6
     print(f"device: {name}  torch {torch.__version__}")
     print(f"device-to-device copy of {x.numel() * 4 / 2**20:.0f} MiB: {copy_gbs:.0f} GB/s\n")
+    doc.update({"device": name, "copy_gbs": copy_gbs, "shape": [rows, cols]})
+    save()
 
     cases: list[tuple[str, Callable[..., Any], tuple[Any, ...], int]] = [
         # name, function, inputs, bytes moved by an ideal kernel
@@ -155,18 +179,34 @@ def main() -> int:
         sync()
         cold = time.perf_counter() - t0
         torch.testing.assert_close(fn(*inputs), gm(*inputs), atol=1e-3, rtol=1e-3)
-        ms = do_bench(lambda fn=fn, inputs=inputs: fn(*inputs))
+        with timed():
+            ms = do_bench(lambda fn=fn, inputs=inputs: fn(*inputs))
         gbs = nbytes / ms / 1e6
         line = f"{name:28s} {fn.report.n_kernels:7d} {ms:8.3f} {gbs:8.0f} {100 * gbs / copy_gbs:6.0f}% {cold:15.2f}"
+        row: dict[str, Any] = {
+            "case": name,
+            "kernels": fn.report.n_kernels,
+            "kernel_names": [k.fn_name for k in fn.report.kernels],
+            "ms": ms,
+            "gbs": gbs,
+            "pct_copy": 100 * gbs / copy_gbs,
+            "cold_s": cold,
+            "ideal_bytes": nbytes,
+        }
         if args.inductor and not args.smoke:
             try:
                 cf = torch.compile(f)
                 cf(*inputs)
-                ims = do_bench(lambda cf=cf, inputs=inputs: cf(*inputs))
+                with timed():
+                    ims = do_bench(lambda cf=cf, inputs=inputs: cf(*inputs))
                 line += f" {nbytes / ims / 1e6:14.0f}"
+                row.update({"inductor_ms": ims, "inductor_gbs": nbytes / ims / 1e6})
             except Exception as e:  # Inductor unavailable here: say why
                 line += f" {'n/a: ' + type(e).__name__:>14s}"
+                row["inductor_error"] = f"{type(e).__name__}: {e}"
         print(line)
+        doc["rows"].append(row)
+        save()
     return 0
 
 

@@ -439,7 +439,17 @@ def main() -> int:
     s = warms[0]["summary"]
     print(
         "  warm caches: graphs",
-        {k: s.get(k) for k in ("cache_hits", "cache_misses", "capture_cache_hits", "kernels")},
+        {
+            k: s.get(k)
+            for k in (
+                "cache",
+                "cache_hits",
+                "cache_misses",
+                "graph_cache_hits",
+                "capture_cache_hits",
+                "kernels",
+            )
+        },
         "autograd",
         {k: warms[0]["autograd"].get(k) for k in ("disk_hits", "compiles")},
     )

@@ -5,6 +5,9 @@
 #     bash tools/gpu_check.sh kernels            # bench_triton: GB/s vs Inductor, launch and replay overhead
 #     bash tools/gpu_check.sh suite gpt-m,mlp-l  # the GPU suite, eager/inductor/stoker, cold+warm
 #     bash tools/gpu_check.sh profile gpt-m      # cProfile of a stoker cold and a warm first step
+#     bash tools/gpu_check.sh lap                # all of a GPU session's measurements in one
+#                                                # 9-minute call (tools/gpu_lap.py; results under
+#                                                # $OUT/bench-results/gpu/<date>/, to commit)
 # Each step runs under `timeout`; a test's failure is printed as it happens (-rfE at the
 # end would be lost to a timeout), and the suite rewrites its JSON after every row.
 set -u
@@ -54,8 +57,13 @@ profile)
         grep -o '"first_step_s": [0-9.]*' "$OUT/$run.log"
     done
     ;;
+lap)
+    # the lap keeps its own budget (510 s) and stops each step at what is left of it;
+    # the outer timeout only guards against the driver itself hanging
+    timeout 535 $PY tools/gpu_lap.py "${@:2}" 2>&1 | tee "$OUT/lap.log"
+    ;;
 *)
-    echo "unknown step $step: tests | sweep | kernels | suite MODELS [BACKENDS] | profile MODEL" >&2
+    echo "unknown step $step: lap | tests | sweep | kernels | suite MODELS [BACKENDS] | profile MODEL" >&2
     exit 2
     ;;
 esac

@@ -108,6 +108,58 @@ def test_accumulates_of_one_multi_output_node_keep_their_captured_order() -> Non
     assert names[at + 1 : at + 5] == ["gw", "acc_w", "gb", "acc_b"], names
 
 
+def _two_leaves(bias_first: bool, between: bool = False) -> fx.Graph:
+    """A layer norm's backward: the bias's block (item, tensor hook, accumulate,
+    post-accumulate-grad hook) captured before the weight's, with another node between
+    them (``between``)."""
+    b = B()
+    x, w, bias = (b.item(b.inputs, i, n) for i, n in enumerate(("x", "w", "bias")))
+    ln = b.op(aten.native_layer_norm_backward.default, x, name="ln_bw")
+    gx = b.op(operator.getitem, ln, 0, name="gx")
+    order_ = [("b", bias, 2), ("w", w, 1)] if bias_first else [("w", w, 1), ("b", bias, 2)]
+    for k, (tag, param, idx) in enumerate(order_):
+        item = b.op(operator.getitem, ln, idx, name=f"g{tag}")
+        th = b.hook(2 * k, item, kind="tensor_pre_hook", name=f"th_{tag}")
+        b.acc(param, th, f"acc_{tag}")
+        b.hook(2 * k + 1, param, kind="post_acc_grad_hook", name=f"post_{tag}")
+        if between and k == 0:
+            b.op(aten.cos.default, gx, name="between")
+    return b.done(b.op(aten.sin.default, gx, name="other"))
+
+
+def test_leaves_of_one_node_take_its_output_order() -> None:
+    """Eager runs the accumulate-grads one node makes ready in the node's output order
+    (weight, then bias), each with its hooks: the blocks exchange places; the node in
+    between keeps its place."""
+    out = check_pure(passes.order_leaves_by_output, _two_leaves(bias_first=True, between=True))
+    names = [n for n in order(out) if n.startswith(("th_", "acc_", "post_", "between", "g"))]
+    assert names == [
+        "gx", "gw", "th_w_fn", "th_w", "acc_w", "post_w_fn", "post_w",
+        "between",
+        "gb", "th_b_fn", "th_b", "acc_b", "post_b_fn", "post_b",
+    ], names  # fmt: skip
+
+
+def test_leaves_already_in_output_order_not_moved() -> None:
+    g = _two_leaves(bias_first=False)
+    assert order(check_pure(passes.order_leaves_by_output, g)) == order(g)
+
+
+def test_leaves_not_exchanged_where_another_node_reads_a_block() -> None:
+    """A node between the blocks that reads the first block's hook result would come
+    before it: nothing moves."""
+    b = B()
+    x, w, bias = (b.item(b.inputs, i, n) for i, n in enumerate(("x", "w", "bias")))
+    ln = b.op(aten.native_layer_norm_backward.default, x, name="ln_bw")
+    gb = b.op(operator.getitem, ln, 2, name="gb")
+    acc_b = b.acc(bias, gb, "acc_b")
+    reader = b.op(aten.sin.default, acc_b, name="reader")
+    gw = b.op(operator.getitem, ln, 1, name="gw")
+    b.acc(w, gw, "acc_w")
+    g = b.done(reader)
+    assert order(check_pure(passes.order_leaves_by_output, g)) == order(g)
+
+
 # ---------------------------------------------------------------- unpack hooks
 def test_unpack_hook_delayed_to_its_first_user() -> None:
     b = B()
@@ -152,16 +204,30 @@ def test_accumulate_grad_carries_the_check_of_its_gradient_along() -> None:
 
 # ------------------------------------------------------------ tensor pre-hooks
 def test_tensor_pre_hook_right_after_its_gradient() -> None:
+    """A leaf's hook (its result goes to the leaf's accumulate-grad) moves up to the
+    gradient: eager accumulates a leaf as soon as its gradient is ready."""
+    b = B()
+    x, w = b.item(b.inputs, 0, "x"), b.item(b.inputs, 1, "w")
+    grad = b.op(aten.mul.Tensor, x, 3.0, name="grad")
+    later = b.op(aten.sin.default, x, name="later")
+    h = b.hook(0, grad, kind="tensor_pre_hook", name="th")
+    b.acc(w, h, "acc_w")
+    out = check_pure(passes.reorder_tensor_pre_hooks, b.done(later))
+    assert order(out).index("th_fn") == pos(out, "grad") + 1
+    assert pos(out, "th") == pos(out, "grad") + 2
+    assert pos(out, "later") > pos(out, "th")
+
+
+def test_tensor_pre_hook_of_a_non_leaf_stays_with_its_node() -> None:
+    """A hook on a non-leaf's gradient runs when the node it feeds runs (eager runs
+    other ready nodes first, by priority): it stays where the capture put it."""
     b = B()
     x = b.item(b.inputs, 0, "x")
     grad = b.op(aten.mul.Tensor, x, 3.0, name="grad")
     later = b.op(aten.sin.default, x, name="later")
     h = b.hook(0, grad, kind="tensor_pre_hook", name="th")
-    use = b.op(aten.add.Tensor, h, later, name="use")
-    out = check_pure(passes.reorder_tensor_pre_hooks, b.done(use))
-    assert order(out).index("th_fn") == pos(out, "grad") + 1
-    assert pos(out, "th") == pos(out, "grad") + 2
-    assert pos(out, "later") > pos(out, "th")
+    g = b.done(b.op(aten.add.Tensor, h, later, name="use"))
+    assert order(check_pure(passes.reorder_tensor_pre_hooks, g)) == order(g)
 
 
 def test_tensor_pre_hook_on_graph_input_not_moved() -> None:
@@ -300,7 +366,7 @@ def test_run_all_applies_every_pass_and_keeps_the_graph_well_formed() -> None:
     out = passes.run_all(g)
     out.lint()
     assert pos(out, "acc_w") < pos(out, "unrelated")
-    assert len(passes.PIPELINE) == 9
+    assert len(passes.PIPELINE) == 10
 
 
 def test_mark_undefined_leaves_lists_the_leaves_only_a_custom_backward_reaches() -> None:

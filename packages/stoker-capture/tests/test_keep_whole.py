@@ -20,9 +20,12 @@ aten = torch.ops.aten
 
 
 def _f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Every op of `KEEP_WHOLE_IN_BACKWARD` through its forward: layer norm, GELU,
-    softmax, log-softmax + NLL (cross entropy), ReLU, sigmoid, tanh, SiLU."""
+    """Every op of `KEEP_WHOLE_IN_BACKWARD` through its forward: layer norm, batch
+    norm, group norm, GELU, softmax, log-softmax + NLL (cross entropy), ReLU, sigmoid,
+    tanh, SiLU."""
     h = F.layer_norm(x, (x.shape[-1],), w, b)
+    h = F.batch_norm(h, None, None, w, b, training=True)
+    h = F.group_norm(h, 1, w, b)
     h = F.gelu(h) + torch.relu(h) * torch.sigmoid(h) + torch.tanh(h) + F.silu(h)
     att = torch.softmax(h @ h.transpose(0, 1), dim=-1) @ h
     return F.cross_entropy(att, y)
@@ -72,3 +75,31 @@ def test_forward_and_gradients_equal_eager(dynamic: str) -> None:
     compiled = aot_function(_f, dynamic=dynamic)
     for _ in range(2):  # fresh inputs each call
         check_fn(_f, compiled, _args)
+
+
+def test_batch_norm_backward_stays_whole_under_autocast() -> None:
+    """Autocast hands the batch norm a bf16 activation with float32 parameters: eager's
+    kernel takes that mix in one op, so the joint graph keeps it whole (the decomposition
+    would hold float32 copies of the activations), and the gradients match eager's."""
+
+    def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = F.conv2d(x, w[:, None, None, None].expand(4, 3, 1, 1).contiguous())
+            return F.batch_norm(h, None, None, w, b, training=True).float().square().mean()
+
+    def args() -> list[Any]:
+        return [
+            torch.randn(2, 3, 4, 4, requires_grad=True),
+            torch.randn(4, requires_grad=True),
+            torch.randn(4, requires_grad=True),
+        ]
+
+    got = _targets(f, args(), joint=True)
+    assert aten.native_batch_norm_backward.default in got
+    compiled = aot_function(f)
+    a, b = args(), args()
+    for t, u in zip(a, b):
+        u.data.copy_(t.data)
+    torch.testing.assert_close(compiled(*a), f(*b), rtol=2e-2, atol=1e-2)
+    for x, y in zip(torch.autograd.grad(compiled(*a), a), torch.autograd.grad(f(*b), b)):
+        torch.testing.assert_close(x, y, rtol=2e-2, atol=2e-2)

@@ -157,8 +157,10 @@ def test_eight_blocks_compile_what_two_blocks_compile(kind, monkeypatch):
     monkeypatch.setattr(kernelmemo, "_MEMO", {})
     eight = _compile_counts(8, kind)
     assert eight["kernels"] > 3 * two["kernels"]  # the program itself grows with depth
-    assert eight["modules"] == two["modules"]
-    assert eight["generated"] == two["generated"]
+    # the distinct kernels do not grow: equal for the forward; in the joint graph two
+    # blocks' backward is no region (below), whose fusion leaves one kernel more
+    assert eight["modules"] <= two["modules"] <= eight["modules"] + (kind == "joint")
+    assert eight["generated"] == eight["modules"] and two["generated"] == two["modules"]
     # each block's copy after the first is renamed, not lowered (constants aside: a
     # block's causal mask is made of nodes that read nothing, lowered per block). In
     # the joint graph the first backward block differs from the others (the gradient

@@ -5,6 +5,7 @@ stoker-triton's own suite runs where stoker-capture is not installed."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -76,3 +77,49 @@ def test_a_hook_on_the_layer_norm_bias_sees_its_weight_accumulated_as_in_eager()
             assert run(model, True, hooked) == want, (hooked, want)
         finally:
             stoker.reset()
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "batchnorm", "groupnorm", "linear"])
+def test_hooks_on_every_parameter_fire_in_eager_order(norm: str) -> None:
+    """A tensor hook and a post-accumulate-grad hook on every parameter, a full backward
+    hook on the layer after the norm: through stoker.compile the hooks fire in eager's
+    order (the norm's weight's pair, then its bias's: the norm's backward yields both
+    gradients from one node, kept whole, and eager runs them in its output order)."""
+    import copy
+
+    import torch.nn as nn
+
+    import stoker
+
+    layers = {
+        "layernorm": lambda: nn.LayerNorm(8),
+        "batchnorm": lambda: nn.BatchNorm1d(8),
+        "groupnorm": lambda: nn.GroupNorm(2, 8),
+        "linear": lambda: nn.Linear(8, 8),
+    }
+
+    def run(model: nn.Sequential, compiled: bool) -> list[str]:
+        log: list[str] = []
+        for name, p in model.named_parameters():
+            p.register_hook(lambda g, n=name: log.append(f"tensor {n}") or None)  # type: ignore[func-returns-value]
+            p.register_post_accumulate_grad_hook(lambda _p, n=name: log.append(f"acc {n}"))
+        model[2].register_full_backward_hook(lambda m, gi, go: log.append("full") or None)  # type: ignore[func-returns-value]
+        fn = stoker.compile(model) if compiled else model
+        for step in range(2):
+            log.append(f"-- step {step}")
+            model.zero_grad(set_to_none=True)
+            fn(torch.randn(5, 4)).pow(2).sum().backward()
+        return log
+
+    stoker.reset()
+    try:
+        torch.manual_seed(0)
+        eager = nn.Sequential(nn.Linear(4, 8), layers[norm](), nn.Linear(8, 3))
+        model = copy.deepcopy(eager)
+        with stoker.autograd_enabled(False):
+            want = run(eager, False)
+        if norm != "linear":  # a norm's weight, then its bias (a Linear: bias, then weight)
+            assert want.index("acc 1.weight") < want.index("tensor 1.bias")
+        assert run(model, True) == want
+    finally:
+        stoker.reset()

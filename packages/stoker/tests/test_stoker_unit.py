@@ -238,11 +238,19 @@ def test_report_html_sections_and_content(tmp_path: object) -> None:
         "backward_kernels": 0,
         "fallbacks": 1,
         "recompiles": 1,
+        "graph_breaks": 0,
+        "cache": "off",
         "cache_hits": 0,
         "cache_misses": 0,
         "capture_cache_hits": 0,
         "capture_cache_misses": 0,
+        "graph_cache_hits": 0,
+        "graph_cache_misses": 0,
+        "autograd_cache_hits": 0,
+        "autograd_cache_misses": 0,
         "compile_ms": 12.5,
+        "first_step_ms": None,
+        "first_step_other_ms": None,
     }
     json.loads(r.to_json())
 
@@ -366,6 +374,8 @@ def test_bench_worker_eager_mlp() -> None:
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["model"] == "mlp" and row["backend"] == "eager" and row["recompiles"] == 0
     assert row["peak_mem"] > 0 and row["steady_ms"] > 0
+    assert row["steady_ms_min"] <= row["steady_ms"] <= row["steady_ms_max"]
+    assert row["steady_repeats"] == 2
 
 
 # ----------------------------------------------------------------------------- per call

@@ -104,8 +104,9 @@ def autograd_enabled(enabled: bool = True) -> Iterator[None]:
 def reset() -> None:
     """Forget every compiled graph and turn compiled autograd off (as after a fresh start)."""
     from ._internal.backend import SWITCH
-    from ._internal.compile_api import _LAST
+    from ._internal.compile_api import _LAST, keep_reports_at_reset
 
+    keep_reports_at_reset()
     SWITCH.turn_off()
     _LAST.clear()
     if _DEFAULT_BACKEND:

@@ -14,10 +14,25 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from ._internal.report import Report
+
+
+class UsageError(Exception):
+    """A command's arguments or settings are wrong: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line that says where to look (exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="stoker", description="stoker: a PyTorch training compiler")
+    p = _Parser(prog="stoker", description="stoker: a PyTorch training compiler")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     d = sub.add_parser("demo", help="train a small GPT eager and compiled side by side")
@@ -52,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--suite",
         choices=("models", "gpu"),
         default="models",
-        help="models: the zoo (default); gpu: the H100 suite of GPU_FINDINGS (6 training "
-        "configurations + the small forward/backward table)",
+        help="models: the zoo (default); gpu: the GPU suite (6 training configurations "
+        "+ the small forward/backward table)",
     )
     b.add_argument(
         "--smoke", action="store_true", help="with --suite gpu: the same entries at tiny sizes"
@@ -61,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--models",
         default=None,
-        help="comma-separated zoo names, or suite entries with --suite gpu (default: all)",
+        help="comma-separated zoo names, or suite entries with --suite gpu (default: all, "
+        "after the sibling packages' benchmark scripts; naming models runs only those)",
     )
     b.add_argument(
         "--backends",
@@ -99,12 +115,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except UsageError as e:
+        print(f"stoker {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ._internal.config import StokerConfigError
+
     if args.command == "demo":
+        from ._internal.demo import check_demo_args
+
+        try:
+            device = check_demo_args(
+                steps=args.steps,
+                batch=args.batch,
+                backend=args.backend,
+                device=args.device,
+                ranks=args.ranks,
+            )
+        except StokerConfigError as e:
+            raise UsageError(str(e)) from None
         demo = dict(
             steps=args.steps,
             batch=args.batch,
             backend=args.backend,
-            device=args.device,
+            device=device,
             report=args.report,
             seed=args.seed,
             progress=not args.no_progress,
@@ -119,24 +157,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench":
         from ._internal.bench import run_bench
 
-        return run_bench(
-            models=args.models.split(",") if args.models else None,
-            backends=(args.backends or default_backends(args.suite)).split(","),
-            steps=args.steps,
-            json_path=args.json,
-            warm=not args.no_warm,
-            device=args.device,
-            timeout=args.timeout,
-            suite=args.suite,
-            smoke=args.smoke,
-        )
+        if args.steps < 1:
+            raise UsageError(f"--steps {args.steps}: time at least 1 steady step (default 20)")
+        if args.timeout <= 0:
+            raise UsageError(f"--timeout {args.timeout}: give a positive number of seconds")
+        try:
+            return run_bench(
+                models=_names(args.models),
+                backends=_names(args.backends or default_backends(args.suite)) or [],
+                steps=args.steps,
+                json_path=args.json,
+                warm=not args.no_warm,
+                device=args.device,
+                timeout=args.timeout,
+                suite=args.suite,
+                smoke=args.smoke,
+            )
+        except StokerConfigError as e:
+            raise UsageError(str(e)) from None
     if args.command == "explain":
         return explain(args.script, args.args, logs=args.logs, report=args.report)
     if args.command == "cache":
         from ._internal import cache_cli
 
-        return cache_cli.info() if args.action == "info" else cache_cli.clear(args.triton)
+        try:
+            return cache_cli.info() if args.action == "info" else cache_cli.clear(args.triton)
+        except cache_cli.CacheDirError as e:
+            raise UsageError(str(e)) from None
     raise AssertionError(args.command)  # argparse rejects unknown commands
+
+
+def _names(spec: str | None) -> list[str] | None:
+    """``"mlp, gpt"`` -> ``["mlp", "gpt"]``; None (or nothing named) -> None."""
+    names = [n.strip() for n in (spec or "").split(",") if n.strip()]
+    return names or None
 
 
 def default_backends(suite: str) -> str:
@@ -150,13 +204,19 @@ def explain(script: str, script_args: Sequence[str], *, logs: str, report: str) 
     import runpy
 
     if not os.path.exists(script):
-        print(f"stoker explain: no such script: {script}", file=sys.stderr)
-        return 2
-    os.environ["STOKER_LOGS"] = logs
-    os.environ["STOKER_REPORT"] = os.path.abspath(report)
+        raise UsageError(f"no such script: {script}")
     from . import set_logs
 
-    set_logs(logs)
+    try:
+        set_logs(logs)
+    except ValueError as e:
+        raise UsageError(f"--logs {logs}: {e}") from None
+    os.environ["STOKER_LOGS"] = logs
+    os.environ["STOKER_REPORT"] = os.path.abspath(report)
+    from ._internal import compile_api
+
+    kept: list[Report] = []
+    compile_api._KEEP_AT_RESET.append(kept)  # reports a stoker.reset() in the script drops
     old_argv = sys.argv
     sys.argv = [script, *script_args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
@@ -167,31 +227,44 @@ def explain(script: str, script_args: Sequence[str], *, logs: str, report: str) 
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
         sys.argv = old_argv
-        _write_explain_report(os.environ["STOKER_REPORT"])
+        compile_api._KEEP_AT_RESET.remove(kept)
+        _write_explain_reports(kept, os.environ["STOKER_REPORT"])
     return code
 
 
-def _write_explain_report(path: str) -> None:
-    """Make sure the report exists after the script ran, and say where it is."""
-    from ._internal.compile_api import last_report
-
-    rep = last_report()
-    if rep is None:
-        import stoker
-
-        rep = stoker.backend.report  # torch.compile(backend="stoker") used the default backend
-        if not rep.compiles:
-            print(
-                f"stoker explain: the script compiled nothing with stoker; no report at {path}",
-                file=sys.stderr,
-            )
-            return
-        rep.path = path
+def _write_explain_reports(kept: list[Report], path: str) -> None:
+    """Write every report the script made (kept at a reset, or current), say where."""
     from ._internal.backend import _autograd_stats
+    from ._internal.compile_api import current_reports
 
-    rep.autograd = _autograd_stats()
-    written = rep.write(rep.path or path)
-    print(f"stoker explain: report written to {written}", file=sys.stderr)
+    reports = list(kept)
+    for r in current_reports():
+        if all(r is not k for k in reports):
+            r.autograd = _autograd_stats()
+            reports.append(r)
+    if not reports:
+        print(
+            f"stoker explain: the script compiled nothing with stoker; no report at {path}",
+            file=sys.stderr,
+        )
+        return
+    stem, ext = os.path.splitext(path)
+    free = iter([path, *(f"{stem}-{i}{ext}" for i in range(2, len(reports) + 1))])
+    for rep in reports:
+        # A report the script gave its own path keeps it; the others get --report's path,
+        # numbered from the second on. The path stays on the report: its rewrite at exit
+        # goes to the same file.
+        if not rep.path or os.path.abspath(rep.path) == os.path.abspath(path):
+            rep.path = next(free)
+        written = rep.write(rep.path)
+        graphs = len(rep.compiles)
+        step = rep.step_record()
+        took = f"first compiled step {step.wall_ms / 1e3:.2f} s; " if step is not None else ""
+        print(
+            f"stoker explain: report written to {written} ({graphs} graph"
+            f"{'s' if graphs != 1 else ''}; {took}on-disk caches {rep.cache_line()})",
+            file=sys.stderr,
+        )
 
 
 if __name__ == "__main__":

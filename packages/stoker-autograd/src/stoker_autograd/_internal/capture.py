@@ -45,9 +45,12 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, _suppres
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._thunk import Thunk
 
+from stoker_shapes import timing
+
 from . import ops, recapture
 from .aot_inline import inline_aot_backward, stoker_aot_info
 from .forward_dims import ForwardDims
+from .functions import function_key, function_name, is_torch_compiled
 from .origins import Origins
 
 if TYPE_CHECKING:
@@ -75,6 +78,7 @@ class CaptureInstance:
     """One capture of one backward graph (built by the engine through ``factory()``)."""
 
     def __init__(self, session: Session) -> None:
+        self._t0 = timing.start()  # the capture's mark (the engine makes one per capture)
         self.session = session
         self.stack = contextlib.ExitStack()
         self.shape_env = ShapeEnv()
@@ -86,9 +90,10 @@ class CaptureInstance:
         self.sym_sources: dict[
             sympy.Symbol, tuple[str, int]
         ] = {}  # capture symbol -> (list, index)
-        self.origin_marks: list[
-            tuple[int, str, int]
-        ] = []  # (first node index, node name, call index)
+        # (the graph's last node when the engine began the autograd node, its name as
+        # messages show it, its name as eager's engine names it, call index): a node
+        # object, not a position, since a lifted size's item is inserted at the top later
+        self.origin_marks: list[tuple[fx.Node, str, str, int]] = []
         self.aot_counts: dict[int, int] = {}
         self.origins = Origins([], self.sym_sources)  # set per capture by begin_capture
         # the sizes an inlined AOT backward's forward held symbolic (set by begin_capture)
@@ -299,7 +304,12 @@ class CaptureInstance:
 
     # ----------------------------------------------------- engine: functional
     def set_node_origin(self, node_name: str, nodecall_index: int, pyobj: Any) -> None:
-        self.origin_marks.append((len(self.tracer.graph.nodes), node_name, nodecall_index))
+        raw = node_name
+        cls = getattr(pyobj, "_forward_cls", None)
+        if cls is not None and is_torch_compiled(cls):  # which of torch's compiled functions
+            node_name = f"{node_name}[torch.compile aot_id {cls._aot_id}]"
+        last = self.graph._root.prev  # the placeholders come first: never the root itself
+        self.origin_marks.append((last, node_name, raw, nodecall_index))
         self.origins.node = node_name
         self.signature.append(node_name.removeprefix("torch::autograd::"))
 
@@ -344,7 +354,9 @@ class CaptureInstance:
             # accumulate-grad and hooks can move up to it (passes), also out of an
             # inlined AOT backward, where one node yields every gradient.
             for k, out in enumerate(outputs):
-                self._track_items([out], self._node(op, ([out], [metas[k]])))
+                check = self._node(op, ([out], [metas[k]]))
+                check.meta["stoker_out_index"] = k  # which output (anomaly mode's message)
+                self._track_items([out], check)
             return outputs
         self._track_items(outputs, self._node(op, (outputs, *args)))
         return outputs
@@ -399,12 +411,18 @@ class CaptureInstance:
         opaque_object_indices: Sequence[int] = (),
         *rest: Any,
     ) -> tuple[torch.Tensor | None, ...]:
+        cls = ctx._forward_cls
+        fn_name = function_name(cls)
         if maybe_backward_state_idx is not None:
             raise NotImplementedError(
-                f"stoker-autograd: {ctx._forward_cls.__qualname__} carries a Dynamo BackwardState; "
-                "only torch.compile's own backends produce these"
+                f"stoker-autograd: {fn_name} carries a Dynamo BackwardState, which Dynamo "
+                "makes only while torch's own compiled autograd is enabled at compile time "
+                "(hooks registered inside the compiled region are then deferred to it). "
+                "Compile that forward without torch's compiled autograd enabled (Dynamo then "
+                "runs such hooks eagerly), or run its backward under torch's compiled "
+                "autograd instead of stoker_autograd.enable()"
             )
-        name = f"{ctx._forward_cls.__qualname__}.backward"
+        name = f"{fn_name}.backward"
         self._note_grads(inputs, name)
         self.origins.saved(
             saved_tensors,
@@ -417,22 +435,17 @@ class CaptureInstance:
         psaved = self.to_proxy(list(saved_tensors))
         info = stoker_aot_info(ctx)
         nodes: list[Any] | None = None
-        if info is not None:
+        if info is not None:  # stoker's own AOT backward: inlined where it can be
             proxies = inline_aot_backward(self, info, ctx, pinputs, psaved, output_metadatas)
             if proxies is not None:
                 nodes = [None if p is None else p.node for p in proxies]
                 self._note_forward_dims(info, ctx, saved_tensors, output_metadatas)
         if nodes is None:
-            if hasattr(ctx._forward_cls, "_aot_id"):
-                raise NotImplementedError(
-                    f"stoker-autograd: {ctx._forward_cls.__qualname__} is a backward compiled by "
-                    "torch's own AOTAutograd (torch.compile with another backend); compile the "
-                    "forward with stoker, or run this backward outside stoker_autograd.enable()"
-                )
+            # Any other Function, torch.compile's CompiledFunction (Inductor, aot_eager)
+            # included: an opaque call of its real backward with its real ctx.
             call = self._node(ops.call_backward, (pctx, psaved, *pinputs))
-            cls = ctx._forward_cls
-            call.meta["stoker_fn"] = cls.__qualname__
-            call.meta["stoker_fn_key"] = f"{cls.__module__}.{cls.__qualname__}"  # in the key
+            call.meta["stoker_fn"] = fn_name
+            call.meta["stoker_fn_key"] = function_key(cls)  # in the key (None: uncacheable)
             call.meta["stoker_out_meta"] = [
                 None if m is None else (m[0], m[1], m[2], self._size_exprs(m[3]))
                 for m in output_metadatas
@@ -592,17 +605,24 @@ class CaptureInstance:
             self.forward_dims,
         )
         self.session.graphs.append(compiled)
+        timing.done("autograd capture", self._t0, "", f"backward graph {self.id}")
         return runtime_wrapper, compiled
 
     def _annotate_origins(self, graph: fx.Graph) -> None:
-        marks = sorted(self.origin_marks)
-        j, current = 0, None
-        for idx, node in enumerate(graph.nodes):
-            while j < len(marks) and marks[j][0] <= idx:
-                current = f"{marks[j][1]} (NodeCall {marks[j][2]})"
-                j += 1
+        """Each node's autograd node: ``meta["autograd_node"]`` as messages name it
+        (``MulBackward0 (NodeCall 3)``), ``meta["autograd_fn"]`` as eager's engine
+        names it (``MulBackward0``; anomaly mode's messages)."""
+        after: dict[fx.Node, tuple[str, str]] = {}
+        for last, name, raw, call in self.origin_marks:
+            after[last] = (f"{name} (NodeCall {call})", raw)  # the last one begun there
+        current: tuple[str, str] | None = None
+        for node in graph.nodes:
             if current is not None and node.op == "call_function":
-                node.meta.setdefault("autograd_node", current)
+                node.meta.setdefault("autograd_node", current[0])
+                node.meta.setdefault("autograd_fn", current[1])
+            mark = after.get(node)
+            if mark is not None:
+                current = mark
 
 
 def fake_tensor(

@@ -199,6 +199,11 @@ def graph_text(
         target = n.target if n.op != "call_function" else _target_text(n.target)
         meta = n.meta.get("stoker_out_meta")
         fn = n.meta.get("stoker_fn_key")
+        if fn is None and n.op == "call_function" and n.target is ops.call_backward:
+            raise Uncacheable(
+                f"{n.meta.get('stoker_fn', 'a custom Function')} has no stable identity "
+                "(a torch.compile'd function without its backward graph)"
+            )
         lines.append(
             f"{n.op} {target} {_arg_text(tuple(n.args), index)} {_arg_text(dict(n.kwargs), index)}"
             + (f" out_meta={_arg_text(meta, index)}" if meta is not None else "")
@@ -253,6 +258,8 @@ def _tensor_text(t: torch.Tensor) -> str:
 
 
 def _value_text(v: Any) -> str:
+    if isinstance(v, torch.Tensor) and v.layout != torch.strided:
+        raise Uncacheable(f"an input of layout {v.layout} (a sparse .grad or saved tensor)")
     if isinstance(v, torch.Tensor):
         return _tensor_text(v)
     if v is None or isinstance(v, bool | int | float):

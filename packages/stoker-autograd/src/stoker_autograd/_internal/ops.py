@@ -200,38 +200,83 @@ def accumulate_grad(
     has_post_hooks: bool,
     may_steal: bool = False,
 ) -> torch.Tensor | None:
-    """``variable.grad += grad`` as the eager engine's AccumulateGrad does it.
+    """``variable.grad += grad`` as the eager engine's AccumulateGrad does it
+    (``accumulateGrad`` in torch/csrc/autograd/functions/accumulate_grad.h, case by case).
 
     ``variable_grad`` is ``variable.grad`` when the engine passed it (torch 2.13);
     on torch 2.11 the engine does not, and the current ``.grad`` is read here.
-    ``may_steal``: the graph proved ``grad`` is a fresh intermediate nobody else holds.
+    ``may_steal``: the graph proved ``grad`` is a fresh intermediate nobody else holds
+    (eager's use-count test); without it the gradient is copied, which eager also does
+    whenever someone else holds it.  Grad mode on means ``create_graph=True``: the new
+    ``.grad`` keeps ``grad``'s history (out of place), as in eager.
     """
     if grad is None:
         return variable.grad
     current = variable.grad
+    grad_mode = torch.is_grad_enabled()
+    sparse = grad.is_sparse
     if current is None:
-        steal = (
-            may_steal
+        if (
+            not grad_mode
+            and may_steal
+            and grad.layout == torch.strided
+            and variable.layout == torch.strided
             and not has_post_hooks
             and not grad._is_view()
-            and grad.stride() == variable.stride()
             and grad.dtype == variable.dtype
-            and not torch.is_grad_enabled()
-        )
-        if steal:
-            new = grad.detach()
-        elif variable.is_contiguous() or not is_dense(variable):
-            new = grad.detach().clone(memory_format=torch.contiguous_format)
-        else:  # keep the parameter's layout, as eager does
-            new = torch.empty_strided(
-                variable.size(), variable.stride(), dtype=grad.dtype, device=grad.device
-            ).copy_(grad)
+            and obeys_layout_contract(grad, variable)
+        ):
+            new = grad.detach()  # case 1.1: steal a dense gradient
+        elif (
+            not grad_mode
+            and may_steal
+            and sparse
+            and not has_post_hooks
+            and grad._indices().is_contiguous()
+            and grad._values().is_contiguous()
+        ):  # case 1.2: a sparse gradient, shallow (its indices and values, not copied)
+            new = torch.ops.aten._sparse_coo_tensor_unsafe.default(
+                grad._indices(), grad._values(), list(grad.shape), dtype=grad.dtype
+            )
+        elif sparse or grad.layout != torch.strided or grad.is_nested or grad.is_mkldnn:
+            new = grad.clone()  # cases 1.3, 1.4: sparse, nested, MKLDNN
+        else:  # case 1.5: a copy that obeys the layout contract
+            new = clone_obey_contract(grad, variable)
         variable.grad = new
-    elif torch.is_grad_enabled():  # create_graph=True: out of place, keeps the history
-        variable.grad = current + grad
+    elif not grad_mode:
+        if current.is_sparse and not sparse:
+            variable.grad = grad + current  # case 2.1: add(sparse, dense) does not exist
+        else:
+            current.add_(grad)  # case 2.3: in place, .grad stays the same tensor
+    elif current.is_sparse and not sparse:
+        variable.grad = grad + current  # case 3.1
     else:
-        current.add_(grad)
+        variable.grad = current + grad  # case 3.2
     return variable.grad
+
+
+def obeys_layout_contract(grad: torch.Tensor, variable: torch.Tensor) -> bool:
+    """Eager's gradient layout contract (torch/csrc/autograd/utils/grad_layout_contract.h):
+    a dense parameter's gradient has its strides (dims of size 1 aside, but not stride 0);
+    any other parameter's is row-major contiguous."""
+    if variable.is_nested or variable.layout != torch.strided:
+        return False
+    if is_dense(variable):
+        for n, gs, vs in zip(grad.shape, grad.stride(), variable.stride(), strict=True):
+            if n != 1 and gs != vs:
+                return False
+            if n == 1 and gs == 0:
+                return False
+        return True
+    return grad.is_contiguous()
+
+
+def clone_obey_contract(grad: torch.Tensor, variable: torch.Tensor) -> torch.Tensor:
+    """A copy of ``grad`` laid out as the contract says (differentiable: under
+    ``create_graph`` it keeps ``grad``'s history, as eager's does)."""
+    if variable.layout == torch.strided and not variable.is_nested and is_dense(variable):
+        return grad.new_empty_strided(variable.size(), variable.stride()).copy_(grad)
+    return grad.clone(memory_format=torch.contiguous_format)
 
 
 def is_dense(t: torch.Tensor) -> bool:

@@ -57,11 +57,13 @@ def parameter_name(t: object) -> str | None:
 
 def _kind(entry: str) -> str:
     """What an entry is, without what it holds: ``AccumulateGrad of fc1.weight``
-    without its ``[.grad None]``, a compiled forward's backward without its number."""
+    without its ``[.grad None]``, a compiled forward's backward without its number
+    (stoker's ``CompiledFunction_3Backward``, torch.compile's
+    ``CompiledFunctionBackward[torch.compile aot_id 3]``)."""
     return _NUMBERED.sub(r"\1", entry.split(" [", 1)[0])
 
 
-_NUMBERED = re.compile(r"(CompiledFunction)_\d+")
+_NUMBERED = re.compile(r"(CompiledFunction)_\d+|(?<=aot_id )\d+")
 
 
 def _changed(a: str, b: str) -> str:

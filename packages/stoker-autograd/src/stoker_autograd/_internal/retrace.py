@@ -343,6 +343,21 @@ def concrete_values(
     return out
 
 
+def opaque_only_inputs(gm: fx.GraphModule | fx.Graph) -> frozenset[int]:
+    """The indices of ``inputs`` that only opaque calls read (a parameter's ``.grad``,
+    which only its accumulate-grad reads): nothing traced depends on their metadata."""
+    graph = gm if isinstance(gm, fx.Graph) else gm.graph
+    ph = next((n for n in graph.nodes if n.op == "placeholder"), None)
+    if ph is None:
+        return frozenset()
+    out = set()
+    for u in ph.users:
+        i = u.args[1] if u.target is operator.getitem else None
+        if isinstance(i, int) and u.users and all(ops.is_opaque(c.target) for c in u.users):
+            out.add(i)
+    return frozenset(out)
+
+
 def fake_inputs(
     ctx: ShapeContext,
     inputs: Sequence[Any],
@@ -350,6 +365,7 @@ def fake_inputs(
     scalars: Sequence[Any],
     dynamic: frozenset[Position],
     free: frozenset[Position] = frozenset(),
+    opaque_only: frozenset[int] = frozenset(),
 ) -> dict[str, list[Any]]:
     """The graph inputs as ``ctx``'s fakes: ``dynamic`` positions symbolic, positions of
     one value sharing one symbol; ``free`` positions (not also ``dynamic``) symbolic,
@@ -378,8 +394,28 @@ def fake_inputs(
         else None
         for i, t in enumerate(inputs)
     ]
+    # A sparse tensor (a sparse .grad) that only opaque calls read: a static fake beside
+    # the shape context, so no guard reads it (its nnz changes every step; the opaque
+    # call takes whatever layout it gets).  Read by a traced op, it goes to the shape
+    # context, which refuses it (the graph then runs uncompiled, with a warning).
+    aside = [
+        i
+        for i, t in enumerate(inputs)
+        if i in opaque_only and isinstance(t, torch.Tensor) and t.layout != torch.strided
+    ]
+    plain = [_plain(t) for t in inputs]
+    if not aside:
+        faked = list(ctx.fakeify(plain, Source.arg(0), dynamic=in_specs))
+    else:  # item by item, those aside not at all (the engine's key fixes the count)
+        faked = []
+        for i, (t, dims) in enumerate(zip(plain, in_specs, strict=True)):
+            if i in aside:
+                with disable_proxy_modes_tracing():
+                    faked.append(ctx.fake_mode.from_tensor(inputs[i].detach(), static_shapes=True))
+            else:
+                faked.append(ctx.fakeify(t, Source.arg(0).item(i), dynamic=dims))
     return {
-        "inputs": list(ctx.fakeify([_plain(t) for t in inputs], Source.arg(0), dynamic=in_specs)),
+        "inputs": faked,
         "sizes": list(
             ctx.fakeify(
                 list(sizes),
@@ -420,7 +456,7 @@ def retrace(
     # "auto": every spec below is explicit, so this only words the guards' reasons right
     # (a static size is static until it changes; then the next compile makes it symbolic)
     ctx = ShapeContext(policy="auto")
-    values = fake_inputs(ctx, inputs, sizes, scalars, dynamic, free)
+    values = fake_inputs(ctx, inputs, sizes, scalars, dynamic, free, opaque_only_inputs(gm))
     rp = _Replayer(ctx, sym_sources, unpack_meta)
     rp.values = values
     rp.source_gm = gm

@@ -16,6 +16,7 @@ running the captured graph: the result is the same as eager, only slower.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import torch.fx as fx
 
 from stoker_capture import autocast_off, eager_autograd_engine
 from stoker_capture._internal.boxed import BoxedGraph, call_boxed, mark_boxed
+from stoker_shapes import timing
 
 from . import final_callbacks, graphstore, ops
 from .forward_dims import ForwardDims
@@ -49,9 +51,12 @@ def runtime_wrapper(
     # called outside autocast (a backward inside an autocast region must not cast again);
     # callbacks queued during the backward (FSDP2, the DDP reducer) run at its end;
     # the `on_backward_start` callables run first
+    t0 = timing.start()
     with eager_autograd_engine(), autocast_off(), final_callbacks.collecting():
         final_callbacks.run_start_callbacks()
         out = compiled_fn(inputs, sizes, scalars, hooks, packed_data)
+    if t0:  # someone listens (`stoker_shapes.timing`)
+        timing.done("run backward", t0, "backward", f"backward graph {compiled_fn.capture_id}")
     return out if type(out) is list else list(out)  # the engine wants exactly a list
 
 
@@ -62,6 +67,9 @@ class Variant:
     arg_spec: list[tuple[int, int]]
     gm: fx.GraphModule
     values: dict[Position, int]  # the sizes it was compiled for
+    # compiled for create_graph=True (grad mode on): run as differentiable aten ops,
+    # whatever the compiler, so .grad keeps its history as in eager
+    grad_mode: bool = False
 
 
 class _Recorder(fx.Interpreter):
@@ -81,6 +89,69 @@ class _Recorder(fx.Interpreter):
         ):
             self.unpack_meta[n.name] = (tuple(out.shape), out.stride(), out.dtype, out.device)
         return out
+
+
+_log = logging.getLogger("stoker.autograd")
+_anomaly_logged = False
+
+
+def nan_checks(graph: fx.Graph) -> dict[fx.Node, tuple[str, int | None]]:
+    """Where anomaly mode checks a captured graph: per autograd node (``autograd_node``
+    meta), the node that yields its final outputs, with the name eager's engine gives
+    it and, for the engine's check of one gradient, that gradient's index (None: the
+    node's value is the list of outputs).  Eager checks a node's outputs after its
+    post-hooks: the last post-hook where it has one, else each ``validate_outputs`` (and
+    a custom Function's ``call_backward``, whose outputs the engine validates in C++)."""
+    checks: dict[fx.Node, tuple[str, int | None]] = {}
+    by_node: dict[str, tuple[list[fx.Node], list[fx.Node]]] = {}
+    for n in graph.nodes:
+        where = n.meta.get("autograd_node")
+        if n.op != "call_function" or where is None:
+            continue
+        validates, post_hooks = by_node.setdefault(where, ([], []))
+        if getattr(n.target, "__name__", "") == "validate_outputs" or n.target is ops.call_backward:
+            validates.append(n)  # a custom Function's outputs: the engine checked them in C++
+        elif n.target is ops.call_hook and n.kwargs.get("hook_type") == "post_hook":
+            post_hooks.append(n)
+    for validates, post_hooks in by_node.values():
+        for n in post_hooks[-1:] or validates:
+            checks[n] = (str(n.meta.get("autograd_fn", "?")), n.meta.get("stoker_out_index"))
+    return checks
+
+
+class _NanChecked(fx.Interpreter):
+    """Runs a captured graph, raising eager's anomaly-mode error at the first autograd
+    node that returns a NaN (`nan_checks`)."""
+
+    def __init__(self, gm: fx.GraphModule, checks: dict[fx.Node, tuple[str, int | None]]) -> None:
+        super().__init__(gm, garbage_collect_values=True)
+        self.checks = checks
+        self.extra_traceback = False  # eager's message exactly, not with the FX node appended
+
+    def run_node(self, n: fx.Node) -> Any:
+        out = super().run_node(n)
+        check = self.checks.get(n)
+        if check is not None:
+            name, index = check
+            values = out if isinstance(out, list | tuple) else [out]
+            for i, v in enumerate(values):
+                if _has_nan(v):
+                    raise RuntimeError(
+                        f"Function '{name}' returned nan values in its "
+                        f"{i if index is None else index}th output."
+                    )
+        return out
+
+
+def _has_nan(t: Any) -> bool:
+    if not isinstance(t, torch.Tensor):
+        return False
+    if t.is_sparse:
+        t = t._values()
+    elif t.layout != torch.strided:
+        t = t.values()
+    with torch.no_grad():
+        return bool(torch.isnan(t).any())
 
 
 class CompiledBackward:
@@ -118,6 +189,11 @@ class CompiledBackward:
         self._graph_text: str | None = None  # the disk-cache key's graph part ("": uncacheable)
         self._key: str | None = None  # the disk-cache key of the compile under way
         self._entry: list[dict[str, Any]] | None = None  # its retraced graph, serialized
+        self._nan_checks: dict[fx.Node, tuple[str, int | None]] | None = None  # anomaly mode
+
+    @property
+    def _label(self) -> str:
+        return f"backward graph {self.capture_id}"
 
     @property
     def gm(self) -> fx.GraphModule:
@@ -128,7 +204,9 @@ class CompiledBackward:
 
             assert self._captured is not None
             root, graph, name = self._captured
+            t0 = timing.start()
             self._gm = graph_module(root, run_all(graph), name)
+            timing.done("autograd retrace", t0, "reordering passes", self._label)
         return self._gm
 
     def __call__(
@@ -143,15 +221,21 @@ class CompiledBackward:
         stats = self.session.stats
         if self.calls > 1:
             stats.cache_hits += 1
+        if torch.is_anomaly_enabled() and torch.is_anomaly_check_nan_enabled():
+            return self._run_checking_nans(inputs, sizes, scalars, hooks, packed)
         lists = (inputs, sizes, scalars, hooks, packed)
         gargs = (inputs, sizes, scalars)
+        grad_mode = torch.is_grad_enabled()  # create_graph=True
         for v in self.variants:
-            if v.guards.check(gargs, {}, None):
+            if v.grad_mode is grad_mode and v.guards.check(gargs, {}, None):
                 return _run(v, lists)
-        if self.variants:  # why the newest variant did not fit (`recompile_reasons()`)
-            self.last_miss = self.variants[-1].guards.explain(gargs, {}, None)
+        mine = [v for v in self.variants if v.grad_mode is grad_mode]
+        if mine:  # why the newest variant did not fit (`recompile_reasons()`)
+            self.last_miss = mine[-1].guards.explain(gargs, {}, None)
         if self.failed is None and len(self.variants) < self.session.recompile_limit:
+            t0 = timing.start()
             warm = self._load(inputs, sizes, scalars)
+            timing.done("cache load", t0, "compiled-autograd cache load", self._label)
             if warm is not None:
                 return _run(warm, lists)
         if self.failed is not None or len(self.variants) >= self.session.recompile_limit:
@@ -169,10 +253,37 @@ class CompiledBackward:
             return out
         now = concrete_values(inputs, sizes, scalars, rec.unpack_meta, unpack_index(self.gm))
         self.dynamic, self.free = self._shape_state(now)
-        if self.variants:
+        if mine:
             why = describe(self.last_miss, self.origins) if self.last_miss else "?"
             note_recompile(f"backward graph {self.capture_id}", why)
         self._compile(inputs, list(sizes), list(scalars), rec.unpack_meta, now)
+        return out
+
+    def _run_checking_nans(
+        self,
+        inputs: list[Any],
+        sizes: list[Any],
+        scalars: list[Any],
+        hooks: list[Any],
+        packed: list[Any],
+    ) -> Any:
+        """Anomaly mode (``torch.autograd.detect_anomaly()``): the captured graph runs
+        uncompiled, and each autograd node's outputs are checked for NaN as eager's
+        engine checks them (after its post-hooks), with eager's message.  Decided per
+        call, not per capture: the engine's cache may replay a graph captured with
+        anomaly mode off, and a graph captured with it on costs nothing once it is off."""
+        global _anomaly_logged
+        if not _anomaly_logged:
+            _anomaly_logged = True
+            _log.info(
+                "anomaly mode is on: compiled backwards run uncompiled, each autograd node's "
+                "outputs checked for NaN as the eager engine checks them"
+            )
+        if self._nan_checks is None:
+            self._nan_checks = nan_checks(self.gm.graph)
+        self.session.stats.eager_runs += 1
+        out = _NanChecked(self.gm, self._nan_checks).run(inputs, sizes, scalars, hooks, packed)
+        final_callbacks.take_skip_compile()  # nothing is compiled after this run anyway
         return out
 
     def _shape_state(self, now: dict[Position, int]) -> tuple[set[Position], set[Position]]:
@@ -204,6 +315,7 @@ class CompiledBackward:
         values: dict[Position, int],
     ) -> None:
         stats = self.session.stats
+        t0 = timing.start()
         try:
             rt = retrace(
                 self.gm,
@@ -219,6 +331,7 @@ class CompiledBackward:
             self.failed = str(e)
             self._warn(f"could not compile it ({e})")
             return
+        timing.done("autograd retrace", t0, "retrace", self._label)
         self.last_retraced = rt
         self._entry = None
         if self._key is not None:  # serialized before the compiler may change the graph
@@ -226,7 +339,9 @@ class CompiledBackward:
                 self._entry = graphstore.graph_json(rt.gm)
             except graphstore.Uncacheable as e:
                 self._uncacheable(str(e))
+        t0 = timing.start()
         fn = self._compiled(rt.gm)
+        timing.done("autograd compile", t0, "compile", self._label)
         if fn is None:
             return
         try:
@@ -235,16 +350,22 @@ class CompiledBackward:
             self.failed = f"its guards could not be built: {e}"
             self._warn(self.failed)
             return
+        t0 = timing.start()
         self._store(fn, rt, guards, values, inputs, sizes, scalars)
-        self.variants.append(Variant(guards, fn, rt.arg_spec, rt.gm, values))
+        timing.done("cache write", t0, "compiled-autograd cache write", self._label)
+        grad_mode = torch.is_grad_enabled()
+        recompile = any(v.grad_mode is grad_mode for v in self.variants)
+        self.variants.append(Variant(guards, fn, rt.arg_spec, rt.gm, values, grad_mode))
         stats.compiles += 1
-        if len(self.variants) > 1:
+        if recompile:
             stats.recompiles += 1
 
     def _compiled(self, gm: fx.GraphModule) -> Callable[..., Any] | None:
         """``gm`` compiled (None: the compiler failed, and a warning said so)."""
         try:
-            if self.session.compiler is aten_executor:
+            # create_graph=True: the gradients must carry their history (the aten ops run
+            # under grad mode record it; a compiler's kernels would not)
+            if self.session.compiler is aten_executor or torch.is_grad_enabled():
                 _mark_stealable(gm)
                 return mark_boxed(gm)
             return SegmentedBackward(gm, self._counted_compiler)  # pure aten segments
@@ -332,7 +453,7 @@ class CompiledBackward:
             for b, c in zip(boxed, code):
                 if c is not None:
                     b.load(c)
-        variant = Variant(guards, fn, arg_spec, gm, values)
+        variant = Variant(guards, fn, arg_spec, gm, values, torch.is_grad_enabled())
         self.variants.append(variant)
         self.dynamic, self.free = dynamic, free
         self.session.stats.disk_hits += 1

@@ -292,13 +292,15 @@ def _apply_accumulates(
     values: list[Any] | None = None  # the segment's live inputs and outputs
     ids: dict[int, int] | None = None  # how often each object is among them
     shared: dict[int, int] | None = None  # how many of them share each storage
-    static = getattr(step.fn, "static_outputs", False)  # e.g. CUDA graphs' static buffers
+    # e.g. CUDA graphs' static buffers; under create_graph (grad mode on) eager steals
+    # nothing: .grad keeps the gradient's history
+    static = getattr(step.fn, "static_outputs", False) or torch.is_grad_enabled()
     readers = step.readers
     if readers is None:
         readers = step.readers = [_reader(acc) for acc, _ in step.accumulates]
     for (acc, may_steal), drops, read in zip(step.accumulates, step.drops, readers):
         a: Any = read(env) if read is not None else fx.map_arg(acc.args, env.__getitem__)
-        if may_steal and not static and a[0].grad is None:
+        if may_steal and not static and a[0].grad is None and a[2].layout == torch.strided:
             variable, variable_grad, g, has_post_hooks = a
             if values is None:
                 values = [env.get(n) for n in step.inputs] + [r() for r in dropped]
@@ -358,7 +360,7 @@ def _is_tensor(v: Any) -> bool:
 def _storage_counts(values: list[Any]) -> dict[int, int]:
     counts: dict[int, int] = {}
     for v in values:
-        if isinstance(v, torch.Tensor):
+        if isinstance(v, torch.Tensor) and v.layout == torch.strided:  # sparse: no storage
             k = v.untyped_storage().data_ptr()
             counts[k] = counts.get(k, 0) + 1
     return counts

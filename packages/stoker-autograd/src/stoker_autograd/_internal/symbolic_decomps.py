@@ -151,10 +151,30 @@ SYMBOLIC_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
 """aten op -> decomposition used only while one of its sizes is symbolic."""
 
 
+def _strided_only(decomp: Callable[..., Any]) -> Callable[..., Any]:
+    """``decomp`` for a strided tensor; a sparse one keeps the op (NotImplemented: the
+    proxy mode's usual path).  torch decomposes ``detach``/``lift``/``lift_fresh`` into
+    ``alias``, which fake tensors cannot run on a sparse tensor (``Cannot access storage
+    of SparseTensorImpl``): a sparse gradient under ``create_graph=True`` (an
+    ``nn.Embedding(sparse=True)``) is detached on its way."""
+
+    def fn(x: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.layout != torch.strided:
+            return NotImplemented
+        return decomp(x, *args, **kwargs)
+
+    return fn
+
+
 @functools.cache
 def retrace_table() -> dict[Any, Callable[..., Any]]:
     """stoker-capture's table for backward graphs (core aten, the fused backward ops it
-    keeps whole left out) plus `SYMBOLIC_DECOMPOSITIONS` (built once)."""
+    keeps whole left out) plus `SYMBOLIC_DECOMPOSITIONS` (built once); the
+    decompositions into ``alias`` only for strided tensors (`_strided_only`)."""
     from stoker_capture._internal.capture import joint_table
 
-    return {**joint_table(), **SYMBOLIC_DECOMPOSITIONS}
+    table = {**joint_table(), **SYMBOLIC_DECOMPOSITIONS}
+    for op in (aten.detach.default, aten.lift.default, aten.lift_fresh.default):
+        if op in table:
+            table[op] = _strided_only(table[op])
+    return table

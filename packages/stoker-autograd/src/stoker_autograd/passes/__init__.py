@@ -15,6 +15,7 @@ from ._common import GraphPass, copy_graph
 from .dce import dce
 from .reorder import (
     delay_unpack_hooks,
+    order_leaves_by_output,
     place_pre_hooks_before_node,
     place_size_checks_after_their_call,
     reorder_accumulate_grad,
@@ -35,6 +36,7 @@ PIPELINE: tuple[Pass, ...] = (
     place_pre_hooks_before_node,
     reorder_post_acc_grad_hooks,
     reorder_post_hooks,
+    order_leaves_by_output,
     dce,
     mark_undefined_leaves,
 )
@@ -45,6 +47,7 @@ RETRACED_PIPELINE: tuple[Pass, ...] = (
     place_size_checks_after_their_call,
     reorder_accumulate_grad,
     reorder_post_acc_grad_hooks,
+    order_leaves_by_output,
 )
 """Run again on the retraced aten graph, where the engine's ``validate_outputs``
 (one node taking every grad of a node) is traced away: an inlined AOT backward's
@@ -71,6 +74,7 @@ __all__ = [
     "dce",
     "delay_unpack_hooks",
     "mark_undefined_leaves",
+    "order_leaves_by_output",
     "place_pre_hooks_before_node",
     "place_size_checks_after_their_call",
     "reorder_accumulate_grad",

@@ -94,11 +94,14 @@ def delay_unpack_hooks(g: fx.Graph) -> None:
 
 @graph_pass
 def reorder_tensor_pre_hooks(g: fx.Graph) -> None:
-    """Each tensor pre-hook (``Tensor.register_hook``) right after the gradient it
-    receives is computed.  Not moved when that gradient is a graph input."""
+    """Each tensor pre-hook (``Tensor.register_hook``) of a leaf right after the
+    gradient it receives is computed: eager runs a leaf's accumulate-grad, and its
+    hooks, as soon as the gradient is ready.  A hook on a non-leaf runs when its node
+    runs, where the capture put it: not moved.  Not moved when the gradient is a graph
+    input either."""
     for node in [n for n in g.nodes if hook_kind(n) == "tensor_pre_hook"]:
         grad = node.args[1]
-        if not isinstance(grad, fx.Node) or is_input_like(grad):
+        if not isinstance(grad, fx.Node) or is_input_like(grad) or not _feeds_a_leaf(node):
             continue
         chain = _grad_chain(grad)
         block = [*chain, *_hook_getitem(node), node]
@@ -111,6 +114,20 @@ def reorder_tensor_pre_hooks(g: fx.Graph) -> None:
             a.next is not b for a, b in itertools.pairwise(block)
         ):
             move_after(anchor, *block)
+
+
+def _feeds_a_leaf(node: fx.Node) -> bool:
+    """Does ``node``'s result go to an accumulate-grad alone (through other hooks of the
+    same leaf, ``retain_grad`` or the size check of a hook's result)?"""
+    n = node
+    while len(n.users) == 1:
+        (u,) = n.users
+        if is_accumulate_grad(u):
+            return True
+        if not (hook_kind(u) == "tensor_pre_hook" or _is_retain_grad(u) or _is_size_check(u)):
+            return False
+        n = u
+    return False
 
 
 def _pre_hook_inputs(node: fx.Node) -> tuple[list[fx.Node], list[fx.Node]]:
@@ -218,3 +235,122 @@ def place_size_checks_after_their_call(g: fx.Graph) -> None:
         last = max(node.all_input_nodes)
         if last.next is not node and not is_input_like(last):
             last.append(node)
+
+
+@graph_pass
+def order_leaves_by_output(g: fx.Graph) -> None:
+    """The leaves one multi-output node feeds, in the order of its outputs.
+
+    When a node yields the gradients of several leaves at once (a layer norm's, batch
+    norm's or group norm's weight and bias; the outputs of a custom backward or of a
+    compiled forward's backward), eager's engine pushes their accumulate-grads onto its
+    ready queue in the node's output order and runs them before anything else (they
+    have the highest priority), each with its tensor pre-hooks, ``retain_grad`` and
+    post-accumulate-grad hooks.  The capture walks them in its own order, and the
+    passes before this one place each relative to its own input; here each leaf's
+    block (the item of the node's output, the engine's check of it, the tensor
+    pre-hooks, the accumulate-grad, the post-accumulate-grad hooks) is put back in
+    output order: the blocks exchange places, every other node keeps its own.  Two
+    ready leaves run in output order in eager whatever else is queued; with three or
+    more the engine's heap may order them otherwise (torch's compiled autograd also
+    takes output order).  Nothing moves where a node outside the blocks reads a block
+    or a block reads a node defined after the first of them.
+    """
+    by_anchor: dict[fx.Node, list[tuple[int, list[fx.Node]]]] = {}
+    for acc in [n for n in g.nodes if is_accumulate_grad(n)]:
+        found = _leaf_block(acc)
+        if found is not None:
+            anchor, index, block = found
+            by_anchor.setdefault(anchor, []).append((index, block))
+    for blocks in by_anchor.values():
+        if len(blocks) > 1:
+            _exchange(g, blocks)
+
+
+def _leaf_block(acc: fx.Node) -> tuple[fx.Node, int, list[fx.Node]] | None:
+    """``(the multi-output node, the output index, the leaf's nodes in graph order)``
+    for an accumulate-grad whose gradient is one output of a multi-output node and
+    passes only through nodes of this leaf on its way; else None."""
+    if len(acc.args) < 3 or not isinstance(acc.args[2], fx.Node):
+        return None
+    nodes: list[fx.Node] = [acc]
+    v: fx.Node = acc.args[2]
+    while True:
+        if len(v.users) != 1:
+            return None
+        index = v.args[1] if is_getitem(v) else None
+        if isinstance(index, int) and isinstance(v.args[0], fx.Node):
+            src = v.args[0]
+            if _is_single_check(src):  # the engine's check of this one gradient
+                nodes += [v, src]
+                first = src.args[0][0]  # type: ignore[index]
+                if not isinstance(first, fx.Node):
+                    return None
+                v = first
+                continue
+            if is_input_like(v):
+                return None
+            nodes.append(v)
+            param = acc.args[0]
+            if isinstance(param, fx.Node):
+                for u in param.users:  # its post-accumulate-grad hooks
+                    if hook_kind(u) == "post_acc_grad_hook" and u > acc:
+                        nodes += [*_hook_getitem(u), u]
+            return src, index, sorted(nodes)
+        kind = hook_kind(v)
+        if kind == "tensor_pre_hook" or _is_retain_grad(v) or _is_size_check(v):
+            nodes += [*(_hook_getitem(v) if kind else []), v]
+            first = v.args[1] if kind or _is_retain_grad(v) else v.args[0]
+            if not isinstance(first, fx.Node):
+                return None
+            v = first
+            continue
+        return None
+
+
+def _is_retain_grad(n: fx.Node) -> bool:
+    from .._internal import ops
+
+    return n.op == "call_function" and n.target is ops.call_cpp_tensor_pre_hooks
+
+
+def _is_size_check(n: fx.Node) -> bool:
+    from .._internal.retrace import check_sizes
+
+    return n.op == "call_function" and n.target is check_sizes
+
+
+def _exchange(g: fx.Graph, blocks: list[tuple[int, list[fx.Node]]]) -> None:
+    """Put ``blocks`` in output order in the places they hold now."""
+    current = sorted(blocks, key=lambda b: b[1][0])
+    wanted = sorted(blocks, key=lambda b: b[0])  # stable: equal indices keep their order
+    if [b[1] for b in current] == [b[1] for b in wanted]:
+        return
+    members = {n: i for i, (_, block) in enumerate(current) for n in block}
+    start, end = current[0][1][0], max(b[1][-1] for b in current)
+    span: list[fx.Node] = []
+    n = start
+    while True:
+        span.append(n)
+        if n is end:
+            break
+        n = n.next
+    # the new order: block slot i (where block i's first node was) gets wanted block i;
+    # a block's other nodes follow its first at once; other nodes stay in place
+    slot = {b[1][0]: j for j, b in enumerate(current)}
+    order: list[fx.Node] = []
+    for n in span:
+        if n in slot:
+            order += wanted[slot[n]][1]
+        elif n not in members:
+            order.append(n)
+    where = {n: i for i, n in enumerate(order)}
+    for n in order:
+        for a in n.all_input_nodes:
+            if a in where and where[a] > where[n]:
+                return  # a dependency the exchange would break: leave the graph as it is
+    prev = start.prev
+    for n in order:
+        if prev.next is not n:
+            prev.append(n)
+        prev = n

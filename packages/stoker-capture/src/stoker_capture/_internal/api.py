@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from stoker_shapes import GuardedCache, ShapeContext
+from stoker_shapes import GuardedCache, ShapeContext, timing
 
 from .autocast import autocast_state
 from .capcache import CaptureCache
@@ -75,7 +75,8 @@ def compile_pipeline(
                 cache.snapshot(graph)  # noted before the compiler runs
             compiled = aot_stage2_compile(state, graph, compiler, partition=partition)
         if cache is not None:
-            cache.save(state.meta, graph)
+            with timing.timed("cache write", "captured-graph cache write"):
+                cache.save(state.meta, graph)
     compiled.timings = took
     return compiled
 
@@ -106,14 +107,24 @@ def export_pipeline(
     return exported
 
 
+# what `stoker_shapes.timing`'s listener hears of a pipeline stage (none: only its parts)
+_MARKS: dict[str, tuple[str, str]] = {
+    "cache": ("cache load", "captured-graph cache load"),
+    "state": ("capture", "capture: fake inputs, forward metadata"),
+    "capture": ("capture", "capture: joint graph"),
+}
+
+
 @contextlib.contextmanager
 def _timed(took: dict[str, float], stage: str) -> Iterator[None]:
     """Stamp a stage's result with how long it took (seconds), for as_text and reports."""
-    t0 = time.perf_counter()
+    t0, mark = time.perf_counter(), timing.start()
     try:
         yield
     finally:
         took[stage] = time.perf_counter() - t0
+        if stage in _MARKS:
+            timing.done(_MARKS[stage][0], mark, _MARKS[stage][1])
 
 
 def export(

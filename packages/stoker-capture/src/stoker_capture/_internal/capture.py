@@ -42,6 +42,8 @@ def _core_aten_table() -> dict[Any, Any]:
 # stays core aten.
 KEEP_WHOLE_IN_BACKWARD: tuple[str, ...] = (
     "native_layer_norm_backward",
+    "native_batch_norm_backward",
+    "native_group_norm_backward",
     "gelu_backward",
     "_softmax_backward_data",
     "_log_softmax_backward_data",
@@ -51,6 +53,9 @@ KEEP_WHOLE_IN_BACKWARD: tuple[str, ...] = (
     "tanh_backward",
     "silu_backward",
 )
+# Of those, the ones whose eager kernel takes a low-precision input with float32
+# parameters and statistics (what autocast hands a batch norm): whole even then.
+KEEP_WHOLE_WITH_MIXED_DTYPES: frozenset[str] = frozenset({"native_batch_norm_backward"})
 
 
 @functools.cache
@@ -58,15 +63,17 @@ def joint_table() -> dict[Any, Any]:
     """The default decompositions of a joint or backward graph: core aten, where the
     overloads of `KEEP_WHOLE_IN_BACKWARD` decompose only when their tensors' dtypes
     differ (autocast hands a bf16 gradient to a float32 layer norm's backward, which
-    the fused kernel rejects and the decomposition promotes); built once."""
-    keep = {
-        getattr(packet, name)
-        for packet in (getattr(torch.ops.aten, op) for op in KEEP_WHOLE_IN_BACKWARD)
+    the fused kernel rejects and the decomposition promotes), and those of
+    `KEEP_WHOLE_WITH_MIXED_DTYPES` never (the batch norm's backward: eager's kernel
+    takes a bf16 input with float32 statistics, in one pass, where the decomposition
+    holds float32 copies of the activations); built once."""
+    keep: dict[Any, bool] = {
+        getattr(packet, name): op in KEEP_WHOLE_WITH_MIXED_DTYPES
+        for op, packet in ((op, getattr(torch.ops.aten, op)) for op in KEEP_WHOLE_IN_BACKWARD)
         for name in packet.overloads()
     }
-    return {
-        op: _only_mixed_dtypes(fn) if op in keep else fn for op, fn in _core_aten_table().items()
-    }
+    table = {op: fn for op, fn in _core_aten_table().items() if not keep.get(op, False)}
+    return {op: _only_mixed_dtypes(fn) if op in keep else fn for op, fn in table.items()}
 
 
 def _only_mixed_dtypes(decomp: Any) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from stoker_shapes import GuardSet
+from stoker_shapes import GuardSet, timing
 
 from .autocast import autocast_off
 from .boxed import call_boxed, mark_boxed
@@ -138,7 +138,8 @@ def _stage2_compile(
     # partition the joint graph into forward and backward
     part_fn = partition or cfg.partition or _default_partition()
     extra = {} if cfg.memory_budget is None else {"memory_budget": cfg.memory_budget}
-    part = part_fn(graph.gm, num_fw_outputs=graph.num_fw_outputs, **extra)
+    with timing.timed("partition"):
+        part = part_fn(graph.gm, num_fw_outputs=graph.num_fw_outputs, **extra)
     if cfg.debug_checks:
         lint_graph(part.fw, "stage 2 (partitioned forward)")
         lint_graph(part.bw, "stage 2 (partitioned backward)")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from stoker_shapes import ShapeContext
+from stoker_shapes import ShapeContext, timing
 
 from . import capcache
 from .api import compile_pipeline
@@ -61,7 +61,10 @@ def dynamo_backend(
         ctx = ShapeContext.adopt(tc.fake_mode)
         fakes = _dynamo_fakes(gm, example_inputs, tc)
         use_cache = capcache.enabled() if cache is None else cache
-        store = capcache.CaptureCache(gm, example_inputs, fakes, ctx, cfg) if use_cache else None
+        store = None
+        if use_cache:
+            with timing.timed("cache load", "captured-graph cache key"):
+                store = capcache.CaptureCache(gm, example_inputs, fakes, ctx, cfg)
         compiled = compile_pipeline(
             gm, list(example_inputs), {}, cfg, ctx=ctx, fake_args=(fakes, {}), cache=store
         )

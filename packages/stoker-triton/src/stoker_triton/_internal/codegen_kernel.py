@@ -196,9 +196,34 @@ class KernelCodegen:
             subs[sym] = sympy.Symbol(var, integer=True)
         e = v.index.xreplace(subs)
         idx = self.index_code(e)
-        idx = self._broadcast(idx, e, shape_r)
         ptr = self.ptr(v.buf)
+        narrow = self._narrow_load(e, mask, shape_r)
+        if narrow is not None:
+            # a per-row (or per-column) operand of a reduction's tile: loaded once per
+            # row as [XBLOCK, 1] (or [1, RBLOCK]) and broadcast by the arithmetic, not
+            # once per element of the [XBLOCK, RBLOCK] tile
+            idx, mask = narrow
+        else:
+            idx = self._broadcast(idx, e, shape_r)
         return self.assign(f"tl.load({ptr} + ({idx}), {mask}, other=0)", key)
+
+    def _narrow_load(self, e: Expr, mask: str, shape_r: bool) -> tuple[str, str] | None:
+        """(index, mask) of a load in a reduction's [XBLOCK, RBLOCK] space whose index
+        moves along one axis only: its own block shape and that axis's mask. None for a
+        full-tile load, a load with a compound mask, or an index through loaded values
+        (a gather's row, whose shape is its own)."""
+        if not shape_r or mask != "xrmask":
+            return None
+        fs = e.free_symbols
+        if any(str(s) in self.local_names for s in fs):
+            return None
+        has_x, has_r = XINDEX in fs, RINDEX in fs
+        if has_x and has_r:
+            return None
+        code = self.index_code(e)
+        if has_r:
+            return code, "rmask"
+        return (code if has_x else f"{code} + 0 * xindex"), "xmask"
 
     # -- kernel body -----------------------------------------------------
     def generate(self) -> KernelSource:

@@ -236,6 +236,7 @@ class PointwiseNode:
     name: str
     size: tuple[Expr, ...]
     body: Value  # in terms of x0..x{n-1}
+    origins: tuple[str, ...] = ()  # the graph's aten ops it computes (profiles, reports)
 
     def __str__(self) -> str:
         return f"{self.name} = pointwise[{', '.join(map(str, self.size))}]: {self.body}"
@@ -255,6 +256,7 @@ class ReductionNode:
     reduce_type: str
     body: Value  # in terms of x* and r*
     dtype: torch.dtype  # of the result
+    origins: tuple[str, ...] = ()  # the graph's aten ops it computes (profiles, reports)
 
     def __str__(self) -> str:
         return (
@@ -274,6 +276,7 @@ class ScatterNode:
     indirect: tuple[tuple[sympy.Symbol, Value], ...]
     body: Value
     mode: str  # "add" | "store"
+    origins: tuple[str, ...] = ()  # the graph's aten ops it computes (profiles, reports)
 
     def __str__(self) -> str:
         ind = "".join(f", {s}={b}" for s, b in self.indirect)

@@ -26,8 +26,10 @@ import sympy
 import torch
 import torch.fx
 
+from stoker_shapes import timing
+
 from . import graphcache
-from .report import CompileReport, KernelInfo
+from .report import CompileReport, KernelInfo, register_kernels
 from .runtime import (
     PRECOMPILE_SEED,
     Launcher,
@@ -156,9 +158,10 @@ def compile_graph_impl(
     _fill_report(report, program, sched, kernels, paths, str(wpath), ctx, shape_env, n_guards)
     if key is not None:
         added = list(shape_env.guards[n_guards:]) if shape_env is not None else []
-        _save_cached(
-            key, caller_gm, report, kernels, launchers, wrapper_src, consts, out_spec, added
-        )
+        with timing.timed("cache write", "compiled-graph cache write"):
+            _save_cached(
+                key, caller_gm, report, kernels, launchers, wrapper_src, consts, out_spec, added
+            )
     if debug:
         print(_debug_text(report, wrapper_src), file=sys.stderr)
     return CompiledGraph(call, report, wrapper_src, out_spec)
@@ -234,6 +237,7 @@ def _load_cached(
     call = got.wrapper.make_call(launchers, got.consts)
     added = [str(g.expr) for g in shape_env.guards[n_guards:]] if shape_env is not None else []
     graphcache.report_of(got, report, added)
+    register_kernels(report)
     graphcache.count("hits")
     report.cache = "hit"
     log_cache.info("compiled-graph cache hit: %s (%d kernels)", key, len(launchers))
@@ -515,6 +519,8 @@ def _inline_decomposition(
         if traces is not None and key is not None:
             traces[key] = sub
     env: dict[torch.fx.Node, Any] = {}
+    packet = getattr(node.target, "_overloadpacket", None)
+    origin = str(packet if packet is not None else node.target)  # for profiles and reports
     placeholders = [n for n in sub.nodes if n.op == "placeholder"]
     for ph, i in zip(placeholders, dyn):
         env[ph] = srcs[i]
@@ -529,6 +535,7 @@ def _inline_decomposition(
             if sn.op == "get_attr":
                 raise RuntimeError("the decomposition created a constant tensor")
             env[sn] = gm.graph.node_copy(sn, lambda a: env[a])
+            env[sn].meta["stoker_origin"] = node.meta.get("stoker_origin", origin)
     if isinstance(result, torch.fx.Node):
         node.replace_all_uses_with(result)
     else:
@@ -653,19 +660,39 @@ def _output_kind(gm: torch.fx.GraphModule) -> tuple[str, Any]:
 # stage 4: load
 
 
+def kernel_fn_name(ks: KernelSource) -> str:
+    """The kernel function's name, from its source (the same kernel in another graph or
+    layer has the same name): what a profiler lists, `stoker_<kind>_<hash>`, kind `pw`
+    (pointwise), `per` (persistent reduction), `red` (looped reduction), `sc` (scatter)."""
+    import hashlib
+
+    body = ks.source.replace(f"def {ks.name}(", "def kernel(", 1)
+    kind = (
+        "sc"
+        if ks.has_atomics
+        else "pw"
+        if not ks.is_reduction
+        else ("per" if ks.persistent else "red")
+    )
+    return f"stoker_{kind}_{hashlib.sha256(body.encode()).hexdigest()[:12]}"
+
+
 def kernel_module_source(ks: KernelSource) -> str:
     """The kernel's module: Triton imports, the prelude helpers the kernel calls (and
-    the helpers they call), the reduction hint, the kernel. Only those helpers: each
-    `@triton.jit` function of a module is one `JITFunction` made (its source read and
-    parsed) when the module is imported, in this process and in each compile worker."""
-    body = ks.source.replace(f"def {ks.name}(", "def kernel(", 1)
+    the helpers they call), the reduction hint, the kernel under its name from
+    `kernel_fn_name`. Only those helpers: each `@triton.jit` function of a module is
+    one `JITFunction` made (its source read and parsed) when the module is imported,
+    in this process and in each compile worker."""
+    name = kernel_fn_name(ks)
+    body = ks.source.replace(f"def {ks.name}(", f"def {name}(", 1)
     blocks = _prelude_blocks("interpret" if interpreting() else "native")
     want = _called(body, blocks)
     return (
         "# stoker-triton kernel\nimport triton\nimport triton.language as tl\n"
-        + "".join(text for name, text, _ in blocks if name in want)
+        + "".join(text for helper, text, _ in blocks if helper in want)
         + f"\nREDUCTION_HINT = {'outer' if ks.outer else 'inner'!r}\n\n"
         + body
+        + f"\n\nkernel = {name}\n"
     )
 
 
@@ -830,6 +857,8 @@ def _fill_report(
                     str(step.rnumel),
                     paths[step.name],
                     ks.source,
+                    kernel_fn_name(ks),
+                    sorted({o for n in step.nodes for o in n.origins}),
                 )
             )
         else:
@@ -844,6 +873,7 @@ def _fill_report(
     report.lowered_nodes = program.lowered_nodes
     report.text_of["ir"] = program.as_text
     report.text_of["schedule"] = sched.as_text
+    register_kernels(report)
 
 
 def _debug_text(report: CompileReport, wrapper_src: str) -> str:

@@ -424,35 +424,25 @@ class Renamer:
         return tuple((self.syms.get(s, s), self.value(b)) for s, b in ind)
 
     def node(self, n: Node) -> Node:
-        if isinstance(n, PointwiseNode):
-            return PointwiseNode(self.buf(n.name), n.size, self.value(n.body))
-        if isinstance(n, ReductionNode):
-            return ReductionNode(
-                self.buf(n.name),
-                n.size,
-                n.reduce_size,
-                n.reduce_type,
-                self.value(n.body),
-                n.dtype,
-            )
+        """`n` renamed (its other fields, sizes and origins, as they are)."""
+        if isinstance(n, PointwiseNode | ReductionNode):
+            return dataclasses.replace(n, name=self.buf(n.name), body=self.value(n.body))
         if isinstance(n, ScatterNode):
-            return ScatterNode(
-                self.buf(n.name),
-                n.size,
-                self.expr(n.index),
-                self._indirect(n.indirect),
-                self.value(n.body),
-                n.mode,
+            return dataclasses.replace(
+                n,
+                name=self.buf(n.name),
+                index=self.expr(n.index),
+                indirect=self._indirect(n.indirect),
+                body=self.value(n.body),
             )
         assert isinstance(n, ExternNode)
-        return ExternNode(
-            self.buf(n.name),
-            n.op,
-            self._args(n.args),
-            self._args(n.kwargs),
-            tuple(None if o is None else self.buf(o) for o in n.outputs),
-            n.single,
-            tuple(self.buf(b) for b in n.mutated),
+        return dataclasses.replace(
+            n,
+            name=self.buf(n.name),
+            args=self._args(n.args),
+            kwargs=self._args(n.kwargs),
+            outputs=tuple(None if o is None else self.buf(o) for o in n.outputs),
+            mutated=tuple(self.buf(b) for b in n.mutated),
         )
 
     def _args(self, a: Any) -> Any:
@@ -473,7 +463,6 @@ class _Record:
 
     ext_values: list[Any]  # env values of its external inputs (after they were stored)
     node_values: list[Any]  # env value of each of its nodes
-    realized: dict[int, Any]  # id(TensorValue) -> its `realized` then (later stores differ)
     ir: list[Node]  # the IR nodes it added
     buffers: list[Buffer]  # the buffers it added, in order
     counter: tuple[int, int]  # ctx name counter before and after
@@ -482,7 +471,6 @@ class _Record:
     fallbacks: dict[str, int]  # fallback ops it counted
     aliases: dict[str, str]  # extern views it added
     realized_by: dict[str, Any]  # its buffers -> the lazy value stored in each
-    keep: list[Any]  # the TensorValues `realized` is keyed by (kept alive)
 
 
 class LazyEnv(dict[torch.fx.Node, Any]):
@@ -648,25 +636,16 @@ class RegionLowering:
         ext_now = [self.env.get(a) for a, _ in reg.inputs[0]]
         if any(a is not b for a, b in zip(ext_now, o["ext"])):
             raise RegionMismatch("a copy changed the value of one of its inputs")
+        # the copy's values stay as they are now, for the copies made from them: the
+        # rest of the graph gets stand-ins (`_shadow`) that it may store and view
         values = [self.env.get(n) for n in self.copies[r][0]]
-        realized: dict[int, Any] = {}
-        keep: list[Any] = []
-
-        def note(v: Any) -> None:
-            if isinstance(v, TensorValue):
-                if id(v) not in realized:
-                    realized[id(v)] = v.realized
-                    keep.append(v)
-            elif isinstance(v, list | tuple):
-                for x in v:
-                    note(x)
-
+        stand_ins: dict[int, Any] = {}
+        for n, v in zip(self.copies[r][0], values):
+            self.env[n] = _shadow(v, stand_ins)
         buffers = list(ctx.buffers.values())[o["bufs"] :]
         realized_by = {
             b.name: ctx.realized_by[b.name] for b in buffers if b.name in ctx.realized_by
         }
-        for v in [*values, *realized_by.values()]:
-            note(v)
         fallbacks = {
             op: c - o["fallbacks"].get(op, 0)
             for op, c in ctx.fallbacks.items()
@@ -675,7 +654,6 @@ class RegionLowering:
         self.records[r] = _Record(
             ext_values=o["ext"],
             node_values=values,
-            realized=realized,
             ir=list(ctx.nodes[o["n"] :]),
             buffers=buffers,
             counter=(o["counter"], ctx._counter),
@@ -684,7 +662,6 @@ class RegionLowering:
             fallbacks=fallbacks,
             aliases={k: v for k, v in ctx.aliases.items() if k not in o["aliases"]},
             realized_by=realized_by,
-            keep=keep,
         )
         if reg.count == 1:
             self.barriers.append(len(ctx.nodes))
@@ -724,7 +701,7 @@ class RegionLowering:
             ctx.fallbacks[op] = ctx.fallbacks.get(op, 0) + c
         for alias, base in rec.aliases.items():
             ctx.aliases[ren.buf(alias)] = ren.buf(base)
-        clone = _Cloner(ctx, ren, rec.realized, seen)
+        clone = _Cloner(ctx, ren, seen)
         env = self.env
         for n, v in zip(self.copies[r][k], rec.node_values):
             if isinstance(env, LazyEnv):  # made when a later node reads it (most never are)
@@ -809,15 +786,34 @@ def _shifted(name: str, shift: int, span: tuple[int, int]) -> str:
     return f"{m.group(1)}{int(m.group(2)) + shift}"
 
 
-class _Cloner:
-    """Copy k's lazy values: copy 0's, with every IR value they yield renamed."""
+def _shadow(v: Any, done: dict[int, Any]) -> Any:
+    """A stand-in for the first copy's value `v` that the rest of the graph holds: storing
+    it (the next block's input, an output) marks the stand-in, so that `v` stays as it was
+    at the end of the copy, what every later copy is made from (a stored value reads its
+    buffer from then on: a buffer of the first copy's). It loads through `v`."""
+    if isinstance(v, list | tuple):
+        return type(v)(_shadow(x, done) for x in v)
+    if not isinstance(v, TensorValue) or v.layout is not None:
+        return v  # a buffer's value: storing it again is a no-op or a new copy
+    hit = done.get(id(v))
+    if hit is not None:
+        return hit
+    out = TensorValue(v.size, v.dtype, v.device, v.load)
+    done[id(v)] = out
+    out.realized, out.read_stored = v.realized, v.read_stored
+    out.users, out.origins = v.users, v.origins
+    if v.view_of is not None:  # storing the view stores its value: that one's stand-in
+        out.view_of = (_shadow(v.view_of[0], done), v.view_of[1])
+    return out
 
-    def __init__(
-        self, ctx: Any, ren: Renamer, realized: dict[int, Any], seen: dict[int, Any]
-    ) -> None:
+
+class _Cloner:
+    """Copy k's values: copy 0's (as they were at the end of its span: `_shadow`), with
+    every IR value they yield renamed."""
+
+    def __init__(self, ctx: Any, ren: Renamer, seen: dict[int, Any]) -> None:
         self.ctx = ctx
         self.ren = ren
-        self.realized = realized
         self.seen = seen
 
     def value(self, v: Any) -> Any:
@@ -839,19 +835,21 @@ class _Cloner:
             ref = BufferRef(ren.buf(v.layout.buf), v.layout.size, v.layout.stride, v.layout.offset)
             out = TensorValue(v.size, v.dtype, v.device, strided_loader(ref, v.dtype), ref)
         else:
-            ctx = self.ctx
-
-            def load(idx: tuple[Any, ...], v: Any = v) -> Value:
-                n = len(ctx.nodes)
-                got = v.load(idx)
-                if len(ctx.nodes) != n:  # a loader that lowers: no renaming can follow it
-                    raise RegionMismatch("a lazy value that adds IR when loaded")
-                return ren.value(got)
-
-            out = TensorValue(v.size, v.dtype, v.device, load)
+            out = TensorValue(v.size, v.dtype, v.device, functools.partial(self._load, v))
         out.users = v.users
-        r = self.realized.get(id(v), v.realized if v.layout is not None else None)
-        if r is not None:
-            self.seen[id(v)] = out  # (a realized value may point back at itself)
-            out.realized = self.value(r)
+        out.origins = v.origins
+        self.seen[id(v)] = out  # (a stored value, or a view, may point back at it)
+        if v.realized is not None:
+            out.realized = self.value(v.realized)
+            out.read_stored = v.read_stored
+        if v.view_of is not None:
+            base, relayout = v.view_of
+            out.view_of = (self.value(base), relayout)  # (a map of layouts: no names)
         return out
+
+    def _load(self, v: Any, idx: tuple[Any, ...]) -> Value:
+        n = len(self.ctx.nodes)
+        got = v.load(idx)
+        if len(self.ctx.nodes) != n:  # a loader that lowers: no renaming can follow it
+            raise RegionMismatch("a lazy value that adds IR when loaded")
+        return self.ren.value(got)

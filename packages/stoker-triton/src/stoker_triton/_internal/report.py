@@ -7,6 +7,8 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator
 
+from stoker_shapes import timing
+
 
 @dataclasses.dataclass
 class KernelInfo:
@@ -17,6 +19,19 @@ class KernelInfo:
     rnumel: str
     path: str  # kernel source file in the cache dir
     source: str
+    fn_name: str = ""  # the Triton function's name: what a profiler shows (`kernel_fn_name`)
+    origins: list[str] = dataclasses.field(default_factory=list)  # the aten ops it fused
+
+
+# Every kernel of every graph compiled or loaded in this process, by its function name
+# (a profile of a training step names kernels so: `tools/lap_profile.py` reads this).
+KERNELS: dict[str, KernelInfo] = {}
+
+
+def register_kernels(report: CompileReport) -> None:
+    for k in report.kernels:
+        if k.fn_name:
+            KERNELS.setdefault(k.fn_name, k)
 
 
 @dataclasses.dataclass
@@ -74,7 +89,7 @@ class CompileReport:
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, mark = time.perf_counter(), time.process_time(), timing.start()
         try:
             yield
         finally:
@@ -82,6 +97,10 @@ class CompileReport:
                 self.timings_ms.get(name, 0.0) + (time.perf_counter() - t0) * 1e3
             )
             self.cpu_ms[name] = self.cpu_ms.get(name, 0.0) + (time.process_time() - c0) * 1e3
+            if name == "cache":
+                timing.done("cache load", mark, "compiled-graph cache load")
+            else:
+                timing.done("codegen", mark, f"triton {name}")
 
     def __str__(self) -> str:
         lines = [

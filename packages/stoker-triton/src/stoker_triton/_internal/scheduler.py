@@ -309,12 +309,20 @@ def schedule(program: Program, ctx: LoweringContext) -> Schedule:
                     isinstance(n, ScatterNode) for n in step.nodes
                 ):
                     continue
+                if (step.is_reduction or isinstance(node, ReductionNode)) and not _shares_data(
+                    step, reads, writer
+                ):
+                    continue
                 if _try_add(step, node, program.buffers):
                     writer[node.name] = si
                     placed = True
                     break
                 # a pointwise kernel can turn into a reduction kernel
-                if isinstance(node, ReductionNode) and not step.is_reduction:
+                if (
+                    isinstance(node, ReductionNode)
+                    and not step.is_reduction
+                    and _connected([*step.nodes, node])
+                ):
                     cand = new_kernel(node)
                     cand.name = step.name
                     if all(_try_add(cand, n, program.buffers) for n in step.nodes) and _try_add(
@@ -365,6 +373,38 @@ def schedule(program: Program, ctx: LoweringContext) -> Schedule:
                 if readers.get(n.name, set()) <= {i}:
                     internal.add(n.name)
     return Schedule(steps, internal, last_use, out_bufs)
+
+
+def _shares_data(kernel: Kernel, reads: set[str], writer: dict[str, int]) -> bool:
+    """Whether a node reading `reads` shares data with `kernel`: reads a buffer the kernel
+    produces or reads too, or one an earlier step wrote beside a buffer the kernel reads
+    (the weight's and the bias's gradient partials of one norm, written by one kernel).
+    A reduction kernel takes only such nodes: fusing one that shares nothing saves no
+    memory traffic, only a launch, and mixes in one tile loads contiguous along
+    different axes (the backward's first outer reduction took every layer's copies of
+    saved attention inputs, each read across its rows, uncoalesced). Unrelated
+    pointwise work still shares a pointwise kernel (a launch less)."""
+    mine = {writer[b] for b in reads if b in writer}
+    for n in kernel.nodes:
+        theirs = node_reads(n)
+        if n.name in reads or theirs & reads or mine & {writer[b] for b in theirs if b in writer}:
+            return True
+    return False
+
+
+def _connected(nodes: Sequence[PointwiseNode | ReductionNode | ScatterNode]) -> bool:
+    """Whether `nodes` form one group through the buffers they share (one reads what
+    another writes or reads): a pointwise kernel holding unrelated pointwise work
+    becomes a reduction kernel only if all of it is related to the reduction."""
+    reads = [node_reads(n) | {n.name} for n in nodes]
+    group, todo = {0}, [0]
+    while todo:
+        i = todo.pop()
+        for j in range(len(nodes)):
+            if j not in group and reads[i] & reads[j]:
+                group.add(j)
+                todo.append(j)
+    return len(group) == len(nodes)
 
 
 def _try_add(

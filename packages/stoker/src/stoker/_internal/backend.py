@@ -25,12 +25,13 @@ from typing import Any
 import torch
 from torch import fx
 
-from . import logs
+from . import logs, timeline, tracelog
 from .autograd_switch import AutogradSwitch
 from .config import CompileOptions, StokerConfigError, resolve_backend
 from .errors import missing_piece
 from .report import (
     CompileRecord,
+    GraphBreakRecord,
     GraphRecord,
     GuardRecord,
     KernelRecord,
@@ -39,7 +40,9 @@ from .report import (
     RecompileRecord,
     Report,
     SavedValue,
+    StepRecord,
 )
+from .timeline import RECORDER, Span, TimedRun
 
 CompiledCallable = Callable[..., Any]
 
@@ -73,6 +76,7 @@ class StokerBackend:
         self._input_desc: dict[str, str] = {}
         self.exports_guards = False  # True when Dynamo calls on_guards (stoker.compile sets it)
         self.name_hint: str | None = None  # what stoker.compile was given, for graph labels
+        install_timeline()
 
     def forget(self) -> None:
         """Start a fresh report (`stoker.reset()` calls this on the default backend).
@@ -125,6 +129,10 @@ class StokerBackend:
             pieces = on_graph(self, gm, example_inputs, opts.compiled_autograd)
             if pieces is not None:
                 return pieces  # type: ignore[no-any-return]
+        install_timeline()
+        t_call = time.perf_counter_ns()
+        if not self.report.first_start_ns:  # the first step starts with Dynamo's first compile
+            self.report.first_start_ns = timeline.compile_start_ns()
         devices = _devices(gm, example_inputs)
         executor = resolve_backend(opts.backend, devices)
         if executor == "triton":  # on a GPU: compile workers start while capture runs
@@ -134,6 +142,21 @@ class StokerBackend:
                 start_compile_workers(d)
         rec = self.report.new_compile(_frame_name(gm, self.name_hint), executor)
         _CURRENT_REPORT[:] = [self.report]
+        label = _label(rec)
+        RECORDER.report, RECORDER.graph, RECORDER.dynamo_graph = self.report, label, label
+        try:
+            compiled = self._compile(gm, example_inputs, rec)
+        finally:
+            RECORDER.add("backend", "stoker backend", t_call, time.perf_counter_ns(), label)
+            RECORDER.graph = ""
+        RECORDER.arm()  # the first runs of what was compiled are part of the step
+        return TimedRun(compiled, label)
+
+    def _compile(
+        self, gm: fx.GraphModule, example_inputs: Sequence[Any], rec: CompileRecord
+    ) -> CompiledCallable:
+        opts = self.options
+        self._note_graph_break(rec, gm)
         if not self.exports_guards:  # stoker.compile gets reasons from guard_fail_fn instead
             self._note_recompiles_from_dynamo()
         self._input_desc = _describe_inputs(gm)
@@ -146,7 +169,7 @@ class StokerBackend:
             SWITCH.turn_on(
                 compiler=autograd_compiler(opts, self.report), dynamic=opts.dynamic is not False
             )
-        compiler = _RecordingCompiler(executor, rec, self)
+        compiler = _RecordingCompiler(rec.executor, rec, self)
         t0 = time.perf_counter()
         try:
             # With compiled autograd on, the backward's first run inlines the AOT backward
@@ -163,6 +186,8 @@ class StokerBackend:
         _record_capture_result(rec, compiled, opts)
         self.report.count_capture_cache(getattr(compiled, "cache_outcome", ""))
         self._record_shape_guards(rec)
+        tracelog.compile_artifacts(compiled, rec)
+        tracelog.guards(rec)
         if not self.exports_guards:
             # No guard_export_fn (torch.compile(backend="stoker")): Dynamo's guards so far
             # are in the tracing context; its shape guards are the ones recorded above.
@@ -180,6 +205,37 @@ class StokerBackend:
         self.report.autograd = _autograd_stats()
         self.report.flush()
         return compiled
+
+    def _note_graph_break(self, rec: CompileRecord, gm: fx.GraphModule) -> None:
+        """A graph that ends at a graph break (Dynamo's reason and the user's line), or
+        one that resumes after a break (a ``torch_dynamo_resume_in_<fn>_at_<line>`` frame)."""
+        reason = getattr(gm, "compile_subgraph_reason", None)
+        if reason is not None and getattr(reason, "graph_break", False):
+            self.report.graph_breaks.append(
+                GraphBreakRecord(
+                    _label(rec),
+                    _short_reason(str(getattr(reason, "reason", reason))),
+                    _user_where(getattr(reason, "user_stack", None) or []),
+                )
+            )
+        m = _RESUME_RE.search(rec.frame)
+        if m is None:
+            return
+        fn, line = m["fn"], int(m["line"])
+        for b in self.report.graph_breaks:
+            if not b.resumed_by and _breaks_at(b, fn, line):
+                b.resumed_by = _label(rec)
+                return
+        # no graph ended at this break (it came first in its frame): Dynamo's own record
+        why = _dynamo_break_reason(fn, line)
+        self.report.graph_breaks.append(
+            GraphBreakRecord(
+                "(none: the break came before any op of the frame)",
+                _short_reason(str(why.reason)) if why is not None else "(Dynamo kept no reason)",
+                _user_where(why.user_stack) if why is not None else f"{fn}, line {line}",
+                _label(rec),
+            )
+        )
 
     # ------------------------------------------------------------------ hooks for Dynamo
     def on_guards(self, guards: Any) -> None:
@@ -289,6 +345,7 @@ class _RecordingCompiler:
             self.executor, gm, example_inputs, self.rec, self.owner.options, self.owner.report
         )
         self.rec.time(f"codegen {stage}", (time.perf_counter() - t0) * 1e3)
+        tracelog.output_code(fn, f"{_label(self.rec)} {stage}")
         self.owner.report.flush()
         return fn
 
@@ -367,6 +424,7 @@ def autograd_compiler(opts: CompileOptions, first_report: Report) -> Callable[..
         code = ReadableCode(gm)  # printed when a report or the log shows it
         stage = f"compiled autograd graph {len(report.autograd_graphs)} [{executor}]"
         report.autograd_graphs.append(GraphRecord(stage, code, nodes))
+        tracelog.autograd_graph(len(report.autograd_graphs) - 1, gm)
         logs.logger("graphs").info("%s (%d ops):\n%s", stage, nodes, code)
         logs.logger("autograd").info(
             "compiled autograd graph (%d ops) → %s executor", nodes, executor
@@ -377,9 +435,79 @@ def autograd_compiler(opts: CompileOptions, first_report: Report) -> Callable[..
         if executor != "aten":
             report.autograd_kernels.append(segment)
         report.flush()
-        return compile_with_executor(executor, gm, example_inputs, None, opts, report, segment)
+        fn = compile_with_executor(executor, gm, example_inputs, None, opts, report, segment)
+        tracelog.output_code(fn, stage)
+        return fn
 
     return compile_backward
+
+
+# ---------------------------------------------------------------------- timeline
+
+
+def install_timeline() -> None:
+    """Listen to the stage marks, Dynamo's compiles and the first backward (idempotent)."""
+    timeline.install()
+    if _close_first_step not in RECORDER.on_backward:
+        RECORDER.on_backward.insert(0, _close_first_step)
+    if tracelog.on_span not in RECORDER.on_span:
+        RECORDER.on_span.append(tracelog.on_span)
+    tracelog.chrome_trace()
+
+
+def _close_first_step(span: Span) -> None:
+    """The backward after the first compile ended: the report's first step ends with it."""
+    rep = RECORDER.report
+    if rep is None or rep.first_step is not None or not rep.first_start_ns:
+        return
+    rep.first_step = StepRecord.of(
+        rep.first_start_ns, span.end_ns, "from the first compile to the end of its backward"
+    )
+    chrome = tracelog.chrome_trace()
+    if chrome is not None:
+        if rep not in chrome.reports:
+            chrome.reports.append(rep)
+        chrome.first_step_closed(span.end_ns)
+
+
+_RESUME_RE = re.compile(r"torch_dynamo_resume_in_(?P<fn>\w+?)_at_(?P<line>\d+)")
+
+
+def _short_reason(text: str, lines: int = 4) -> str:
+    """Dynamo's reason without its long hints and tracebacks."""
+    kept = [ln for ln in text.strip().splitlines() if ln.strip()][:lines]
+    return "\n".join(kept)
+
+
+def _user_where(stack: Sequence[Any]) -> str:
+    """``model.py:9 in forward: x = x.sin()``: the innermost frame of the user's code."""
+    import os
+
+    torch_dir = os.path.dirname(torch.__file__)
+    frames = [f for f in stack if not str(getattr(f, "filename", "")).startswith(torch_dir)]
+    if not frames:
+        return "?"
+    f = frames[-1]
+    code = (getattr(f, "line", "") or "").strip()
+    return f"{f.filename}:{f.lineno} in {f.name}" + (f": {code}" if code else "")
+
+
+def _breaks_at(b: GraphBreakRecord, fn: str, line: int) -> bool:
+    return f":{line} in {fn}" in b.where
+
+
+def _dynamo_break_reason(fn: str, line: int) -> Any:
+    """Dynamo's record of the break at ``fn``'s ``line`` (its graph_break_reasons), or None."""
+    try:
+        import torch._dynamo.output_graph as og
+    except ImportError:  # pragma: no cover
+        return None
+    for r in reversed(getattr(og, "graph_break_reasons", [])):
+        if any(
+            getattr(f, "name", "") == fn and getattr(f, "lineno", -1) == line for f in r.user_stack
+        ):
+            return r
+    return None
 
 
 # ---------------------------------------------------------------------- capture adapter

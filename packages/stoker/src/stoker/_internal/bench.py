@@ -29,10 +29,30 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .config import StokerConfigError, check_device
+
 BACKENDS = ("eager", "aot_eager", "inductor", "stoker")
 
 
 # ---------------------------------------------------------------------- worker (one process)
+
+
+def spread_ms(times: Sequence[float]) -> dict[str, Any]:
+    """Steady step times (seconds) as the row's ``steady_ms`` (the median, in ms) with
+    ``steady_ms_min``, ``steady_ms_max`` and ``steady_repeats`` beside it."""
+    if not times:
+        return {
+            "steady_ms": None,
+            "steady_ms_min": None,
+            "steady_ms_max": None,
+            "steady_repeats": 0,
+        }
+    return {
+        "steady_ms": statistics.median(times) * 1e3,
+        "steady_ms_min": min(times) * 1e3,
+        "steady_ms_max": max(times) * 1e3,
+        "steady_repeats": len(times),
+    }
 
 
 def _saved_bytes(step: Any) -> int:
@@ -114,7 +134,7 @@ def worker(model_name: str, backend: str, steps: int, device: str) -> dict[str, 
         "backend": backend,
         "device": device,
         "first_step_s": first,
-        "steady_ms": statistics.median(times) * 1e3 if times else None,
+        **spread_ms(times),
         "peak_mem": peak,
         "peak_kind": peak_kind,
         "recompiles": recompiles,
@@ -127,9 +147,24 @@ def worker(model_name: str, backend: str, steps: int, device: str) -> dict[str, 
 
 
 def suite_worker(
-    entry_name: str, backend: str, steps: int, device: str, smoke: bool, params_path: str | None
+    entry_name: str,
+    backend: str,
+    steps: int,
+    device: str,
+    smoke: bool,
+    params_path: str | None,
+    *,
+    timed: Callable[[], Any] | None = None,
+    after: Callable[[Callable[[], float], Any, Any], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """One GPU-suite configuration under one backend (see `bench_suite`)."""
+    """One GPU-suite configuration under one backend (see `bench_suite`).
+
+    ``timed()`` is a context manager entered around the measured part (the steady
+    steps, peak memory, kernel count; `tools/gpu_lap.py` holds the GPU alone there
+    while other rows compile). ``after(step, fn, model)``, called inside it, returns
+    more figures for the row (the lap's per-kernel profile)."""
+    import contextlib
+
     import torch
 
     from .bench_suite import count_device_kernels, get_entry, wrap_model
@@ -170,25 +205,29 @@ def suite_worker(
     losses.append(step())
     first = time.perf_counter() - t0
     losses.append(step())
-    if dev_type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        losses.append(step())
-        times.append(time.perf_counter() - t0)
-    peak: int | None = int(torch.cuda.max_memory_allocated()) if dev_type == "cuda" else None
-    kernels = count_device_kernels(step)
-    # the CPU proxy of peak memory: bytes allocated at once during one more step, from
-    # allocation events (every backend runs this step, so parity is unchanged)
-    cpu_peak = peak_live_bytes(step) if dev_type == "cpu" else None
+    extra: dict[str, Any] = {}
+    with timed() if timed is not None else contextlib.nullcontext():
+        if dev_type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            losses.append(step())
+            times.append(time.perf_counter() - t0)
+        peak: int | None = int(torch.cuda.max_memory_allocated()) if dev_type == "cuda" else None
+        kernels = count_device_kernels(step)
+        # the CPU proxy of peak memory: bytes allocated at once during one more step, from
+        # allocation events (every backend runs this step, so parity is unchanged)
+        cpu_peak = peak_live_bytes(step) if dev_type == "cpu" else None
+        if after is not None:
+            extra = after(step, fn, model)
     out: dict[str, Any] = {
         "model": entry_name,
         "backend": backend,
         "device": device,
         "smoke": smoke,
         "first_step_s": first,
-        "steady_ms": statistics.median(times) * 1e3 if times else None,
+        **spread_ms(times),
         "peak_mem": peak,
         "peak_kind": "cuda max allocated (steady steps)" if peak is not None else None,
         "kernels_per_step": kernels,
@@ -198,6 +237,7 @@ def suite_worker(
     rep = getattr(fn, "stoker_report", None)
     if rep is not None:
         out["stoker"] = rep.summary()
+    out.update(extra)
     if params_path:
         torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, params_path)
         out["params_path"] = params_path
@@ -295,18 +335,29 @@ def _fmt(v: Any, unit: str = "") -> str:
     return str(v)
 
 
-# (header, row key, unit) of each column after "model" and "backend"
+def _cell(row: dict[str, Any], key: str, unit: str) -> str:
+    """A row's value; a ``spread`` column shows ``min / median / max`` over the repeats."""
+    if unit == "spread":
+        lo, mid, hi = (row.get(f"{key}_min"), row.get(key), row.get(f"{key}_max"))
+        if lo is None or hi is None:
+            return _fmt(mid, "ms")
+        return f"{lo:.2f} / {mid:.2f} / {hi:.2f}"
+    return _fmt(row.get(key), unit)
+
+
+# (header, row key, unit) of each column after "model" and "backend". The first steps
+# are one measurement each (one cold process, one warm); steady steps are --steps repeats.
 MODEL_COLUMNS = (
     ("cold first step s", "first_step_s", "s"),
     ("warm first step s", "warm_first_step_s", "s"),
-    ("steady ms", "steady_ms", "ms"),
+    ("steady ms min / median / max", "steady_ms", "spread"),
     ("peak mem", "peak_mem", "B"),
     ("recompiles", "recompiles", ""),
 )
 SUITE_COLUMNS = (
     ("cold 1st s", "first_step_s", "s"),
     ("warm 1st s", "warm_first_step_s", "s"),
-    ("steady ms", "steady_ms", "ms"),
+    ("steady ms min / median / max", "steady_ms", "spread"),
     ("÷ eager", "vs_eager", "s"),
     ("÷ inductor", "vs_inductor", "s"),
     ("peak mem", "peak_mem", "B"),
@@ -327,7 +378,7 @@ def format_table(
         if "error" in r:
             cells = ["error: " + str(r["error"])[:70]] + [""] * (len(columns) - 1)
         else:
-            cells = [_fmt(r.get(key), unit) for _, key, unit in columns]
+            cells = [_cell(r, key, unit) for _, key, unit in columns]
         body.append([r["model"], r["backend"], *cells])
     return _text_table(head, body)
 
@@ -362,18 +413,13 @@ def run_suite(
     ``on_row`` gets the rows so far after each one (the driver rewrites its JSON), so a
     run cut short by a time limit keeps what it measured.
     """
-    import torch
 
     from .bench_suite import SUITE, SUITE_BACKENDS, compare_runs
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    bad = [b for b in backends if b not in SUITE_BACKENDS]
-    if bad:
-        raise SystemExit(
-            f"stoker bench --suite gpu: unknown backend(s) {bad}; "
-            f"choose from {', '.join(SUITE_BACKENDS)}"
-        )
+    device = check_device(device)
     names = list(entries) if entries else [e.name for e in SUITE]
+    _check_names("--backends", backends, SUITE_BACKENDS, " with --suite gpu")
+    _check_names("--models", names, [e.name for e in SUITE], " (entries of --suite gpu)")
     order = (["eager"] if "eager" in backends else []) + [b for b in backends if b != "eager"]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="stoker-suite-params-") as params_dir:
@@ -414,7 +460,7 @@ def run_suite(
 def _row_line(row: dict[str, Any]) -> str:
     if "error" in row:
         return f"{row['model']} {row['backend']}: error: {row['error']}"
-    cells = (f"{h}={_fmt(row.get(k), u)}" for h, k, u in SUITE_COLUMNS if row.get(k) is not None)
+    cells = (f"{h}={_cell(row, k, u)}" for h, k, u in SUITE_COLUMNS if row.get(k) is not None)
     return f"{row['model']} {row['backend']}: " + ", ".join(cells)
 
 
@@ -437,6 +483,17 @@ def format_suite_table(rows: Sequence[dict[str, Any]]) -> str:
     return format_table(rows, SUITE_COLUMNS)
 
 
+def _check_names(flag: str, given: Sequence[str], known: Sequence[str], hint: str = "") -> None:
+    """A `StokerConfigError` naming what ``flag`` got that is not in ``known``."""
+    if not given:
+        raise StokerConfigError(f"{flag}: name at least one; choose from {', '.join(known)}")
+    bad = [n for n in given if n not in known]
+    if bad:
+        raise StokerConfigError(
+            f"{flag}: unknown {', '.join(bad)}; choose from {', '.join(known)}{hint}"
+        )
+
+
 def run_models(
     *,
     models: Sequence[str] | None,
@@ -447,17 +504,17 @@ def run_models(
     timeout: float,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
-    import torch
 
     from .models import model_zoo
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    names = list(models) if models else list(model_zoo())
-    bad = [b for b in backends if b not in BACKENDS]
-    if bad:
-        raise SystemExit(
-            f"stoker bench: unknown backend(s) {bad}; choose from {', '.join(BACKENDS)}"
-        )
+    device = check_device(device)
+    zoo = list(model_zoo())
+    names = list(models) if models else zoo
+    _check_names("--backends", backends, BACKENDS)
+    hint = ""
+    if any(n.startswith("hf-") and n not in zoo for n in names):
+        hint = " (the hf-* models need `transformers`)"
+    _check_names("--models", names, zoo, hint)
     rows: list[dict[str, Any]] = []
     for name in names:
         for be in backends:
@@ -483,9 +540,15 @@ def run_bench(
     entries and backends suite backends; ``smoke`` shrinks every entry to tiny sizes.
     """
     if suite == "gpu":
+        from .bench_suite import SUITE, SUITE_BACKENDS
+
+        check_device(device)
+        _check_names("--backends", backends, SUITE_BACKENDS, " with --suite gpu")
+        known = [e.name for e in SUITE]
+        _check_names("--models", list(models or known), known, " (entries of --suite gpu)")
         print(
             f"stoker bench --suite gpu{' --smoke' if smoke else ''}: "
-            f"{steps} steady steps per configuration",
+            f"{steps} steady steps per configuration (times: min / median / max over them)",
             file=sys.stderr,
         )
         rows = run_suite(
@@ -503,9 +566,21 @@ def run_bench(
         print(f"stoker bench: JSON written to {os.path.abspath(json_path)}", file=sys.stderr)
         return 0 if all("error" not in r for r in rows) else 1
     if suite != "models":
-        raise SystemExit(f"stoker bench: unknown suite {suite!r}; choose models or gpu")
-    suites = run_tool_scripts(timeout=timeout)
-    print(f"stoker bench: models × backends, {steps} steady steps each", file=sys.stderr)
+        raise StokerConfigError(f"--suite {suite}: choose models or gpu")
+    from .models import model_zoo
+
+    _check_names("--backends", backends, BACKENDS)
+    check_device(device)
+    if models:
+        zoo = list(model_zoo())
+        _check_names("--models", models, zoo)
+    # the sibling packages' own benchmarks belong to a full run; --models asks for models only
+    suites = {} if models else run_tool_scripts(timeout=timeout)
+    print(
+        f"stoker bench: models × backends, {steps} steady steps each "
+        "(times: min / median / max over those steps)",
+        file=sys.stderr,
+    )
     rows = run_models(
         models=models, backends=backends, steps=steps, warm=warm, device=device, timeout=timeout
     )

@@ -1,7 +1,7 @@
 """The GPU model suite: the configurations of the first H100 run, side by side.
 
 ``python tools/bench.py --suite gpu`` (or ``stoker bench --suite gpu``) trains
-exactly the six configurations that ``shared/GPU_FINDINGS.md`` measured
+six training configurations measured on an H100 (docs/benchmarks.md)
 (forward + backward + AdamW, fp32 or bf16 autocast) and the small,
 launch-bound forward + backward table, with every backend of
 `SUITE_BACKENDS`.  ``--smoke`` runs the same code at tiny sizes on whatever
@@ -119,7 +119,7 @@ class SuiteEntry:
     build: Callable[[dict[str, int]], nn.Module]
     batch: Callable[[dict[str, int], torch.Generator], Batch]
     loss: Callable[[Any, torch.Tensor], torch.Tensor]
-    size: dict[str, int]  # the GPU_FINDINGS size
+    size: dict[str, int]  # the full size (the H100 measurements')
     smoke: dict[str, int]  # the same model, tiny (``--smoke``)
     autocast: torch.dtype | None = None  # bf16 autocast around forward + loss
     optimizer: bool = True  # AdamW step (the model table) or forward + backward only

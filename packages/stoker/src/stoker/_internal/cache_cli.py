@@ -84,6 +84,25 @@ def _versions() -> dict[str, tuple[str, str]]:
     return out
 
 
+class CacheDirError(Exception):
+    """A cache directory setting names something that is not a directory."""
+
+
+def check_dir(root: Path, setting: str) -> None:
+    """A `CacheDirError` when ``root`` (or a folder above it) exists but is not a
+    directory; a directory that does not exist yet is fine (an empty cache)."""
+    where = root
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if where.exists() and not where.is_dir():
+        what = "is a file" if where == root else f"is under {where}, which is a file"
+        default = "~/.cache/stoker" if setting == "STOKER_CACHE_DIR" else "~/.triton/cache"
+        raise CacheDirError(
+            f"{setting}={root} {what}, not a directory: point {setting} at a directory "
+            f"(or unset it for {default})"
+        )
+
+
 def triton_cache_dir() -> Path:
     return Path(
         os.environ.get("TRITON_CACHE_DIR")
@@ -109,6 +128,9 @@ def info(out: TextIO | None = None) -> int:
     from stoker_shapes._internal.diskcache import cache_root, inspect_file
 
     root = cache_root()
+    tri = triton_cache_dir()
+    check_dir(root, "STOKER_CACHE_DIR")
+    check_dir(tri, "TRITON_CACHE_DIR")
     print(f"stoker cache: {root}", file=out)
     groups: dict[str, list[Path]] = {}
     for p in _walk(root):
@@ -135,7 +157,6 @@ def info(out: TextIO | None = None) -> int:
         if folder in KINDS:
             line += f"  {KINDS[folder]}"
         print(line, file=out)
-    tri = triton_cache_dir()
     tfiles = _walk(tri)
     print(
         f"triton cache: {tri}: {len(tfiles)} files, {_size(sum(p.stat().st_size for p in tfiles))}"
@@ -151,6 +172,9 @@ def clear(triton: bool = False, out: TextIO | None = None) -> int:
     from stoker_shapes._internal.diskcache import cache_root
 
     roots = [cache_root()] + ([triton_cache_dir()] if triton else [])
+    check_dir(roots[0], "STOKER_CACHE_DIR")
+    if triton:
+        check_dir(roots[1], "TRITON_CACHE_DIR")
     for root in roots:
         files = _walk(root)
         size = sum(p.stat().st_size for p in files)

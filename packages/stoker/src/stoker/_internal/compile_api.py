@@ -21,6 +21,9 @@ T = TypeVar("T", bound=Callable[..., Any])
 
 _LAST: list[Report] = []  # the report of the most recent stoker.compile, for last_report()
 _TO_FLUSH: list[Report] = []  # reports with a path, rewritten at exit (autograd counters)
+# `stoker explain` sets this to a list: `stoker.reset()` then keeps the reports it drops
+# there (with compiled autograd's counters as they were), so explain can still write them.
+_KEEP_AT_RESET: list[list[Report]] = []
 
 
 def compile(
@@ -66,11 +69,12 @@ def compile(
     )
     if opts.backend == "interpret":
         ensure_interpret_env()  # before triton jits anything
-    be = StokerBackend(opts)
-    be.exports_guards = True
-    be.name_hint = _name_of(model_or_fn)
     import torch
     import torch._dynamo
+
+    be = StokerBackend(opts)  # with Dynamo imported: it listens to Dynamo's compiles
+    be.exports_guards = True
+    be.name_hint = _name_of(model_or_fn)
 
     kwargs: dict[str, Any] = {
         "nopython": opts.fullgraph,
@@ -104,6 +108,32 @@ def compile(
     except AttributeError:  # pragma: no cover - a callable that refuses attributes
         pass
     return compiled  # type: ignore[no-any-return]
+
+
+def current_reports() -> list[Report]:
+    """The reports `stoker.reset()` would drop that hold a compile: the last
+    `stoker.compile`'s and the default ``"stoker"`` backend's."""
+    import sys
+
+    found = list(_LAST)
+    stoker = sys.modules.get("stoker")
+    default = getattr(stoker, "_DEFAULT_BACKEND", None) or []
+    found += [be.report for be in default]
+    return [r for r in found if r.compiles]
+
+
+def keep_reports_at_reset() -> None:
+    """Called by `stoker.reset()` first: hand the reports it is about to drop to
+    `stoker explain`, when explain is running the script."""
+    if not _KEEP_AT_RESET:
+        return
+    from .backend import _autograd_stats
+
+    kept = _KEEP_AT_RESET[-1]
+    for r in current_reports():
+        if all(r is not k for k in kept):
+            r.autograd = _autograd_stats()
+            kept.append(r)
 
 
 def _name_of(obj: Any) -> str:

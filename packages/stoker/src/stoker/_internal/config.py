@@ -61,15 +61,16 @@ class CompileOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if self.backend not in BACKENDS:
             raise StokerConfigError(
                 f"backend={self.backend!r} is not a stoker backend; choose one of {', '.join(BACKENDS)}"
             )
-        if self.dynamic not in (None, True, False):
+        if self.dynamic is not None and not isinstance(self.dynamic, bool):
             raise StokerConfigError(
                 f"dynamic={self.dynamic!r}: use None (automatic), True or False"
             )
-        if self.memory_budget is not None and not (0.0 <= float(self.memory_budget) <= 1.0):
+        if self.memory_budget is not None and not (0.0 <= self.memory_budget <= 1.0):
             raise StokerConfigError(
                 f"memory_budget={self.memory_budget!r} must be a fraction in [0, 1] of the "
                 "forward activations to keep, or None"
@@ -89,7 +90,12 @@ class CompileOptions:
     def from_kwargs(cls, **kwargs: Any) -> CompileOptions:
         """Build from keyword options; unknown names are an error that lists the known ones."""
         known = set(cls.__dataclass_fields__) - {"extra"}
-        extra = dict(kwargs.pop("extra", {}) or {})
+        extra = kwargs.pop("extra", None) or {}
+        if not isinstance(extra, dict):
+            raise StokerConfigError(f"extra={extra!r}: use a dict of stoker-capture options")
+        extra = dict(extra)
+        if isinstance(kwargs.get("report"), os.PathLike):
+            kwargs["report"] = os.fspath(kwargs["report"])
         unknown = set(kwargs) - known
         if unknown:
             raise StokerConfigError(
@@ -100,6 +106,29 @@ class CompileOptions:
         if opts.report is None and os.environ.get("STOKER_REPORT"):
             opts = replace(opts, report=os.environ["STOKER_REPORT"])
         return opts
+
+
+def _check_types(opts: CompileOptions) -> None:
+    """A `StokerConfigError` for an option of the wrong type (``fullgraph="no"`` would
+    otherwise be taken as true, ``recompile_limit="8"`` fail deep inside Dynamo)."""
+    for name in ("compiled_autograd", "fullgraph"):
+        value = getattr(opts, name)
+        if not isinstance(value, bool):
+            raise StokerConfigError(f"{name}={value!r}: use True or False")
+    for name in ("recompile_limit", "cudagraph_limit"):
+        value = getattr(opts, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise StokerConfigError(f"{name}={value!r}: use a whole number (at least 1)")
+    budget = opts.memory_budget
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float)):
+        raise StokerConfigError(
+            f"memory_budget={budget!r}: use a number in [0, 1] (the fraction of forward "
+            "activations to keep) or None"
+        )
+    if opts.report is not None and not isinstance(opts.report, str | os.PathLike):
+        raise StokerConfigError(f"report={opts.report!r}: use a file path or None")
+    if not isinstance(opts.extra, dict):
+        raise StokerConfigError(f"extra={opts.extra!r}: use a dict of stoker-capture options")
 
 
 def triton_available() -> bool:
@@ -137,6 +166,38 @@ def resolve_backend(requested: str, devices: Iterable[Any]) -> str:
     if requested == "interpret":
         ensure_interpret_env()
     return requested
+
+
+def check_device(device: str | None) -> str:
+    """The device a CLI command was given (``cpu``, ``cuda``, ``cuda:N``; None: cuda when
+    torch sees a GPU, else cpu), or a `StokerConfigError` that says what to pass instead."""
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise StokerConfigError(f"--device {device}: not a device; use cpu or cuda") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise StokerConfigError(f"--device {device}: stoker runs on cpu or cuda")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            why = (
+                "this torch is built without CUDA"
+                if torch.version.cuda is None
+                else "torch sees no CUDA device"
+            )
+            raise StokerConfigError(
+                f"--device {device}: {why}; run on the CPU with --device cpu (or leave --device out)"
+            )
+        if dev.index is not None and dev.index >= count:
+            raise StokerConfigError(
+                f"--device {device}: this machine has {count} CUDA device(s); "
+                f"use --device cuda:0 to cuda:{count - 1}"
+            )
+    return device
 
 
 def ensure_interpret_env() -> None:

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from stoker_shapes import timing
+
 from .models import GPT, GPTConfig, lm_loss
 from .tiny_text import TEXT
 
@@ -36,6 +38,9 @@ class DemoResult:
     times_compiled: list[float] = field(default_factory=list)
     report_path: str | None = None
     summary: dict[str, Any] = field(default_factory=dict)
+    # the first compiled step by stage (ms; they sum to times_compiled[0], "other" included)
+    first_step: dict[str, float] = field(default_factory=dict)
+    cache: str = ""  # the on-disk caches' state: "warm (hits 2, misses 0)", "cold (...)"
 
     @property
     def max_loss_diff(self) -> float:
@@ -150,6 +155,7 @@ def train_side_by_side(
     opt_c = torch.optim.AdamW(model.parameters(), lr=3e-3)
     executor = resolve_backend(backend, [torch.device(device)])
     res = DemoResult(executor=executor, device=device, steps=steps, report_path=report)
+    rep = getattr(compiled, "stoker_report", None)
     gen = torch.Generator().manual_seed(seed if data_seed is None else data_seed)
     bar = Progress(steps, progress)
     with frozen_heap():
@@ -164,22 +170,34 @@ def train_side_by_side(
                 opt_e.step()
                 _sync(device)
                 res.times_eager.append(time.perf_counter() - t0)
-            # compiled: forward by stoker's backend, backward through stoker-autograd
+            # compiled: forward by stoker's backend, backward through stoker-autograd (the
+            # loop's own code is marked, so the report's first step accounts for it)
             t0 = time.perf_counter()
-            loss_c = lm_loss(compiled(x), y)
-            opt_c.zero_grad(set_to_none=True)
+            out = compiled(x)
+            with timing.timed("user", "loss"):
+                loss_c = lm_loss(out, y)
+                opt_c.zero_grad(set_to_none=True)
             loss_c.backward()  # type: ignore[no-untyped-call]
-            opt_c.step()
-            _sync(device)
-            res.times_compiled.append(time.perf_counter() - t0)
+            with timing.timed("user", "optimizer step"):
+                opt_c.step()
+                _sync(device)
+            t1 = time.perf_counter()
+            res.times_compiled.append(t1 - t0)
+            if step == 0 and rep is not None:  # the report accounts for this step's time
+                rep.mark_first_step(t0, t1)
             res.losses_eager.append(float(loss_e.detach()))
             res.losses_compiled.append(float(loss_c.detach()))
             bar.update(
                 step + 1,
                 f"loss eager {res.losses_eager[-1]:.3f} stoker {res.losses_compiled[-1]:.3f}",
             )
+        if rep is not None and steps and wrap is None:
+            # one more forward and backward, its memory traced for the report (after the
+            # loop: the profiler's cost touches no timed step); no optimizer step
+            with rep.trace_memory(device):
+                lm_loss(compiled(x), y).backward()  # type: ignore[no-untyped-call]
+            opt_c.zero_grad(set_to_none=True)
     bar.close()
-    rep = getattr(compiled, "stoker_report", None)
     if rep is not None:
         from .backend import _autograd_stats
         from .compile_api import _distributed_summary
@@ -189,7 +207,35 @@ def train_side_by_side(
         rep.flush()
         res.summary = rep.summary()
         res.report_path = rep.path
+        res.cache = rep.cache_line()
+        step_rec = rep.step_record()
+        if step_rec is not None:
+            res.first_step = step_rec.by_stage()
     return res
+
+
+# the demo's breakdown of its first step, in groups of stages that it always prints
+STAGE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Dynamo trace", ("dynamo",)),
+    ("capture and partition", ("backend", "capture", "partition")),
+    ("codegen and kernel compile", ("codegen", "kernel compile")),
+    ("compiled autograd", ("autograd capture", "autograd retrace", "autograd compile")),
+    ("caches", ("cache load", "cache write")),
+    ("first runs", ("run forward", "run backward")),
+    ("loss and optimizer", ("user",)),
+    ("report and GC", ("report", "gc")),
+    ("other", ("other",)),
+)
+
+
+def format_stages(stages: dict[str, float]) -> list[str]:
+    """The first step by group of stages, seconds each, on two lines (every group, in
+    one order: the lines read alike from run to run)."""
+    parts = [
+        f"{name} {sum(stages.get(st, 0.0) for st in keys) / 1e3:.2f} s"
+        for name, keys in STAGE_GROUPS
+    ]
+    return [", ".join(parts[:4]) + ",", ", ".join(parts[4:])]
 
 
 def format_result(res: DemoResult) -> str:
@@ -199,6 +245,9 @@ def format_result(res: DemoResult) -> str:
     lines = [
         f"stoker demo: small GPT ({res.steps} steps) on {res.device}, executor: {res.executor}",
         f"  compile time (first compiled step):  {first_c:8.2f} s",
+        f"    of which: {format_stages(res.first_step)[0]}" if res.first_step else "",
+        f"              {format_stages(res.first_step)[1]}" if res.first_step else "",
+        f"    on-disk caches: {res.cache}" if res.cache else "",
         f"  steady step time, eager:             {steady_e * 1e3:8.2f} ms",
         f"  steady step time, stoker:            {steady_c * 1e3:8.2f} ms"
         f"   ({steady_e / steady_c:.2f}x the speed of eager)"
@@ -218,6 +267,40 @@ def format_result(res: DemoResult) -> str:
     return "\n".join(x for x in lines if x)
 
 
+def check_demo_args(
+    *, steps: int, batch: int, backend: str, device: str | None, ranks: int = 1
+) -> str:
+    """The device the demo will run on, or a `StokerConfigError` saying what to pass
+    instead (``stoker demo`` prints it as one line and exits with 2)."""
+    from .config import BACKENDS, StokerConfigError, check_device, resolve_backend
+
+    if steps < 1:
+        raise StokerConfigError(f"--steps {steps}: train at least 1 step (default 200)")
+    if batch < 1:
+        raise StokerConfigError(f"--batch {batch}: use at least 1 sequence per step (default 16)")
+    if ranks < 1:
+        raise StokerConfigError(f"--ranks {ranks}: use 1 (one process) or more")
+    if backend not in BACKENDS:
+        raise StokerConfigError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
+    device = check_device(device)
+    dev = torch.device(device)
+    if ranks > 1 and dev.index is not None:
+        raise StokerConfigError(
+            f"--device {device}: with --ranks, name cpu or cuda without an index (one GPU per rank)"
+        )
+    if ranks > 1 and dev.type == "cuda" and torch.cuda.device_count() < ranks:
+        n = torch.cuda.device_count()
+        raise StokerConfigError(
+            f"--ranks {ranks} on cuda needs {ranks} GPUs (NCCL, one per rank); this machine "
+            f"has {n}: pass --ranks {n}, or --device cpu (gloo)"
+        )
+    try:
+        resolve_backend(backend, [dev])
+    except StokerConfigError as e:
+        raise StokerConfigError(f"--backend {backend} on {device}: {e}") from None
+    return device
+
+
 def run_demo(
     *,
     steps: int,
@@ -230,8 +313,7 @@ def run_demo(
 ) -> int:
     import os
 
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = check_demo_args(steps=steps, batch=batch, backend=backend, device=device)
     if backend == "auto":
         why = (
             "a GPU is present: Triton kernels" if device == "cuda" else "no GPU: the aten executor"

@@ -16,11 +16,19 @@ import html
 import json
 import os
 import platform
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .timeline import RECORDER, STAGE_LABELS, Span, StageTime, account
+
 SECTIONS: tuple[tuple[str, str], ...] = (
     ("summary", "Summary"),
+    ("step", "First compiled step"),
+    ("memory", "Memory over a step"),
+    ("breaks", "Graph breaks"),
     ("graphs", "Graphs by stage"),
     ("guards", "Guards"),
     ("recompiles", "Recompiles"),
@@ -129,6 +137,72 @@ class RecompileRecord:
 
 
 @dataclass
+class StepRecord:
+    """The first compiled step: its window and the stage spans in it (`timeline`)."""
+
+    start_ns: int  # time.perf_counter_ns()
+    end_ns: int
+    how: str  # how the window was chosen
+    spans: list[Span] = field(default_factory=list)  # clipped to the window
+
+    @property
+    def wall_ms(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e6
+
+    def breakdown(self) -> list[StageTime]:
+        """Exclusive ms per (graph, stage); they sum to `wall_ms` ("other": no stage's)."""
+        return account(self.spans, self.start_ns, self.end_ns)
+
+    def by_stage(self) -> dict[str, float]:
+        """Exclusive ms per stage, in `STAGE_LABELS`' order, "other" last."""
+        out: dict[str, float] = {}
+        for row in self.breakdown():
+            out[row.stage] = out.get(row.stage, 0.0) + row.ms
+        order = list(STAGE_LABELS)
+        return dict(sorted(out.items(), key=lambda kv: order.index(kv[0])))
+
+    @classmethod
+    def of(cls, start_ns: int, end_ns: int, how: str) -> StepRecord:
+        spans = [
+            Span(sp.stage, sp.name, max(sp.start_ns, start_ns), min(sp.end_ns, end_ns), sp.graph)
+            for sp in RECORDER.between(start_ns, end_ns)
+        ]
+        return cls(start_ns, end_ns, how, spans)
+
+
+@dataclass
+class MemoryRecord:
+    """Live tensor bytes over one traced step (`memtrace`), above what was live before it."""
+
+    device: str  # "cpu", "cuda:0"
+    source: str  # where the figures come from
+    t_ms: list[float] = field(default_factory=list)  # time of each change since the start
+    live: list[int] = field(default_factory=list)  # bytes live after it
+    phases: list[tuple[str, float, float]] = field(default_factory=list)  # (name, start, end) ms
+    duration_ms: float = 0.0
+    baseline: int = 0  # bytes live when the step began (CUDA: allocated; CPU: not known, 0)
+    start_ns: int = 0  # time.perf_counter_ns() at the start (for the Chrome trace)
+
+    @property
+    def peak(self) -> int:
+        return max(self.live, default=0)
+
+    @property
+    def peak_ms(self) -> float:
+        return self.t_ms[self.live.index(self.peak)] if self.live else 0.0
+
+
+@dataclass
+class GraphBreakRecord:
+    """A graph break: the graph Dynamo compiled up to it, why, and where in user code."""
+
+    graph: str  # the graph that ends at the break ("graph 0: forward (model.py:9) #0/0")
+    reason: str  # Dynamo's reason
+    where: str  # the user's file:line (and the line's code)
+    resumed_by: str = ""  # the graph of the code after the break, once compiled
+
+
+@dataclass
 class Report:
     """Everything one run compiled.  Render with `to_html`, save with `write`."""
 
@@ -153,6 +227,77 @@ class Report:
     created: str = field(
         default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     )
+    # the first compiled step, by stage (closed at the end of the backward after the first
+    # compile, or marked by the caller: `mark_first_step`)
+    first_step: StepRecord | None = None
+    first_start_ns: int = 0  # when the first compile began (0: none yet)
+    memory: MemoryRecord | None = None  # live bytes over a traced step (`trace_memory`)
+    graph_breaks: list[GraphBreakRecord] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ the first step
+    def mark_first_step(self, start: float, end: float) -> StepRecord:
+        """The first compiled step is ``[start, end]`` (``time.perf_counter()`` seconds):
+        what a caller timed as its first step (`stoker demo` does)."""
+        self.first_step = StepRecord.of(
+            int(start * 1e9), int(end * 1e9), "the step the caller timed"
+        )
+        return self.first_step
+
+    def step_record(self) -> StepRecord | None:
+        """The first step: closed, or (no backward yet) from the first compile to the
+        newest span recorded."""
+        if self.first_step is not None or not self.first_start_ns:
+            return self.first_step
+        spans = RECORDER.between(self.first_start_ns, 2**63)
+        if not spans:
+            return None
+        end = max(s.end_ns for s in spans)
+        return StepRecord.of(self.first_start_ns, end, "from the first compile to the last stage")
+
+    @contextmanager
+    def trace_memory(self, device: Any = None) -> Iterator[None]:
+        """Record live tensor bytes over the block (one training step) into `memory`:
+        CPU allocator events (``torch.profiler``), or on a GPU the CUDA caching
+        allocator's history. The forward and backward runs in it are marked."""
+        from .memtrace import trace
+
+        with trace(device) as got:
+            yield
+        self.memory = got[0] if got else None
+
+    # ------------------------------------------------------------------ caches
+    def cache_counts(self) -> dict[str, tuple[int, int]]:
+        """Per on-disk cache: (hits, misses) of its lookups in this run."""
+
+        def split(counts: dict[str, int]) -> tuple[int, int]:
+            miss = sum(n for k, n in counts.items() if k.startswith("miss"))
+            return counts.get("hit", 0), miss
+
+        return {
+            "captured graphs (capture and partition)": split(self.capture_cache),
+            "compiled graphs (lowering and codegen)": split(self.graph_cache),
+            "compiled-autograd graphs (eager run and retrace)": (
+                int(self.autograd.get("disk_hits", 0) or 0),
+                int(self.autograd.get("disk_misses", 0) or 0),
+            ),
+        }
+
+    def cache_state(self) -> str:
+        """ "warm" (every lookup hit), "cold" (none did), "partly warm", or "off"."""
+        hits = sum(h for h, _ in self.cache_counts().values())
+        misses = sum(m for _, m in self.cache_counts().values())
+        if not hits and not misses:
+            return "off"
+        return "warm" if not misses else "cold" if not hits else "partly warm"
+
+    def cache_line(self) -> str:
+        """``warm (hits 3, misses 0)``: the caches' state in one line."""
+        hits = sum(h for h, _ in self.cache_counts().values())
+        misses = sum(m for _, m in self.cache_counts().values())
+        state = self.cache_state()
+        if state == "off":
+            return "off (no cache lookup)"
+        return f"{state} (hits {hits}, misses {misses})"
 
     def new_compile(self, frame: str, executor: str) -> CompileRecord:
         rec = CompileRecord(index=len(self.compiles), frame=frame, executor=executor)
@@ -183,6 +328,8 @@ class Report:
         return sum(len(c.kernels) for c in self.compiles)
 
     def summary(self) -> dict[str, Any]:
+        counts = list(self.cache_counts().values())
+        step = self.step_record()
         return {
             "graphs": self.n_graphs,
             "guards": self.n_guards,
@@ -191,16 +338,27 @@ class Report:
             "backward_kernels": sum(len(c.kernels) for c in self.autograd_kernels),
             "fallbacks": sum(len(c.fallbacks) for c in self.compiles),
             "recompiles": len(self.recompiles),
-            # compiled graphs loaded from stoker-triton's cache / compiled (and why)
-            "cache_hits": self.graph_cache.get("hit", 0),
-            "cache_misses": sum(n for k, n in self.graph_cache.items() if k != "hit"),
+            "graph_breaks": len(self.graph_breaks),
+            # every on-disk cache's lookups, each counted once: warm, cold, partly warm, off
+            "cache": self.cache_state(),
+            "cache_hits": sum(h for h, _ in counts),
+            "cache_misses": sum(m for _, m in counts),
             # Dynamo graphs whose capture and partition were loaded / run (and why)
-            "capture_cache_hits": self.capture_cache.get("hit", 0),
-            "capture_cache_misses": sum(n for k, n in self.capture_cache.items() if k != "hit"),
+            "capture_cache_hits": counts[0][0],
+            "capture_cache_misses": counts[0][1],
+            # graphs whose lowering and codegen (stoker-triton) were loaded / run
+            "graph_cache_hits": counts[1][0],
+            "graph_cache_misses": counts[1][1],
+            # compiled-autograd backwards loaded / run eagerly and retraced
+            "autograd_cache_hits": counts[2][0],
+            "autograd_cache_misses": counts[2][1],
             # "total" covers the nested stages; records without one sum what they have
             "compile_ms": round(
                 sum(c.timings_ms.get("total", sum(c.timings_ms.values())) for c in self.compiles), 3
             ),
+            # the first compiled step's wall time, and the part of it no stage claims
+            "first_step_ms": round(step.wall_ms, 3) if step else None,
+            "first_step_other_ms": round(step.by_stage().get("other", 0.0), 3) if step else None,
         }
 
     # ------------------------------------------------------------------ output
@@ -223,7 +381,9 @@ class Report:
     def flush(self) -> None:
         """Rewrite the report file, if this report has a path."""
         if self.path:
+            t0 = time.perf_counter_ns()
             self.write(self.path)
+            RECORDER.add("report", "report written", t0, time.perf_counter_ns())
 
 
 # ---------------------------------------------------------------------- rendering
@@ -242,6 +402,9 @@ th{background:#f3f5f8;font-weight:600}td.num{text-align:right;font-variant-numer
 pre,code{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 pre{background:#f7f8fa;border:1px solid #eceff3;padding:8px;overflow:auto;max-height:480px}
 details{margin:6px 0}summary{cursor:pointer;font-weight:600}
+.legend{font-size:12px}.lg{margin-right:12px;white-space:nowrap}
+.sw{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle}
+.figure{overflow-x:auto}caption{text-align:left;font-weight:600;padding:4px 0}
 .muted{color:#6b7380}.bad{color:#a12b2b}.tag{display:inline-block;padding:0 6px;border-radius:3px;background:#e7ecf6;font-size:12px}
 """
 
@@ -250,7 +413,9 @@ def _e(x: Any) -> str:
     return html.escape(str(x), quote=True)
 
 
-def _table(headers: list[str], rows: list[list[Any]], num: frozenset[int] = frozenset()) -> str:
+def _table(
+    headers: list[str], rows: list[list[Any]], num: frozenset[int] = frozenset(), caption: str = ""
+) -> str:
     if not rows:
         return '<p class="muted">none recorded</p>'
     head = "".join(f"<th>{_e(h)}</th>" for h in headers)
@@ -263,7 +428,8 @@ def _table(headers: list[str], rows: list[list[Any]], num: frozenset[int] = froz
         + "</tr>"
         for r in rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    cap = f"<caption>{_e(caption)}</caption>" if caption else ""
+    return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _fmt_bytes(n: int | None) -> str:
@@ -292,9 +458,9 @@ def _render(r: Report) -> str:
                 "kernels",
                 "fallbacks",
                 "recompiles",
-                "cache hits",
-                "cache misses",
-                "compile time (ms)",
+                "graph breaks",
+                "caches",
+                "first compiled step",
             ],
             [
                 [
@@ -303,17 +469,19 @@ def _render(r: Report) -> str:
                     s["kernels"],
                     s["fallbacks"],
                     s["recompiles"],
-                    s["cache_hits"],
-                    s["cache_misses"],
-                    s["compile_ms"],
+                    s["graph_breaks"],
+                    r.cache_line(),
+                    f"{s['first_step_ms'] / 1e3:.2f} s" if s["first_step_ms"] is not None else "—",
                 ]
             ],
-            frozenset(range(8)),
+            frozenset(range(6)),
         )
         + f"<p>options: <code>{_e(opts)}</code></p>"
-        + _cache_outcomes(r.graph_cache)
-        + _cache_outcomes(r.capture_cache, "captured-graph cache (Dynamo graphs by outcome)")
+        + _render_caches(r)
     )
+    parts.append(_render_step(r))
+    parts.append(_render_memory(r.memory))
+    parts.append(_render_breaks(r))
     # graphs
     g: list[str] = []
     for c in r.compiles:
@@ -445,14 +613,102 @@ def _render(r: Report) -> str:
     )
 
 
-def _cache_outcomes(
-    counts: dict[str, int], what: str = "compiled-graph cache (graphs by outcome)"
-) -> str:
-    """Graphs by cache outcome: loaded (hit) or compiled, and why (miss)."""
-    if not counts:
-        return ""
-    items = ", ".join(f"{k}: {n}" for k, n in sorted(counts.items()))
-    return f"<p>{_e(what)}: <code>{_e(items)}</code></p>"
+def _render_caches(r: Report) -> str:
+    """Each on-disk cache's lookups: hits, misses, and every outcome by reason."""
+    outcomes = {
+        "captured graphs (capture and partition)": r.capture_cache,
+        "compiled graphs (lowering and codegen)": r.graph_cache,
+        "compiled-autograd graphs (eager run and retrace)": {
+            k.removeprefix("disk cache "): n
+            for k, n in r.autograd.items()
+            if isinstance(k, str) and k.startswith("disk cache ")
+        },
+    }
+    rows = [
+        [
+            name,
+            hits,
+            misses,
+            ", ".join(f"{k}: {n}" for k, n in sorted(outcomes[name].items())) or "—",
+        ]
+        for name, (hits, misses) in r.cache_counts().items()
+    ]
+    return (
+        f"<p>on-disk caches: <b>{_e(r.cache_line())}</b> (warm: every lookup hit; "
+        "cold: none did)</p>"
+        + _table(["cache", "hits", "misses", "outcomes"], rows, frozenset({1, 2}))
+    )
+
+
+def _fmt_ms(ms: float) -> str:
+    return f"{ms / 1e3:.2f} s" if ms >= 1000 else f"{ms:.1f} ms"
+
+
+def _render_step(r: Report) -> str:
+    """The first compiled step: a timeline, its time by stage, and by graph and stage."""
+    step = r.step_record()
+    if step is None:
+        return '<p class="muted">none recorded (nothing compiled yet)</p>'
+    from .report_svg import legend, timeline_svg
+
+    by_stage = step.by_stage()
+    wall = step.wall_ms
+    named = sum(ms for st, ms in by_stage.items() if st != "other")
+    head = (
+        f"<p>wall time <b>{_e(_fmt_ms(wall))}</b> ({_e(step.how)}); the stages below account "
+        f"for {_e(_fmt_ms(named))} of it ({100 * named / wall if wall else 0:.1f}%), "
+        "each instant counted once, in the innermost stage running then; "
+        f"caches {_e(r.cache_line())}</p>"
+    )
+    rows = [
+        [STAGE_LABELS.get(st, st), f"{ms:.1f}", f"{100 * ms / wall if wall else 0:.1f}"]
+        for st, ms in by_stage.items()
+    ]
+    rows.append(["total (the step's wall time)", f"{wall:.1f}", "100.0"])
+    per_graph = sorted(step.breakdown(), key=lambda x: (x.graph or "~", -x.ms))
+    graph_rows = [
+        [x.graph or "(no graph)", STAGE_LABELS.get(x.stage, x.stage), f"{x.ms:.1f}"]
+        for x in per_graph
+        if x.ms >= 0.05
+    ]
+    return (
+        head
+        + f'<div class="figure">{timeline_svg(step)}</div>'
+        + legend(by_stage, wall)
+        + _table(["stage", "ms", "% of the step"], rows, frozenset({1, 2}), "By stage")
+        + "<h3>By graph and stage</h3>"
+        + _table(["graph", "stage", "ms"], graph_rows, frozenset({2}))
+    )
+
+
+def _render_memory(mem: MemoryRecord | None) -> str:
+    if mem is None:
+        return (
+            '<p class="muted">no step traced (<code>with report.trace_memory(): '
+            "step()</code> records one; <code>stoker demo</code> traces a step after its "
+            "loop)</p>"
+        )
+    from .report_svg import memory_svg
+
+    phases = ", ".join(f"{n} {b - a:.1f} ms" for n, a, b in mem.phases) or "not marked"
+    return (
+        f"<p>{_e(mem.device)}: peak <b>{_e(_fmt_bytes(mem.peak))}</b> above what was live "
+        f"before the step, at {_e(_fmt_ms(mem.peak_ms))} of {_e(_fmt_ms(mem.duration_ms))}; "
+        f"{len(mem.t_ms)} allocator events ({_e(mem.source)}); phases: {_e(phases)}</p>"
+        f'<div class="figure">{memory_svg(mem)}</div>'
+    )
+
+
+def _render_breaks(r: Report) -> str:
+    if not r.graph_breaks:
+        return '<p class="muted">none: every frame compiled as whole graphs</p>'
+    rows = [[b.graph, b.where, b.reason, b.resumed_by or "—"] for b in r.graph_breaks]
+    return (
+        f"<p>{len(r.graph_breaks)} graph break(s): Dynamo compiled the code before each "
+        "break as one graph, ran the break in Python, and compiles the code after it as "
+        "another graph (a <code>torch_dynamo_resume_in_...</code> frame)</p>"
+        + _table(["graph before the break", "user code", "reason", "code after it"], rows)
+    )
 
 
 def _render_cudagraphs(stats: list[Any], mode: Any) -> str:

@@ -20,6 +20,7 @@ from .core import (
     TensorValue,
     contiguous_strides,
     product,
+    recompute_bytes,
 )
 from .extern import extern_call
 from .noop import noop_copies
@@ -172,6 +173,7 @@ def lower_graph(
             env[node] = _noop_copy(ctx, node, env)
         else:
             env[node] = _lower_call(ctx, node, args, kwargs)
+            _tag_origins(ctx, node, args, kwargs, env[node], n_before)
         _after_in_place_writes(ctx, n_before, env, order[node], order)
         _maybe_realize_shared(ctx, node, env)
         if reuse is not None:
@@ -216,6 +218,40 @@ def _region_lowering(
             return None
     found = find_regions(nodes, lambda n: n in noops)
     return RegionLowering(ctx, nodes, env, found) if found else None
+
+
+def origin_name(node: torch.fx.Node) -> str:
+    """The aten op a node stands for: the composite op it was decomposed from
+    (`native_layer_norm`, tagged by the pipeline's `decompose`), else its own."""
+    tagged = node.meta.get("stoker_origin")
+    if isinstance(tagged, str):
+        return tagged
+    t = node.target
+    packet = getattr(t, "_overloadpacket", None)
+    return str(packet if packet is not None else getattr(t, "__name__", t))
+
+
+def _tag_origins(
+    ctx: LoweringContext, node: torch.fx.Node, args: Any, kwargs: Any, result: Any, n_before: int
+) -> None:
+    """Record on the IR nodes this FX node's lowering added, and on its lazy result, the
+    aten ops they compute: this node's and those of the lazy values it read (fused in)."""
+    from ..ir import ExternNode
+
+    lazy = frozenset().union(
+        *(
+            a.origins
+            for a in torch.utils._pytree.tree_leaves((args, kwargs))
+            if isinstance(a, TensorValue) and a.layout is None
+        )
+    )
+    mine = lazy | {origin_name(node)}
+    for n in ctx.nodes[n_before:]:
+        if not isinstance(n, ExternNode) and not n.origins:
+            n.origins = tuple(sorted(mine))
+    for r in torch.utils._pytree.tree_leaves(result):
+        if isinstance(r, TensorValue) and r.layout is None and not r.origins:
+            r.origins = mine
 
 
 # ops that read a one-element tensor as a Python number
@@ -346,6 +382,8 @@ def _after_in_place_writes(
             env[k] = before_write(v)
     ctx.nodes.extend(new)
     for b in written:
+        for view in ctx.realized_views.pop(b, []):
+            view.realized = None  # a view of the written buffer: realized again if needed
         old = ctx.realized_by.pop(b, None)
         if old is None:
             continue
@@ -385,15 +423,32 @@ def _is_output(n: torch.fx.Node) -> bool:
 def _maybe_realize_shared(
     ctx: LoweringContext, node: torch.fx.Node, env: dict[torch.fx.Node, Any]
 ) -> None:
-    """Store a value used more than once when recomputing it would be costly."""
+    """Store a value used more than once when recomputing it would be costly: a large
+    body (`REUSE_BODY_LIMIT`), or more bytes read per element than storing it and
+    reading it back (a residual stream, the sum of several full-size tensors, read by
+    the next block's norm and by the next residual add); for a value the graph returns
+    anyway (a forward's saved activation) already when recomputing reads more than the
+    value itself. Stored in its output layout when it is an output."""
     tv = env[node]
     if not isinstance(tv, TensorValue) or tv.layout is not None or len(node.users) < 2:
         return
     from ..ir import index_var
 
-    body = tv.load(tuple(index_var("x", i) for i in range(tv.ndim)))
-    if body.size > REUSE_BODY_LIMIT:
+    idx = tuple(index_var("x", i) for i in range(tv.ndim))
+    body = tv.load(idx)
+    per_elem = recompute_bytes(body, idx, tv.size)
+    val = node.meta.get("val")
+    output = (
+        _is_output(node)
+        and isinstance(val, torch.Tensor)
+        and val.ndim > 0
+        and val.dtype == tv.dtype
+        and _is_dense(val)
+    )
+    if body.size > REUSE_BODY_LIMIT or per_elem > 2 * tv.dtype.itemsize:
         env[node] = ctx.realize(tv)
+    elif output and per_elem > tv.dtype.itemsize and isinstance(val, torch.Tensor):
+        env[node] = ctx.realize(tv, [sympy.Integer(s) for s in val.stride()])
 
 
 def _expanded_output(ctx: LoweringContext, v: TensorValue, val: torch.Tensor) -> BufferRef | None:
@@ -465,7 +520,7 @@ def _output(
         if (ref.size, ref.stride) != (buf.size, buf.stride):
             views[k] = ref
         return ref.buf
-    r = ctx.realize(v, stride)
+    r = ctx.realize(v, stride, view=False)
     assert r.layout is not None
     taken.add(r.layout.buf)
     return r.layout.buf
@@ -506,6 +561,23 @@ def _stored_once(
     twice) or a view an extern made of it (an output must be its own tensor)."""
     contiguous = contiguous_strides(v.size)
     want = tuple(stride) if stride is not None else contiguous
+    if v.view_of is not None:
+        # a view of a value an extern had stored (its view taken for the extern): the
+        # output is that buffer, seen in the output's layout, when it is the whole buffer
+        r0 = v.realized
+        lay = r0.layout if r0 is not None and r0.layout is not None else ctx.planned_layout(v)
+        buf = ctx.buffers.get(lay.buf)
+        if (
+            buf is not None
+            and buf.kind == "kernel"
+            and buf.name not in taken
+            and buf.name not in ctx.aliases.values()
+            and buf.offset == 0
+            and lay.offset == 0
+            and tuple(lay.stride) == want
+            and product(buf.size) == product(v.size)
+        ):
+            return BufferRef(buf.name, tuple(v.size), want, sympy.Integer(0))
     cands = [v]
     if want == contiguous:
         cands += [env[u] for u in o.users if u.target in _RESHAPES and u.args[0] is o]

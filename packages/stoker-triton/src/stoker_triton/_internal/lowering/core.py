@@ -54,7 +54,19 @@ class LoweringError(Exception):
 class TensorValue:
     """A lazily computed tensor: element `idx` is `loader(idx)` (memoized)."""
 
-    __slots__ = ("_cache", "_loader", "device", "dtype", "layout", "realized", "size", "users")
+    __slots__ = (
+        "_cache",
+        "_loader",
+        "device",
+        "dtype",
+        "layout",
+        "origins",
+        "read_stored",
+        "realized",
+        "size",
+        "users",
+        "view_of",
+    )
 
     def __init__(
         self,
@@ -71,9 +83,18 @@ class TensorValue:
         self._cache: dict[tuple[Expr, ...], Value] = {}
         self.layout = layout  # set when the tensor is exactly a strided view of a buffer
         self.realized: TensorValue | None = None  # the buffer it was stored in, once
+        # once realized, later loads read that buffer (`realize` decides: when recomputing
+        # would read more bytes than the stored value, or compute a large body again)
+        self.read_stored = False
+        # a view of a lazy value: (the value, its layout -> this view's layout), so that
+        # realizing the view stores the value and views it (`LoweringContext.realize`)
+        self.view_of: tuple[TensorValue, Callable[[BufferRef], BufferRef | None]] | None = None
         self.users = 0
+        self.origins: frozenset[str] = frozenset()  # aten ops its loader computes
 
     def load(self, idx: Sequence[Expr]) -> Value:
+        if self.read_stored and self.realized is not None:
+            return self.realized.load(idx)
         key = tuple(idx)
         v = self._cache.get(key)
         if v is None:
@@ -132,6 +153,8 @@ class LoweringContext:
     aliases: dict[str, str] = dataclasses.field(default_factory=dict)
     # buffer -> the lazy value realize() stored in it (for in-place writes by externs)
     realized_by: dict[str, TensorValue] = dataclasses.field(default_factory=dict)
+    # buffer -> the lazy views realize() gave a view of it (for in-place writes too)
+    realized_views: dict[str, list[TensorValue]] = dataclasses.field(default_factory=dict)
     random_streams: int = 0
     persistent_rnumel_max: int = 8192  # see scheduler.PERSISTENT_RNUMEL_MAX
     _counter: int = 0
@@ -197,12 +220,23 @@ class LoweringContext:
         ref = BufferRef(buf.name, buf.size, buf.stride, sympy.Integer(0))
         return TensorValue(buf.size, buf.dtype, buf.device, strided_loader(ref, buf.dtype), ref)
 
-    def realize(self, tv: TensorValue, stride: Sequence[Expr] | None = None) -> TensorValue:
-        """Store `tv` in a buffer (a pointwise node); a no-op when it already is one."""
+    def realize(
+        self, tv: TensorValue, stride: Sequence[Expr] | None = None, view: bool = True
+    ) -> TensorValue:
+        """Store `tv` in a buffer (a pointwise node); a no-op when it already is one.
+        A lazy view is its value stored and viewed, unless `view` is False (a graph
+        output: its own buffer, never a view of another value's)."""
         if tv.layout is not None and stride is None:
             return tv
         if tv.realized is not None and stride is None:
-            return tv.realized  # one buffer per value: a mutation through it stays visible
+            r = tv.realized  # one buffer per value: a mutation through it stays visible
+            if view or r.layout is None or self.is_whole_buffer(r.layout):
+                return r
+            stride = contiguous_strides(tv.size)  # realized as a view: this one is a copy
+        if stride is None and view and tv.view_of is not None:
+            viewed = self._realize_view(tv)
+            if viewed is not None:
+                return viewed
         name = self.new_name()
         if product(tv.size) == 0:  # an empty tensor: a buffer, nothing to compute
             return self.buffer_value(self.add_buffer(name, tv.size, stride, tv.dtype, "kernel"))
@@ -211,11 +245,52 @@ class LoweringContext:
         if body.dtype != tv.dtype:
             body = cast(body, tv.dtype)
         buf = self.add_buffer(name, tv.size, stride, tv.dtype, "kernel")
-        self.nodes.append(PointwiseNode(name, tv.size, body))
+        self.nodes.append(PointwiseNode(name, tv.size, body, tuple(sorted(tv.origins))))
         out = self.buffer_value(buf)
         if stride is None:
             tv.realized = out
+            tv.read_stored = _stored_is_cheaper(body, idx, tv.size, tv.dtype)
             self.realized_by[name] = tv
+        return out
+
+    def planned_layout(self, tv: TensorValue) -> BufferRef:
+        """The layout `realize(tv)` gives `tv` (its buffer's name aside): the layout it has,
+        the one it was realized in, a view of its value's planned layout, else contiguous."""
+        if tv.layout is not None:
+            return tv.layout
+        if tv.realized is not None and tv.realized.layout is not None:
+            return tv.realized.layout
+        if tv.view_of is not None:
+            base, relayout = tv.view_of
+            lay = relayout(self.planned_layout(base))
+            if lay is not None:
+                return lay
+        return BufferRef("(planned)", tv.size, contiguous_strides(tv.size), ZERO)
+
+    def is_whole_buffer(self, ref: BufferRef) -> bool:
+        buf = self.buffers[ref.buf]
+        return (ref.size, ref.stride, ref.offset) == (buf.size, buf.stride, 0)
+
+    def _realize_view(self, tv: TensorValue) -> TensorValue | None:
+        """A lazy view (a permute, reshape, expand... of a value not stored yet) realized
+        as that value stored in its own layout and viewed: an extern gets the transposed
+        view of a matmul operand (cuBLAS reads it as it is), not a transposed copy whose
+        kernel recomputes the value in transposed order (uncoalesced reads). None when
+        the view cannot be taken of the stored layout (a reshape of a strided one)."""
+        assert tv.view_of is not None
+        base, relayout = tv.view_of
+        if relayout(self.planned_layout(base)) is None:
+            return None  # known before storing anything: the value would be stored in vain
+        stored = self.realize(base)
+        if stored.layout is None:
+            return None
+        lay = relayout(stored.layout)
+        if lay is None:
+            return None
+        out = TensorValue(tv.size, tv.dtype, tv.device, strided_loader(lay, tv.dtype), lay)
+        tv.realized = out
+        tv.read_stored = True
+        self.realized_views.setdefault(lay.buf, []).append(tv)
         return out
 
     def add_reduction(
@@ -276,6 +351,35 @@ class LoweringContext:
             log.info("stoker-triton: %s runs through aten (%s)", op, reason)
             self.fallback_reasons[op] = reason
         self.fallbacks[op] = self.fallbacks.get(op, 0) + 1
+
+
+def _stored_is_cheaper(
+    body: Value, idx: Sequence[Expr], size: Sequence[Expr], dtype: torch.dtype
+) -> bool:
+    """Whether a value once stored should be read back by its later consumers rather
+    than recomputed: when its body is large (`REUSE_BODY_LIMIT`), or when recomputing
+    reads more bytes per element than the stored value has (a LayerNorm backward's dx
+    reads the gradient and the input; a cast or a scale of one input of the same dtype
+    does not pay, and neither does a broadcast of a smaller tensor)."""
+    return body.size > REUSE_BODY_LIMIT or recompute_bytes(body, idx, size) > dtype.itemsize
+
+
+def recompute_bytes(body: Value, idx: Sequence[Expr], size: Sequence[Expr]) -> int:
+    """Bytes per element that computing `body` again reads from full-size operands (a
+    load whose index moves with every non-trivial dim of `idx`); broadcast operands
+    (a bias, a per-row statistic) stay in cache and do not count."""
+    full = {v for v, s in zip(idx, size) if s != 1}
+    return sum(ld.dtype.itemsize for ld in loads_of(body) if full <= _index_deps(ld))
+
+
+def _index_deps(ld: Load) -> set[sympy.Basic]:
+    """The loop variables a load's address moves with, through a gather's index too (an
+    embedding row: the token's position picks the row, the column var the element)."""
+    deps = set(ld.index.free_symbols)
+    for _, iv in ld.indirect:
+        for inner in loads_of(iv):
+            deps |= _index_deps(inner)
+    return deps
 
 
 def cast(v: Value, dtype: torch.dtype) -> Value:

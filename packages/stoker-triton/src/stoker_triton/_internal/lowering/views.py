@@ -9,7 +9,7 @@ so out-of-range lanes never load.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sympy
@@ -35,31 +35,38 @@ def _dim(d: int, n: int) -> int:
     return d + n if d < 0 else d
 
 
+Relayout = Callable[[BufferRef], "BufferRef | None"]
+
+
 def _view(
     ctx: LoweringContext,
     x: TensorValue,
     size: Sequence[Expr],
     remap: Any,
-    layout: BufferRef | None = None,
+    relayout: Relayout | None = None,
+    whole: bool = True,
 ) -> TensorValue:
-    return TensorValue(size, x.dtype, ctx.device, lambda idx: x.load(tuple(remap(idx))), layout)
+    """A view of `x`: its elements through `remap`; a strided view of `x`'s buffer
+    (`relayout` of its layout) when `x` is one. `whole`: the view reaches every
+    element of `x` (a permute, reshape, expand...: not a slice), so realizing the
+    view may store `x` itself and view it (`LoweringContext.realize`)."""
+    lay = relayout(x.layout) if relayout is not None and x.layout is not None else None
+    out = TensorValue(size, x.dtype, ctx.device, lambda idx: x.load(tuple(remap(idx))), lay)
+    if lay is None and x.layout is None and relayout is not None and whole:
+        out.view_of = (x, relayout)
+    return out
 
 
 @register("view", aten.permute)
 def permute(ctx: LoweringContext, node: Any, x: TensorValue, dims: Sequence[int]) -> TensorValue:
     dims = [_dim(d, x.ndim) for d in dims]
     inv = [dims.index(i) for i in range(x.ndim)]
-    lay = None
-    if x.layout is not None:
-        lay = BufferRef(
-            x.layout.buf,
-            tuple(x.size[d] for d in dims),
-            tuple(x.layout.stride[d] for d in dims),
-            x.layout.offset,
-        )
-    return _view(
-        ctx, x, [x.size[d] for d in dims], lambda idx: [idx[inv[i]] for i in range(x.ndim)], lay
-    )
+    size = [x.size[d] for d in dims]
+
+    def relayout(lay: BufferRef) -> BufferRef:
+        return BufferRef(lay.buf, tuple(size), tuple(lay.stride[d] for d in dims), lay.offset)
+
+    return _view(ctx, x, size, lambda idx: [idx[inv[i]] for i in range(x.ndim)], relayout)
 
 
 @register("view", aten.t, aten.transpose, aten.numpy_T)
@@ -88,24 +95,26 @@ def expand(
     def remap(idx: Sequence[Expr]) -> list[Expr]:
         return [zero if x.size[j] == 1 and size[d] != 1 else idx[d] for j, d in enumerate(bdims)]
 
-    lay = None
-    if x.layout is not None:
+    def relayout(lay: BufferRef) -> BufferRef:
         stride = [zero] * n
         for j, d in enumerate(bdims):
-            stride[d] = zero if x.size[j] == 1 and size[d] != 1 else x.layout.stride[j]
-        lay = BufferRef(x.layout.buf, size, tuple(stride), x.layout.offset)
-    return _view(ctx, x, size, remap, lay)
+            stride[d] = zero if x.size[j] == 1 and size[d] != 1 else lay.stride[j]
+        return BufferRef(lay.buf, tuple(size), tuple(stride), lay.offset)
+
+    return _view(ctx, x, size, remap, relayout)
 
 
 @register("view", aten.unsqueeze)
 def unsqueeze(ctx: LoweringContext, node: Any, x: TensorValue, dim: int) -> TensorValue:
     dim = _dim(dim, x.ndim + 1)
-    lay = None
-    if x.layout is not None:
-        st = list(x.layout.stride)
+    size = out_size(ctx, node)
+
+    def relayout(lay: BufferRef) -> BufferRef:
+        st = list(lay.stride)
         st.insert(dim, sympy.Integer(1))
-        lay = BufferRef(x.layout.buf, out_size(ctx, node), tuple(st), x.layout.offset)
-    return _view(ctx, x, out_size(ctx, node), lambda idx: [*idx[:dim], *idx[dim + 1 :]], lay)
+        return BufferRef(lay.buf, tuple(size), tuple(st), lay.offset)
+
+    return _view(ctx, x, size, lambda idx: [*idx[:dim], *idx[dim + 1 :]], relayout)
 
 
 @register("view", aten.squeeze)
@@ -122,15 +131,15 @@ def squeeze(ctx: LoweringContext, node: Any, x: TensorValue, dims: Any = None) -
         it = iter(idx)
         return [zero if i in drop else next(it) for i in range(x.ndim)]
 
-    lay = None
-    if x.layout is not None:
-        lay = BufferRef(
-            x.layout.buf,
+    def relayout(lay: BufferRef) -> BufferRef:
+        return BufferRef(
+            lay.buf,
             tuple(x.size[i] for i in keep),
-            tuple(x.layout.stride[i] for i in keep),
-            x.layout.offset,
+            tuple(lay.stride[i] for i in keep),
+            lay.offset,
         )
-    return _view(ctx, x, [x.size[i] for i in keep], remap, lay)
+
+    return _view(ctx, x, [x.size[i] for i in keep], remap, relayout)
 
 
 @register("view", aten.slice)
@@ -150,19 +159,19 @@ def slice_(
         start_e = sympy.Max(start_e + x.size[dim], 0)
     if start_e.is_number and x.size[dim].is_number:
         start_e = sympy.Min(start_e, x.size[dim])
-    lay = None
-    if x.layout is not None:
-        st = list(x.layout.stride)
-        off = x.layout.offset + start_e * st[dim]
+
+    def relayout(lay: BufferRef) -> BufferRef:
+        st = list(lay.stride)
+        off = lay.offset + start_e * st[dim]
         st[dim] = st[dim] * step
-        lay = BufferRef(x.layout.buf, size, tuple(st), off)
+        return BufferRef(lay.buf, tuple(size), tuple(st), off)
 
     def remap(idx: Sequence[Expr]) -> list[Expr]:
         out = list(idx)
         out[dim] = start_e + idx[dim] * step
         return out
 
-    return _view(ctx, x, size, remap, lay)
+    return _view(ctx, x, size, remap, relayout, whole=False)
 
 
 @register("view", aten.select)
@@ -171,13 +180,15 @@ def select(ctx: LoweringContext, node: Any, x: TensorValue, dim: int, index: Any
     i = sympy.sympify(index)
     if i.is_number and i < 0:
         i = i + x.size[dim]
-    lay = None
-    if x.layout is not None:
-        st = list(x.layout.stride)
-        off = x.layout.offset + i * st[dim]
+    size = out_size(ctx, node)
+
+    def relayout(lay: BufferRef) -> BufferRef:
+        st = list(lay.stride)
+        off = lay.offset + i * st[dim]
         del st[dim]
-        lay = BufferRef(x.layout.buf, out_size(ctx, node), tuple(st), off)
-    return _view(ctx, x, out_size(ctx, node), lambda idx: [*idx[:dim], i, *idx[dim:]], lay)
+        return BufferRef(lay.buf, tuple(size), tuple(st), off)
+
+    return _view(ctx, x, size, lambda idx: [*idx[:dim], i, *idx[dim:]], relayout, whole=False)
 
 
 def _same(a: Expr, b: Expr) -> bool:
@@ -254,12 +265,14 @@ def view(ctx: LoweringContext, node: Any, x: TensorValue, *args: Any) -> TensorV
                     out[i] = ModularIndexing(flat, s, old[i])
         return out
 
-    lay = None
-    if x.layout is not None and all(
-        _same(a, b) for a, s, b in zip(x.layout.stride, old, contiguous_strides(old)) if s != 1
-    ):
-        lay = BufferRef(x.layout.buf, size, contiguous_strides(size), x.layout.offset)
-    return _view(ctx, x, size, remap, lay)
+    def relayout(lay: BufferRef) -> BufferRef | None:
+        if not all(
+            _same(a, b) for a, s, b in zip(lay.stride, old, contiguous_strides(old)) if s != 1
+        ):
+            return None  # a reshape of a strided layout: not a view of it
+        return BufferRef(lay.buf, tuple(size), contiguous_strides(size), lay.offset)
+
+    return _view(ctx, x, size, remap, relayout)
 
 
 @register("view", aten.as_strided, aten.as_strided_copy)
@@ -425,11 +438,10 @@ def split(
             return out
 
         vsize = tuple(ctx.expr(s) for s in v.shape)
-        lay = None
-        if x.layout is not None:
-            lay = BufferRef(
-                x.layout.buf, vsize, x.layout.stride, x.layout.offset + st * x.layout.stride[dim]
-            )
-        outs.append(_view(ctx, x, vsize, remap, lay))
+
+        def relayout(lay: BufferRef, st: Expr = st, vsize: tuple[Expr, ...] = vsize) -> BufferRef:
+            return BufferRef(lay.buf, vsize, lay.stride, lay.offset + st * lay.stride[dim])
+
+        outs.append(_view(ctx, x, vsize, remap, relayout, whole=False))
         start = start + n
     return outs

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from stoker_shapes import timing
+
 from . import warmload
 from .autotune import _Tuned
 from .fastlaunch import FastPath, fast_path_for
@@ -184,9 +186,13 @@ class Launcher:
         if xnumel == 0 or (rnumel == 0 and not self.is_reduction):
             return
         cfg = self.configs.get((xnumel, rnumel))
+        first = 0  # the mark of a first launch for these sizes on a GPU (Triton compiles it)
         if cfg is None:
             if self.pending:
+                t0 = timing.start()
                 self._await_precompile()
+                timing.done("kernel compile", t0, f"wait for compile workers: {self._name}")
+            first = 0 if self.interpret else timing.start()
             if self.check_gpu and self.path is not None:
                 from ..xcompile import check
 
@@ -203,6 +209,8 @@ class Launcher:
                 return
         try:
             kernel = self.fn[(grid,)](*args, XBLOCK=xb, RBLOCK=rb, num_warps=w)
+            if first:
+                timing.done("kernel compile", first, f"first launch (compile): {self._name}")
         except Exception as e:
             if self.interpret and "only 0-dimensional arrays can be converted" in str(e):
                 import numpy
@@ -249,6 +257,11 @@ class Launcher:
         return True
 
     n_ptrs = 0
+
+    @property
+    def _name(self) -> str:
+        """The kernel's module file name, for timing marks."""
+        return (self.path or self.sha).rsplit("/", 1)[-1]
 
     def _await_precompile(self) -> None:
         """Wait for this kernel's compiles in the workers, so that its launch loads
