@@ -7,8 +7,6 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator
 
-from stoker_shapes import timing
-
 
 @dataclasses.dataclass
 class KernelInfo:
@@ -89,6 +87,11 @@ class CompileReport:
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
+        # (imported here: `import stoker_triton` must not import stoker_shapes, which
+        # imports torch; the compile workers and their zygote import this package and
+        # must stay torch-free, or the zygote refuses to fork them)
+        from stoker_shapes import timing
+
         t0, c0, mark = time.perf_counter(), time.process_time(), timing.start()
         try:
             yield
