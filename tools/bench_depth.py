@@ -201,6 +201,8 @@ def _worker(
         n_graphs = len(graphs)
     if prof is not None and profile:
         prof.dump_stats(profile)
+    if os.environ.get("BENCH_DEPTH_TREE"):  # each descendant's CPU (where the workers' goes)
+        _print_tree()
     kdir = os.path.join(os.environ.get("STOKER_CACHE_DIR", ""), "triton", "kernels")
     from stoker_triton._internal import graphcache
 
@@ -213,6 +215,37 @@ def _worker(
         "graph cache": dict(getattr(graphcache, "stats", {}) or {}),
         "regions": dict(regions) if isinstance(regions, dict) else None,
     }
+
+
+def _print_tree() -> None:
+    tck = os.sysconf("SC_CLK_TCK")
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{d}/cmdline") as f:
+                cmd = f.read().replace("\0", " ")[:100]
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() or int(fields[1]) in _kids():
+            cpu = [int(v) / tck for v in fields[11:15]]
+            print(f"pid {d} ppid {fields[1]} utime {cpu[0]:.2f} stime {cpu[1]:.2f} "
+                  f"children {cpu[2]:.2f}+{cpu[3]:.2f} {cmd}", file=sys.stderr)
+
+
+def _kids() -> set[int]:
+    out: set[int] = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                        out.add(int(d))
+            except OSError:
+                pass
+    return out
 
 
 def summarize(run: dict[str, Any]) -> dict[str, float]:
