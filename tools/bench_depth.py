@@ -231,8 +231,11 @@ def _print_tree() -> None:
             continue
         if int(fields[1]) == os.getpid() or int(fields[1]) in _kids():
             cpu = [int(v) / tck for v in fields[11:15]]
-            print(f"pid {d} ppid {fields[1]} utime {cpu[0]:.2f} stime {cpu[1]:.2f} "
-                  f"children {cpu[2]:.2f}+{cpu[3]:.2f} {cmd}", file=sys.stderr)
+            print(
+                f"pid {d} ppid {fields[1]} utime {cpu[0]:.2f} stime {cpu[1]:.2f} "
+                f"children {cpu[2]:.2f}+{cpu[3]:.2f} {cmd}",
+                file=sys.stderr,
+            )
 
 
 def _kids() -> set[int]:
