@@ -75,7 +75,7 @@ from .lowering.core import TensorValue, strided_loader
 # a region shorter than this many graph nodes is not worth the bookkeeping
 MIN_NODES = 8
 # how many periods (the most frequent distances between equal signatures) to try
-PERIODS_TRIED = 24
+PERIODS_TRIED = 8
 # how many kinds of region one graph may hold
 MAX_KINDS = 8
 
@@ -130,6 +130,13 @@ def _size_key(s: Any) -> Any:
     return int(s)
 
 
+def _sizes_key(xs: Any) -> tuple[Any, ...]:
+    t = tuple(xs)
+    if all(type(x) is int for x in t):
+        return t
+    return tuple(_size_key(x) for x in t)
+
+
 def _val_key(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         if v.layout != torch.strided:
@@ -137,10 +144,10 @@ def _val_key(v: Any) -> Any:
         return (
             "T",
             v.dtype,
-            tuple(_size_key(s) for s in v.shape),
-            tuple(_size_key(s) for s in v.stride()),
+            _sizes_key(v.shape),
+            _sizes_key(v.stride()),
             _size_key(v.storage_offset()),
-            str(v.device),
+            v.device,
             v.requires_grad,
         )
     if isinstance(v, list | tuple):
@@ -279,16 +286,29 @@ def _cut(nodes: list[torch.fx.Node], start: int, length: int, slack: int) -> int
     middle of its layer norm), each of which the next copy reads from a buffer."""
     if slack == 0:
         return start
-    pos = {n: i for i, n in enumerate(nodes)}
-    best, best_n = start, -1
+    lo, hi = start, start + slack + 2 * length  # every node a cut's two copies hold
+    pos = {n: i for i, n in enumerate(nodes[lo:hi], lo)}
+    # the cut before node c (c - length: where copy 0 starts) passes node u's value when
+    # u < c and a node of the next `length` reads it: count, for each c, the nodes u
+    # whose last such reader is at c or later (a difference array over the cuts)
+    first = start + length
+    crossing = [0] * (slack + 2)
+    for u in range(lo, hi):
+        readers = [p for v in nodes[u].users if (p := pos.get(v, -1)) > u]
+        if not readers:
+            continue
+        last = max(readers)
+        # cuts c with u < c <= last and c - length <= u (u in copy 0 of that cut)
+        a, b = max(u + 1, first), min(last, u + length, first + slack)
+        if a <= b:
+            crossing[a - first] += 1
+            crossing[b - first + 1] -= 1
+    best, best_n, run = 0, -1, 0
     for o in range(slack + 1):
-        c = start + o + length  # the first node of copy 1
-        crossing = sum(
-            1 for u in nodes[c - length : c] if any(c <= pos[v] < c + length for v in u.users)
-        )
-        if best_n < 0 or crossing < best_n:
-            best, best_n = start + o, crossing
-    return best
+        run += crossing[o]
+        if best_n < 0 or run < best_n:
+            best, best_n = o, run
+    return start + best
 
 
 def _checked(nodes: list[torch.fx.Node], start: int, length: int, count: int) -> Region | None:
