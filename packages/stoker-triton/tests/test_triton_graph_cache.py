@@ -163,17 +163,22 @@ import json, os, sys
 sys.path.insert(0, {here!r})
 import torch
 import test_triton_graph_cache as t
+import builtins
 from stoker_triton._internal import graphcache, lowering
+from stoker_triton._internal.runtime import modules
 lowered = []
 real = lowering.lower_graph
 lowering.lower_graph = lambda *a, **k: (lowered.append(1), real(*a, **k))[1]
+compiled = []  # wrapper sources compiled (else their code came from the code cache)
+modules.compile = lambda src, path, mode: (compiled.append(path), builtins.compile(src, path, mode))[1]
 torch.manual_seed(0)
 static = t._static(t._mlp, torch.randn(4, 8), torch.randn(8, 16), torch.randn(16))
 dyn, guards = t._dynamic(t._softmax, [torch.randn(4, 24)], [{{1: t.Dim("row", max=100000)}}])
 x = torch.randn(4, 40)
 t.assert_same(dyn(x), t._softmax(x))
 print(json.dumps({{"caches": [static.report.cache, dyn.report.cache], "lowered": len(lowered),
-                  "guards": t._guard_texts(guards), "stats": graphcache.stats}}))
+                  "guards": t._guard_texts(guards), "stats": graphcache.stats,
+                  "wrapper compiles": len(compiled)}}))
 """
 
 
@@ -201,6 +206,40 @@ def test_a_second_process_hits_every_graph(tmp_path):
     assert warm["caches"] == ["hit"] * 2 and warm["lowered"] == 0, warm
     assert warm["stats"] == {"hits": 2}
     assert warm["guards"] == cold["guards"] and warm["guards"]
+    # the warm process runs each wrapper from the code the cold one compiled and stored
+    assert cold["wrapper compiles"] == 2 and warm["wrapper compiles"] == 0
+
+
+def test_a_wrapper_code_object_for_another_file_or_broken_is_compiled_again(
+    cache, tmp_path, monkeypatch, caplog
+):
+    from stoker_triton._internal.runtime import modules
+
+    src = "def make_call(launchers, consts):\n    return 42\n"
+    sha, path = modules.store_module("wrappers", src)
+    calls = []
+    monkeypatch.setattr(
+        modules, "compile", lambda *a: (calls.append(a[1]), compile(*a))[1], raising=False
+    )
+    code = modules.cached_code("wrappers", sha, path, src)
+    assert calls == [str(path)]
+    assert modules.cached_code("wrappers", sha, path, src) is not code  # loaded, not compiled
+    assert calls == [str(path)]
+    ns: dict[str, object] = {}
+    exec(modules.cached_code("wrappers", sha, path, src), ns)
+    assert ns["make_call"]([], {}) == 42  # type: ignore[operator]
+    # the cache directory moved: the stored code names the old file
+    moved = tmp_path / "elsewhere.py"
+    assert modules.cached_code("wrappers", sha, moved, src).co_filename == str(moved)
+    assert calls == [str(path), str(moved)]
+    # a broken entry: warned, compiled again, rewritten
+    store = modules.code_store()
+    entry = store.path(f"wrappers-{sha}")
+    entry.write_bytes(entry.read_bytes()[:-5])
+    with caplog.at_level(logging.WARNING, logger="stoker.cache"):
+        assert modules.cached_code("wrappers", sha, moved, src).co_filename == str(moved)
+    assert len(calls) == 3 and any(str(entry) in r.getMessage() for r in caplog.records)
+    assert modules.cached_code("wrappers", sha, moved, src) is not None and len(calls) == 3
 
 
 def test_switched_off_it_neither_reads_nor_writes(cache, tmp_path, monkeypatch):

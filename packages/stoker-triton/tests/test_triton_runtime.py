@@ -133,6 +133,26 @@ def test_import_does_not_import_triton():
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 
 
+def test_the_compile_workers_import_no_torch():
+    """What the zygote imports before it forks the workers (`xcompile.import_compiler`,
+    the package's `__init__` included) must not import torch: torch starts a thread,
+    and the zygote refuses to fork a process with one; the workers then start as
+    interpreters that each import Triton and torch (10 CPU s each here)."""
+    code = (
+        "import os, sys\n"
+        "from stoker_triton._internal import xcompile\n"
+        "xcompile.import_compiler()\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        "assert len(os.listdir('/proc/self/task')) == 1, 'a second thread'\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env
+    )
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
 def test_scalar_and_none_outputs():
     x = torch.randn(3, 4)
     gm = trace(lambda x: (x + 1, None, 3), x)

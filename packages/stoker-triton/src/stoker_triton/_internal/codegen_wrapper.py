@@ -9,6 +9,7 @@ consts)` returns `call(args)`.
 from __future__ import annotations
 
 import builtins
+import functools
 import symtable
 from typing import Any
 
@@ -36,11 +37,27 @@ _py = PyPrinter()
 
 
 def py(e: Any) -> str:
+    """`e` (an int or a sympy expression) as Python source."""
+    try:
+        return _py_memo(e)
+    except TypeError:  # unhashable
+        return str(_py.doprint(sympy.sympify(e)))
+
+
+@functools.lru_cache(maxsize=1 << 14, typed=True)
+def _py_memo(e: Any) -> str:
+    # (memoized: a deep graph's buffers repeat the same sizes; typed: `1`, `True`, `1.0`
+    # and `Integer(1)` are equal keys that print differently)
     return str(_py.doprint(sympy.sympify(e)))
 
 
 def _tuple(xs: Any) -> str:
-    items = [py(x) for x in xs]
+    return _tuple_memo(tuple((type(x), x) for x in xs))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _tuple_memo(xs: tuple[tuple[type, Any], ...]) -> str:
+    items = [py(x) for _, x in xs]
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
@@ -205,6 +222,9 @@ class WrapperCodegen:
             ),
         )
         given = set(taken.values())
+        last_read: dict[int, list[str]] = {}  # step -> the buffers it reads last, in order
+        for bname, last in s.last_use.items():
+            last_read.setdefault(last, []).append(bname)
         for i, step in enumerate(s.steps):
             if isinstance(step, Kernel):
                 ks = self.kernels[step.name]
@@ -241,8 +261,8 @@ class WrapperCodegen:
                         self.emit(f"{o} = _r[{k}]")
                     self.emit_layout_check(o, "ensure_layout")
             # free what this step read last (a buffer a later allocation takes: kept)
-            for bname, last in s.last_use.items():
-                if last == i and frees(bname) and bname not in given:
+            for bname in last_read.get(i, ()):
+                if frees(bname) and bname not in given:
                     self.emit(f"del {bname}")
         rets = []
         for k, o in enumerate(p.outputs):

@@ -378,6 +378,12 @@ class Program:
     constants: dict[str, torch.Tensor]
     random_streams: int  # how many random ops (0: no seed argument)
     device: torch.device
+    # IR node indices where each copy of a repeated region starts (and the last ends):
+    # the scheduler fuses independent nodes only within one such span (regions.py)
+    barriers: list[int] = dataclasses.field(default_factory=list)
+    regions: list[str] = dataclasses.field(default_factory=list)  # the repeated regions found
+    reused_nodes: int = 0  # graph nodes lowered by renaming a region's first copy
+    lowered_nodes: int = 0  # graph nodes lowered by their rule, constants aside
 
     def as_text(self) -> str:
         lines = ["# buffers"]

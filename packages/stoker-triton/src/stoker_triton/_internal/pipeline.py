@@ -13,9 +13,11 @@ its entry in the compiled-graph cache (graphcache.py) names the modules to load.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import operator
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -106,10 +108,9 @@ def compile_graph_impl(
         if hit is not None:
             return hit
     caller_gm = gm  # get_attr constants are read from the caller's module on a hit
-    from .codegen_kernel import generate_kernel
     from .codegen_wrapper import generate_wrapper
-    from .lowering import lower_graph
-    from .scheduler import PERSISTENT_RNUMEL_MAX, Kernel, schedule
+    from .kernelmemo import generate_kernels
+    from .scheduler import PERSISTENT_RNUMEL_MAX, schedule
     from .verify import verify_program, verify_schedule
 
     persistent_max = int(PERSISTENT_RNUMEL_MAX if persistent_opt is None else persistent_opt)
@@ -127,7 +128,7 @@ def compile_graph_impl(
         return _aten_graph(gm, report, "sizes that depend on tensor data (unbacked symbols)")
     # 1. lowering: each aten op -> loop-level IR by the rule table
     with report.stage("lower"):
-        program, ctx = lower_graph(gm, fake_inputs, shape_env, device, persistent_max)
+        program, ctx = _lower(gm, fake_inputs, shape_env, device, persistent_max)
         if debug:
             verify_program(program)
     # 2. scheduling and fusion: IR nodes -> kernels; buffer lifetimes
@@ -137,11 +138,8 @@ def compile_graph_impl(
             verify_schedule(program, sched)
     # 3. codegen: one Triton kernel source per fused group, then the wrapper
     with report.stage("codegen"):
-        kernels = {
-            s.name: generate_kernel(s, sched, program.buffers)
-            for s in sched.steps
-            if isinstance(s, Kernel)
-        }
+        # each distinct kernel generated once (a model's repeated blocks: kernelmemo.py)
+        kernels = generate_kernels(sched.steps, sched, program.buffers)
         out_kind, out_spec = _output_kind(gm)
         wrapper_src, consts = generate_wrapper(program, sched, kernels, out_kind)
 
@@ -167,6 +165,43 @@ def compile_graph_impl(
     if debug:
         print(_debug_text(report, wrapper_src), file=sys.stderr)
     return CompiledGraph(call, report, wrapper_src, out_spec)
+
+
+def regions_enabled() -> bool:
+    """Repeated regions lowered once (`regions.py`); `STOKER_TRITON_REGIONS=0` turns it off."""
+    return os.environ.get("STOKER_TRITON_REGIONS", "1") != "0"
+
+
+# compile_graph calls that found repeated regions, graph nodes lowered by renaming,
+# and graphs lowered again without regions (`regions.RegionMismatch`)
+region_stats: dict[str, int] = {"graphs": 0, "reused nodes": 0, "mismatches": 0}
+
+
+def _lower(
+    gm: torch.fx.GraphModule,
+    fake_inputs: Sequence[Any],
+    shape_env: Any,
+    device: torch.device,
+    persistent_max: int,
+) -> tuple[Any, Any]:
+    """`lower_graph`, each repeated region lowered once (see `regions.py`)."""
+    from .lowering import lower_graph
+    from .regions import RegionMismatch
+
+    if regions_enabled():
+        try:
+            program, ctx = lower_graph(
+                gm, fake_inputs, shape_env, device, persistent_max, regions=True
+            )
+        except RegionMismatch as e:
+            log.info("stoker-triton: repeated regions not reused (%s); lowering each node", e)
+            region_stats["mismatches"] += 1
+        else:
+            if program.regions:
+                region_stats["graphs"] += 1
+                region_stats["reused nodes"] += program.reused_nodes
+            return program, ctx
+    return lower_graph(gm, fake_inputs, shape_env, device, persistent_max)
 
 
 def _load_cached(
@@ -643,18 +678,58 @@ def kernel_fn_name(ks: KernelSource) -> str:
 
 
 def kernel_module_source(ks: KernelSource) -> str:
-    from .codegen_ops import PRELUDE, PRELUDE_BF16
-
+    """The kernel's module: Triton imports, the prelude helpers the kernel calls (and
+    the helpers they call), the reduction hint, the kernel under its name from
+    `kernel_fn_name`. Only those helpers: each `@triton.jit` function of a module is
+    one `JITFunction` made (its source read and parsed) when the module is imported,
+    in this process and in each compile worker."""
     name = kernel_fn_name(ks)
     body = ks.source.replace(f"def {ks.name}(", f"def {name}(", 1)
+    blocks = _prelude_blocks("interpret" if interpreting() else "native")
+    want = _called(body, blocks)
     return (
         "# stoker-triton kernel\nimport triton\nimport triton.language as tl\n"
-        + PRELUDE
-        + PRELUDE_BF16["interpret" if interpreting() else "native"]
+        + "".join(text for helper, text, _ in blocks if helper in want)
         + f"\nREDUCTION_HINT = {'outer' if ks.outer else 'inner'!r}\n\n"
         + body
         + f"\n\nkernel = {name}\n"
     )
+
+
+_CALL = re.compile(r"\b(_\w+)\b")  # a helper named: called, or passed (a combine fn)
+
+
+@functools.cache
+def _prelude_blocks(mode: str) -> tuple[tuple[str, str, frozenset[str]], ...]:
+    """The prelude's helpers in order: (name, source, helpers it calls); the bfloat16
+    cast of `mode` last, verbatim (`xcompile.gpu_source` swaps it for a GPU build)."""
+    from .codegen_ops import PRELUDE, PRELUDE_BF16
+
+    texts = [t for t in re.split(r"(?=\n@triton\.jit\n)", PRELUDE) if t.strip()]
+    texts.append(PRELUDE_BF16[mode])
+    names = []
+    for t in texts:
+        m = re.search(r"\bdef (\w+)\(", t)
+        assert m is not None, t
+        names.append(m.group(1))
+    known = set(names)
+    return tuple(
+        (n, t, frozenset(c for c in _CALL.findall(t) if c in known and c != n))
+        for n, t in zip(names, texts)
+    )
+
+
+def _called(body: str, blocks: Sequence[tuple[str, str, frozenset[str]]]) -> set[str]:
+    """The helpers `body` calls, directly or through another helper."""
+    deps = {n: d for n, _, d in blocks}
+    todo = [c for c in _CALL.findall(body) if c in deps]
+    seen: set[str] = set()
+    while todo:
+        c = todo.pop()
+        if c not in seen:
+            seen.add(c)
+            todo.extend(deps[c])
+    return seen
 
 
 def load_kernels(
@@ -793,6 +868,9 @@ def _fill_report(
     if shape_env is not None:
         report.guards_added = [str(g.expr) for g in shape_env.guards[n_guards:]]
     report.wrapper_path = wpath
+    report.regions = list(program.regions)
+    report.reused_nodes = program.reused_nodes
+    report.lowered_nodes = program.lowered_nodes
     report.text_of["ir"] = program.as_text
     report.text_of["schedule"] = sched.as_text
     register_kernels(report)

@@ -7,8 +7,6 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator
 
-from stoker_shapes import timing
-
 
 @dataclasses.dataclass
 class KernelInfo:
@@ -52,6 +50,10 @@ class CompileReport:
     timings_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # stage -> milliseconds
     # stage -> CPU milliseconds of this process (the benchmark's measure on a busy machine)
     cpu_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    # repeated regions lowered once (regions.py): each found, and graph nodes renamed
+    regions: list[str] = dataclasses.field(default_factory=list)
+    reused_nodes: int = 0
+    lowered_nodes: int = 0  # graph nodes lowered by their rule (not renamed), constants aside
     wrapper_path: str = ""
     # the compiled-graph cache: "hit", "miss (<why>)", "uncacheable: <why>", "" (off)
     cache: str = ""
@@ -85,6 +87,11 @@ class CompileReport:
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
+        # (imported here: `import stoker_triton` must not import stoker_shapes, which
+        # imports torch; the compile workers and their zygote import this package and
+        # must stay torch-free, or the zygote refuses to fork them)
+        from stoker_shapes import timing
+
         t0, c0, mark = time.perf_counter(), time.process_time(), timing.start()
         try:
             yield

@@ -282,18 +282,29 @@ def schedule(program: Program, ctx: LoweringContext) -> Schedule:
         nk += 1
         return k
 
-    for node in program.nodes:
+    # a repeated region's copies (`Program.barriers`, regions.py): a node joins a kernel
+    # of an earlier copy only when that kernel computes what it reads, or when what it
+    # reads comes from the copy just before its own (a block's head fused into the last
+    # kernels of the block before it): never a kernel of a copy it has nothing to do with
+    barriers, floor, prev = list(program.barriers), 0, 0
+    for i, node in enumerate(program.nodes):
+        while barriers and barriers[0] <= i:
+            prev, floor = floor, len(steps)
+            barriers.pop(0)
         if isinstance(node, ExternNode):
             steps.append(node)
             for w in node_writes(node):
                 writer[w] = len(steps) - 1
             continue
         reads = node_reads(node)
-        dep = max((writer[b] for b in reads if b in writer), default=-1)
+        producers = {writer[b] for b in reads if b in writer}
+        dep = max(producers, default=-1)
         placed = False
         if not isinstance(node, ScatterNode):
             for si in range(max(dep, 0), len(steps)):
                 step = steps[si]
+                if si < floor and dep < prev and si not in producers:
+                    continue
                 if not isinstance(step, Kernel) or any(
                     isinstance(n, ScatterNode) for n in step.nodes
                 ):

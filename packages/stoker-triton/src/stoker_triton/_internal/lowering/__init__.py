@@ -50,9 +50,12 @@ def lower_graph(
     shape_env: Any,
     device: torch.device,
     persistent_rnumel_max: int = 8192,
+    regions: bool = False,
 ) -> tuple[Program, LoweringContext]:
     """Lower every node of `gm` by the rule table; ops with no rule (or whose
-    rule declines) become extern aten calls."""
+    rule declines) become extern aten calls. `regions`: lower each repeated
+    region once and the other copies by renaming (`regions.py`; may raise
+    `RegionMismatch`, then lower again without)."""
     ctx = LoweringContext(shape_env, device, persistent_rnumel_max=persistent_rnumel_max)
     env: dict[torch.fx.Node, Any] = {}
     in_names: list[str | SymRef | None] = []
@@ -114,9 +117,24 @@ def lower_graph(
     output_views: dict[int, BufferRef] = {}
     noops = noop_copies(gm)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    for node in gm.graph.nodes:
+    nodes = list(gm.graph.nodes)
+    reuse = None
+    if regions:
+        from ..regions import LazyEnv, lowering_order
+
+        nodes = lowering_order(gm)  # constants first: a block's copies stay alike
+        lazy = LazyEnv()
+        lazy.update(env)
+        env = lazy
+        reuse = _region_lowering(ctx, gm, nodes, env, noops)
+    # graph nodes lowered by their rule (not renamed from a region's copy), constants
+    # (nodes that read no other node: a mask's `arange`, a `full`) aside
+    lowered = 0
+    for node in nodes:
         if node.op == "placeholder":
             continue
+        if reuse is not None and reuse.before(node):
+            continue  # a copy of a region lowered before: made by renaming
         if node.op == "get_attr":
             t = getattr(gm, node.target)
             name = ctx.new_name("const")
@@ -150,6 +168,7 @@ def lower_graph(
             env[node] = e
             continue
         n_before = len(ctx.nodes)
+        lowered += bool(node.all_input_nodes)
         if node in noops:
             env[node] = _noop_copy(ctx, node, env)
         else:
@@ -157,6 +176,8 @@ def lower_graph(
             _tag_origins(ctx, node, args, kwargs, env[node], n_before)
         _after_in_place_writes(ctx, n_before, env, order[node], order)
         _maybe_realize_shared(ctx, node, env)
+        if reuse is not None:
+            reuse.after(node)
 
     program = Program(
         inputs=in_names,
@@ -170,8 +191,33 @@ def lower_graph(
         constants=constants,
         random_streams=ctx.random_streams,
         device=device,
+        barriers=reuse.barriers if reuse is not None else [],
+        regions=[str(r) for r in reuse.regions] if reuse is not None else [],
+        reused_nodes=reuse.reused_nodes if reuse is not None else 0,
+        lowered_nodes=lowered,
     )
     return program, ctx
+
+
+def _region_lowering(
+    ctx: LoweringContext,
+    gm: torch.fx.GraphModule,
+    nodes: list[torch.fx.Node],
+    env: dict[torch.fx.Node, Any],
+    noops: Any,
+) -> Any:
+    """The repeated regions' hook (`regions.RegionLowering`), or None: no region, or a
+    graph that writes a tensor in place (the copies' reads could see each other's writes)."""
+    from ..regions import RegionLowering, find_regions
+
+    for n in gm.graph.nodes:
+        schema = getattr(n.target, "_schema", None)
+        if (schema is not None and schema.is_mutable) or isinstance(
+            n.target, torch._ops.HigherOrderOperator
+        ):
+            return None
+    found = find_regions(nodes, lambda n: n in noops)
+    return RegionLowering(ctx, nodes, env, found) if found else None
 
 
 def origin_name(node: torch.fx.Node) -> str:

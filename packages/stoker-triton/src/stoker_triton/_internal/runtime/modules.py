@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import linecache
+import marshal
 import os
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import CodeType, ModuleType
 
 from stoker_shapes import DiskCache
 from stoker_shapes._internal.diskcache import cache_root
@@ -66,11 +68,41 @@ def read_stored(kind: str, sha: str) -> tuple[Path, str] | None:
 
 
 def import_stored(kind: str, sha: str, path: Path, source: str) -> ModuleType:
-    """Import a module `read_stored` returned (once per process)."""
+    """Import a module `read_stored` returned (once per process). A wrapper's code
+    object comes from the bytecode cache when an earlier process compiled it."""
     mod = sys.modules.get(f"stoker_triton_{kind}_{sha}")
     if mod is not None:
         return mod
-    return exec_module(f"stoker_triton_{kind}_{sha}", path, source)
+    code = cached_code(kind, sha, path, source) if kind == "wrappers" else None
+    return exec_module(f"stoker_triton_{kind}_{sha}", path, source, code)
+
+
+def code_store() -> DiskCache:
+    """Compiled generated modules (`marshal`), per Python bytecode version: a warm
+    process loads a wrapper's code instead of compiling its source again (a
+    gpt-m backward wrapper is over a thousand lines; a GPU image may have no
+    bytecode cache at all, so this is the only one)."""
+    tag = f"{MODULE_FORMAT}.{sys.implementation.cache_tag}.{importlib.util.MAGIC_NUMBER.hex()}"
+    return DiskCache(cache_dir, "code", tag, ".bin")
+
+
+def cached_code(kind: str, sha: str, path: Path, source: str) -> CodeType:
+    """The code object of module `source` (content key `sha`, file `path`): loaded from
+    `code_store`, else compiled and stored. A code object made for another file (the
+    cache directory moved) or one that does not load is compiled again."""
+    store = code_store()
+    key = f"{kind}-{sha}"
+    body = store.get(key)
+    if body is not None:
+        try:
+            code = marshal.loads(body)
+        except (EOFError, ValueError, TypeError):
+            code = None
+        if isinstance(code, CodeType) and code.co_filename == str(path):
+            return code
+    code = compile(source, str(path), "exec")
+    store.put(key, marshal.dumps(code))
+    return code
 
 
 def load_stored(kind: str, sha: str) -> tuple[ModuleType, Path] | None:
