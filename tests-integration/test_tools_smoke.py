@@ -9,16 +9,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_bench_triton_smoke_prints_every_case(tmp_path):
-    env = {**os.environ, "STOKER_CACHE_DIR": str(tmp_path), "STOKER_TRITON_CHECK_TARGETS": ""}
+def _tool(
+    script: str, *args: str, timeout: int = 600, flags: tuple[str, ...] = (), **env: str
+) -> str:
+    """The output of ``tools/<script> args`` (python ``flags`` first, ``env`` added to the
+    environment), which must exit 0."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "bench_triton.py"), "--smoke"],
+        [sys.executable, *flags, str(ROOT / "tools" / script), *args],
         capture_output=True,
         text=True,
-        env=env,
-        timeout=600,
+        env={**os.environ, **env},
+        timeout=timeout,
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_bench_triton_smoke_prints_every_case(tmp_path):
+    stdout = _tool(
+        "bench_triton.py", "--smoke", STOKER_CACHE_DIR=str(tmp_path), STOKER_TRITON_CHECK_TARGETS=""
+    )
     cases = (
         "pointwise x*2+1 -> sin",
         "pointwise a+b broadcast",
@@ -33,32 +43,27 @@ def test_bench_triton_smoke_prints_every_case(tmp_path):
         "layernorm backward",
         "rmsnorm backward",
     )
-    rows = {ln[:28].strip(): ln for ln in proc.stdout.splitlines() if ln[:28].strip() in cases}
-    assert set(rows) == set(cases), proc.stdout
+    rows = {ln[:28].strip(): ln for ln in stdout.splitlines() if ln[:28].strip() in cases}
+    assert set(rows) == set(cases), stdout
     # fusion: each case one kernel (softmax, layernorm+gelu included), but layernorm's
     # backward, whose weight and bias gradients reduce over the outer dim in their own
     # split kernel(s)
     kernels = {c: int(ln[28:36]) for c, ln in rows.items()}
-    assert all(k == 1 for c, k in kernels.items() if c != "layernorm backward"), proc.stdout
-    assert 2 <= kernels["layernorm backward"] <= 3, proc.stdout
+    assert all(k == 1 for c, k in kernels.items() if c != "layernorm backward"), stdout
+    assert 2 <= kernels["layernorm backward"] <= 3, stdout
 
 
 def test_bench_workers_compiles_the_batch_through_forked_workers(tmp_path):
     # the compile workers' benchmark (docs/benchmarks.md): every kernel of its batch
     # compiles for sm_90 through the zygote's forks, and the cold start reaches its launches
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    cmd = [sys.executable, str(ROOT / "tools" / "bench_workers.py"), "--n", "2", "--mode", "fork"]
     for extra in ([], ["--cold-start"]):
-        proc = subprocess.run(
-            [*cmd, "--cache", "pyc", *extra],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=600,
+        stdout = _tool(
+            "bench_workers.py",
+            *("--n", "2", "--mode", "fork", "--cache", "pyc", *extra),
+            TMPDIR=str(tmp_path),
         )
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        row = [ln for ln in proc.stdout.splitlines() if ln.startswith("| fork | 2 | pyc |")]
-        assert len(row) == 1, proc.stdout
+        row = [ln for ln in stdout.splitlines() if ln.startswith("| fork | 2 | pyc |")]
+        assert len(row) == 1, stdout
         cells = [c.strip() for c in row[0].strip("|").split("|")]
         if extra:
             assert int(cells[3]) >= 20 and all(float(c) > 0 for c in cells[4:]), row
@@ -72,29 +77,16 @@ def test_bench_capture_pipeline_smoke_times_every_stage(tmp_path):
     import json
 
     out = tmp_path / "pipeline.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tools" / "bench_capture.py"),
-            "--pipeline",
-            "tiny-gpt",
-            "--smoke",
-            "--repeat",
-            "1",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "STOKER_CACHE_DIR": str(tmp_path / "cache")},
-        timeout=600,
+    stdout = _tool(
+        "bench_capture.py",
+        *("--pipeline", "tiny-gpt", "--smoke", "--repeat", "1", "--json", str(out)),
+        STOKER_CACHE_DIR=str(tmp_path / "cache"),
     )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     best = json.loads(out.read_text())["pipeline"]["best"]
     stages = ("state", "capture", "partition", "prepare", "lower", "schedule", "codegen", "load")
     for kind in ("wall", "cpu"):
         assert all(best[kind][st] > 0 for st in stages), best
-    assert "target" in proc.stdout and "codegen" in proc.stdout, proc.stdout
+    assert "target" in stdout and "codegen" in stdout, stdout
 
 
 def test_bench_gpu_suite_smoke_runs_every_configuration(tmp_path):
@@ -103,27 +95,13 @@ def test_bench_gpu_suite_smoke_runs_every_configuration(tmp_path):
     import json
 
     out = tmp_path / "suite.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tools" / "bench.py"),
-            "--suite",
-            "gpu",
-            "--smoke",
-            "--backends",
-            "eager,stoker",
-            "--steps",
-            "1",
-            "--no-warm",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "STOKER_CACHE_DIR": str(tmp_path / "cache")},
+    _tool(
+        "bench.py",
+        *("--suite", "gpu", "--smoke", "--backends", "eager,stoker", "--steps", "1"),
+        *("--no-warm", "--json", str(out)),
         timeout=900,
+        STOKER_CACHE_DIR=str(tmp_path / "cache"),
     )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = json.loads(out.read_text())["models"]
     from stoker._internal.bench_suite import SUITE
 
@@ -163,25 +141,22 @@ def test_bench_ddp_smoke_counts_a_segment_per_bucket(tmp_path):
     bucket rebuild the backward has a hook (a cut) per bucket, not per parameter."""
     import re
 
-    env = {**os.environ, "STOKER_CACHE_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    args = ["--bucket-mb", "0.01", "--steps", "5"]
-    proc = subprocess.run(
-        [sys.executable, "-W", "ignore", str(ROOT / "tools" / "bench_ddp.py"), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
+    stdout = _tool(
+        "bench_ddp.py",
+        *("--bucket-mb", "0.01", "--steps", "5"),
+        flags=("-W", "ignore"),
+        STOKER_CACHE_DIR=str(tmp_path),
+        OMP_NUM_THREADS="1",
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
     m = re.search(
         r"(\d+) buckets, (\d+) params; the newest backward: (\d+) segments, (\d+) post-acc",
-        proc.stdout,
+        stdout,
     )
-    assert m is not None, proc.stdout
+    assert m is not None, stdout
     buckets, params, segments, hooks = map(int, m.groups())
-    assert 1 < buckets < params and hooks == buckets, proc.stdout
-    assert segments in (buckets, buckets + 1), proc.stdout
-    assert "stoker " in proc.stdout and "eager DDP " in proc.stdout
+    assert 1 < buckets < params and hooks == buckets, stdout
+    assert segments in (buckets, buckets + 1), stdout
+    assert "stoker " in stdout and "eager DDP " in stdout
 
 
 def test_bench_warm_smoke_loads_every_kernel_without_triton_jit(tmp_path):
@@ -191,26 +166,13 @@ def test_bench_warm_smoke_loads_every_kernel_without_triton_jit(tmp_path):
     import json
 
     out = tmp_path / "warm.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tools" / "bench_warm.py"),
-            "--smoke",
-            "--repeat",
-            "1",
-            "--imports",
-            "0",
-            "--keep",
-            str(tmp_path / "cache"),
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    stdout = _tool(
+        "bench_warm.py",
+        *("--smoke", "--repeat", "1", "--imports", "0"),
+        *("--keep", str(tmp_path / "cache"), "--json", str(out)),
         timeout=900,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "kernel modules load" in proc.stdout, proc.stdout
+    assert "kernel modules load" in stdout, stdout
     res = json.loads(out.read_text())
     cold, (warm,) = res["cold"], res["warm"]
     assert cold["counts"]["JITFunction"] > 0 and cold["counts"]["triton.compile"] > 0, cold
@@ -226,25 +188,12 @@ def test_bench_warm_cold_smoke_breaks_down_a_cold_first_step(tmp_path):
     import json
 
     out = tmp_path / "cold.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tools" / "bench_warm.py"),
-            "--cold",
-            "--smoke",
-            "--repeat",
-            "1",
-            "--workers",
-            "2",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    stdout = _tool(
+        "bench_warm.py",
+        *("--cold", "--smoke", "--repeat", "1", "--workers", "2", "--json", str(out)),
         timeout=900,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "wait for workers" in proc.stdout and "compiled autograd: retrace" in proc.stdout
+    assert "wait for workers" in stdout and "compiled autograd: retrace" in stdout
     (run,) = json.loads(out.read_text())
     assert run["counts"]["Triton cache misses"] == 0, run["counts"]  # built by the workers
     assert [g["by"] for g in run["graphs"]] == ["capture", "compiled autograd"], run["graphs"]
@@ -259,20 +208,13 @@ def test_bench_step_cpu_smoke_splits_a_steady_step_by_part(tmp_path):
     import json
 
     out = tmp_path / "step.json"
-    env = {
-        **os.environ,
-        "STOKER_CACHE_DIR": str(tmp_path / "stoker"),
-        "TRITON_CACHE_DIR": str(tmp_path / "triton"),
-    }
-    cmd = [sys.executable, str(ROOT / "tools" / "bench_step_cpu.py"), "--model", "tiny-gpt"]
-    proc = subprocess.run(
-        [*cmd, "--steps", "2", "--rounds", "1", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        env=env,
+    _tool(
+        "bench_step_cpu.py",
+        *("--model", "tiny-gpt", "--steps", "2", "--rounds", "1", "--json", str(out)),
         timeout=900,
+        STOKER_CACHE_DIR=str(tmp_path / "stoker"),
+        TRITON_CACHE_DIR=str(tmp_path / "triton"),
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["timed_steps"] == {"compiles": 0, "eager_runs": 0, "fallbacks": 0}, res
     calls, parts = res["calls_per_step"], res["parts_us"]
@@ -298,18 +240,12 @@ def test_bench_demo_start_warm_process_loads_instead_of_compiling(tmp_path):
     import json
 
     out = tmp_path / "demo.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tools" / "bench_demo_start.py"),
-            *("--backend", "aten", "--warm", "1", "--batch", "2", "--json", str(out)),
-        ],
-        capture_output=True,
-        text=True,
+    stdout = _tool(
+        "bench_demo_start.py",
+        *("--backend", "aten", "--warm", "1", "--batch", "2", "--json", str(out)),
         timeout=900,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "warm first step / (2 x eager first step + load)" in proc.stdout
+    assert "warm first step / (2 x eager first step + load)" in stdout
     res = json.loads(out.read_text())["aten"]
     cold, (warm,) = res["cold"], res["warm"]
     assert cold["calls"]["  compiled autograd: retrace"] >= 1, cold["calls"]
@@ -325,21 +261,13 @@ def test_bench_demo_step_times_eager_and_stoker_side_by_side():
     eager and stoker steps, a per-round row and the best-of line with their ratio."""
     import re
 
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tools" / "bench_demo_step.py"),
-            *("--steps", "2", "--rounds", "1", "--batch", "2"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
+    stdout = _tool(
+        "bench_demo_step.py", *("--steps", "2", "--rounds", "1", "--batch", "2"), timeout=900
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    best = re.search(r"best +eager ([\d.]+) ms +stoker ([\d.]+) ms +\(([\d.]+)x", proc.stdout)
-    assert best, proc.stdout
+    best = re.search(r"best +eager ([\d.]+) ms +stoker ([\d.]+) ms +\(([\d.]+)x", stdout)
+    assert best, stdout
     eager, stoker, ratio = map(float, best.groups())
-    assert eager > 0 and stoker > 0 and abs(ratio - eager / stoker) < 0.01, proc.stdout
+    assert eager > 0 and stoker > 0 and abs(ratio - eager / stoker) < 0.01, stdout
 
 
 def test_gpu_suite_backends_are_the_five_of_issue_11(monkeypatch):
@@ -370,18 +298,14 @@ def test_bench_launch_smoke_prints_every_row(tmp_path):
     """``tools/bench_launch.py``: issue 11's launch and per-call targets, measured with the
     stand-in sm_90 driver (the lean path must be on: the tool exits 1 otherwise) and the
     reduce-overhead wrapper with a stubbed replay (its every timed call must replay)."""
-    env = {**os.environ, "STOKER_CACHE_DIR": str(tmp_path), "TRITON_CACHE_DIR": str(tmp_path)}
-    tool = str(ROOT / "tools" / "bench_launch.py")
     for mode, rows in (
         ([], ("lean path (Launcher.go)", "JITFunction.run", "per stoker.compile call")),
         (["--replay"], ("P params K outputs", "fixed +", "target: wrapper minus bare")),
     ):
-        proc = subprocess.run(
-            [sys.executable, tool, "--smoke", *mode],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=600,
+        stdout = _tool(
+            "bench_launch.py",
+            *("--smoke", *mode),
+            STOKER_CACHE_DIR=str(tmp_path),
+            TRITON_CACHE_DIR=str(tmp_path),
         )
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        assert all(r in proc.stdout for r in rows), proc.stdout
+        assert all(r in stdout for r in rows), stdout

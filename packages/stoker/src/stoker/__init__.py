@@ -73,18 +73,9 @@ def __getattr__(name: str) -> Any:
 
         return Report
     if name == "export":
-        try:
-            import stoker_capture
-        except ImportError as e:
-            from ._internal.errors import missing_piece
+        from ._internal.errors import sibling
 
-            raise missing_piece("stoker_capture", "export", "stoker.export") from e
-        fn = getattr(stoker_capture, "export", None)
-        if fn is None:
-            from ._internal.errors import missing_piece
-
-            raise missing_piece("stoker_capture", "export", "stoker.export")
-        return fn
+        return sibling("stoker_capture", "export", "stoker.export")
     raise AttributeError(f"module 'stoker' has no attribute {name!r}")
 
 

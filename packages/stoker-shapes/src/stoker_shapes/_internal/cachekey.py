@@ -11,17 +11,29 @@ added into the shape env of a warm one.
 | `val_text` | a tensor's dtype, device, sizes, strides, offset, requires_grad, layout (symbolic sizes as expressions); with ``data`` a real tensor's values by hash |
 | `shape_env_text` | each input symbol's replacement and range, and the guards already held |
 | `source_hash` | a hash of a package's sources (a changed generator never reads an older entry) |
+
+One key holds a few entries (variants), newest first, one per set of guards the
+cold compile added: `read_variants` and `add_variant` read and write them,
+`guards_hold` picks the one that fits the sizes at hand, `replay` adds its guards.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import pickle
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 import torch.fx
+
+from .diskcache import warn_once
+from .plain import PLAIN_TYPES
+
+if TYPE_CHECKING:
+    from .diskcache import DiskCache
 
 
 def target_text(t: Any) -> str:
@@ -112,7 +124,7 @@ class _GraphText:
         t = type(a)
         if t is torch.fx.Node:
             return f"%{a.name}"
-        if t in _REPR_TYPES:
+        if t in PLAIN_TYPES:
             return repr(a)
         if t is tuple or t is list:
             return t.__name__ + "(" + ",".join([self.arg(x) for x in a]) + ")"
@@ -132,19 +144,6 @@ class _GraphText:
         if type(v) is tuple or type(v) is list:
             return type(v).__name__ + "(" + ",".join([self.val(x) for x in v]) + ")"
         return val_text(v)
-
-
-_REPR_TYPES = (
-    int,
-    float,
-    bool,
-    str,
-    type(None),
-    torch.dtype,
-    torch.device,
-    torch.layout,
-    torch.memory_format,
-)
 
 
 def shape_env_text(shape_env: Any, inputs: list[Any]) -> list[str]:
@@ -217,3 +216,54 @@ def replay(guards: list[Any], shape_env: Any) -> list[int | None]:
             shape_env.guards[n] = g
         where.append(n if len(shape_env.guards) == n + 1 else None)
     return where
+
+
+class _Guarded(Protocol):
+    guards: list[Any]  # the ShapeGuards the cold compile added
+
+
+E = TypeVar("E", bound=_Guarded)
+
+
+def read_variants(
+    store: DiskCache, key: str, entry_type: type[E], redo: str
+) -> tuple[list[E], str]:
+    """The entries stored under ``key`` (a pickled list of ``entry_type``), or ([], why
+    none): "new key" (no file) or "corrupt entry" (a file `DiskCache` rejects, or one
+    another version of the package wrote: warned once, naming it, saying that the
+    caller will ``redo``, e.g. "compiling again")."""
+    existed = store.path(key).exists()
+    body = store.get(key)
+    if body is None:
+        return [], ("corrupt entry" if existed else "new key")
+    try:
+        variants = pickle.loads(body)
+        if not isinstance(variants, list) or not all(isinstance(e, entry_type) for e in variants):
+            raise TypeError(f"not a list of entries but {type(variants).__name__}")
+    except Exception as e:  # written by another version of the package
+        path = store.path(key)
+        warn_once(str(path), "stoker cache: ignoring %s (%s); %s", path, e, redo)
+        return [], "corrupt entry"
+    return variants, ""
+
+
+def add_variant(
+    store: DiskCache,
+    key: str,
+    entry: E,
+    redo: str,
+    limit: int,
+    unstorable: Callable[[str], Exception],
+) -> None:
+    """Store ``entry`` first under ``key``, then the variants already there whose guards
+    differ (sizes that made the compile add other guards), ``limit`` in all.  Raises
+    ``unstorable(why)`` when the entries cannot be pickled (an output structure of an
+    unregistered type); nothing is written then."""
+    exprs = [g.expr for g in entry.guards]
+    old, _ = read_variants(store, key, type(entry), redo)
+    kept = [e for e in old if [g.expr for g in e.guards] != exprs]
+    try:
+        body = pickle.dumps([entry, *kept][:limit])
+    except Exception as e:
+        raise unstorable(f"the entry cannot be stored ({type(e).__name__}: {e})") from e
+    store.put(key, body)

@@ -27,22 +27,13 @@ from torch.utils._sympy.numbers import int_oo
 
 from .dims import Dim, Policy
 from .errors import DataDependentError, ShapeInputError, SpecializationError
+from .plain import CONSTANT_TYPES
 from .provenance import Origin, current_origin, origin_from_traceback
 from .source import Source
 
 # A per-dim dynamic spec: a `Dim`, True (anonymous dynamic), or None/False (static).
 DimSpec = Dim | bool | None
 DynamicSpec = bool | None | Mapping[int, DimSpec] | Sequence[DimSpec]
-
-_CONSTANT_TYPES = (
-    bool,
-    str,
-    type(None),
-    torch.dtype,
-    torch.device,
-    torch.layout,
-    torch.memory_format,
-)
 
 
 @dataclass(slots=True)
@@ -196,7 +187,7 @@ class ShapeContext:
         """
         if isinstance(value, torch.Tensor):
             return self._fakeify_tensor(value, source, dynamic, is_param)
-        if isinstance(value, bool) or isinstance(value, _CONSTANT_TYPES):
+        if isinstance(value, CONSTANT_TYPES):
             self.inputs.append(ConstantInput(source, value))
             return value
         if isinstance(value, int | float):

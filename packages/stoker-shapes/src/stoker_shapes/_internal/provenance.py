@@ -95,6 +95,19 @@ def _origin_from_stack_trace(stack_trace: str) -> tuple[str, int, str] | None:
     return last["file"], int(last["line"]), last["code"].strip()
 
 
+def _origin(op: str | None, user: tuple[str, int, str] | None, note: str | None = None) -> Origin:
+    """``op`` at the ``user`` frame (file, line, source line); without one, at the user
+    frame of the node FX is tracing (its recorded stack trace), if any."""
+    if user is None:
+        meta = torch.fx.traceback.get_current_meta()
+        trace = meta.get("stack_trace") if meta else None
+        if isinstance(trace, str):
+            user = _origin_from_stack_trace(trace)
+    if user is None:
+        return Origin(op=op, note=note)
+    return Origin(op=op, filename=user[0], lineno=user[1], code=user[2] or None, note=note)
+
+
 def current_origin(note: str | None = None, skip: int = 1) -> Origin:
     """The origin of whatever is being traced right now."""
     frame: types.FrameType | None = sys._getframe(skip)
@@ -110,14 +123,7 @@ def current_origin(note: str | None = None, skip: int = 1) -> Origin:
         if op is not None and user is not None:
             break
         frame = frame.f_back
-    if user is None:
-        meta = torch.fx.traceback.get_current_meta()
-        trace = meta.get("stack_trace") if meta else None
-        if isinstance(trace, str):
-            user = _origin_from_stack_trace(trace)
-    if user is None:
-        return Origin(op=op, note=note)
-    return Origin(op=op, filename=user[0], lineno=user[1], code=user[2] or None, note=note)
+    return _origin(op, user, note)
 
 
 def origin_from_traceback(tb: types.TracebackType | None) -> Origin:
@@ -132,11 +138,4 @@ def origin_from_traceback(tb: types.TracebackType | None) -> Origin:
             line = linecache.getline(code.co_filename, tb.tb_lineno).strip()
             user = (code.co_filename, tb.tb_lineno, line)
         tb = tb.tb_next
-    if user is None:
-        meta = torch.fx.traceback.get_current_meta()
-        trace = meta.get("stack_trace") if meta else None
-        if isinstance(trace, str):
-            user = _origin_from_stack_trace(trace)
-    if user is None:
-        return Origin(op=op)
-    return Origin(op=op, filename=user[0], lineno=user[1], code=user[2] or None)
+    return _origin(op, user)

@@ -147,13 +147,7 @@ class KernelCodegen:
         if isinstance(v, Const):
             return literal(v)
         if isinstance(v, IndexValue):
-            subs = dict(p.varmap)
-            for sym, iv in v.indirect:
-                code = self.value(iv, p, mask, shape_r)
-                var = self.assign(f"({code}).to(tl.int64)", ("ind", code))
-                self.local_names.add(var)
-                subs[sym] = sympy.Symbol(var, integer=True)
-            e = v.expr.xreplace(subs)
+            e = v.expr.xreplace(self._bind(v.indirect, p, mask, shape_r))
             code = self.index_code(e)
             code = self._broadcast(code, e, shape_r)
             return self.assign(f"({code}).to({TL_DTYPE[v.dtype]})", key)
@@ -176,6 +170,23 @@ class KernelCodegen:
         code = OPS[v.name](args, [a.dtype for a in v.args], v.dtype)
         return self.assign(code, key)
 
+    def _bind(
+        self,
+        indirect: tuple[tuple[sympy.Symbol, Value], ...],
+        p: Placement,
+        mask: str,
+        shape_r: bool,
+    ) -> dict[sympy.Symbol, Expr]:
+        """The placement's index variables, and each ``ind*`` symbol of ``indirect`` bound
+        to a local holding its value as int64."""
+        subs: dict[sympy.Symbol, Expr] = dict(p.varmap)
+        for sym, iv in indirect:
+            code = self.value(iv, p, mask, shape_r)
+            var = self.assign(f"({code}).to(tl.int64)", ("ind", code))
+            self.local_names.add(var)
+            subs[sym] = sympy.Symbol(var, integer=True)
+        return subs
+
     def _broadcast(self, code: str, e: Expr, shape_r: bool) -> str:
         """Give an index expression the full block shape."""
         fs = e.free_symbols
@@ -188,13 +199,7 @@ class KernelCodegen:
     def load(self, v: Load, p: Placement, mask: str, shape_r: bool, key: Any) -> str:
         if v.buf in self.produced:
             return self.registers[v.buf]
-        subs: dict[sympy.Symbol, Expr] = dict(p.varmap)
-        for sym, iv in v.indirect:
-            code = self.value(iv, p, mask, shape_r)
-            var = self.assign(f"({code}).to(tl.int64)", ("ind", code))
-            self.local_names.add(var)
-            subs[sym] = sympy.Symbol(var, integer=True)
-        e = v.index.xreplace(subs)
+        e = v.index.xreplace(self._bind(v.indirect, p, mask, shape_r))
         idx = self.index_code(e)
         ptr = self.ptr(v.buf)
         narrow = self._narrow_load(e, mask, shape_r)
@@ -354,13 +359,7 @@ class KernelCodegen:
         self.line(f"tl.store({self.ptr(n.name)} + ({idx}), {val}, {mask})")
 
     def scatter(self, n: ScatterNode, p: Placement, val: str) -> None:
-        subs: dict[sympy.Symbol, Expr] = dict(p.varmap)
-        for sym, iv in n.indirect:
-            code = self.value(iv, p, "xmask", False)
-            var = self.assign(f"({code}).to(tl.int64)", ("ind", code))
-            self.local_names.add(var)
-            subs[sym] = sympy.Symbol(var, integer=True)
-        e = n.index.xreplace(subs)
+        e = n.index.xreplace(self._bind(n.indirect, p, "xmask", False))
         idx = self._broadcast(self.index_code(e), e, False)
         ptr = self.ptr(n.name)
         if is_literal(val):

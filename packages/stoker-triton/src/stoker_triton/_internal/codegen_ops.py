@@ -405,19 +405,19 @@ class IndexPrinter(StrPrinter):  # type: ignore[misc]
             return "(" + " * ".join([self._print(base)] * int(exp)) + ")"
         raise ValueError(f"cannot print index {e}")
 
-    def _print_Max(self, e: Any) -> str:
+    def _fold(self, fn: str, e: Any) -> str:
+        """``fn(fn(a, b), c)`` of ``e``'s arguments."""
         a = [self._print(x) for x in e.args]
         out = a[0]
         for x in a[1:]:
-            out = f"tl.maximum({out}, {x})"
+            out = f"{fn}({out}, {x})"
         return str(out)
 
+    def _print_Max(self, e: Any) -> str:
+        return self._fold("tl.maximum", e)
+
     def _print_Min(self, e: Any) -> str:
-        a = [self._print(x) for x in e.args]
-        out = a[0]
-        for x in a[1:]:
-            out = f"tl.minimum({out}, {x})"
-        return str(out)
+        return self._fold("tl.minimum", e)
 
 
 _printer = IndexPrinter()

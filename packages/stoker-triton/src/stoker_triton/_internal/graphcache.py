@@ -44,8 +44,14 @@ from typing import Any
 import torch
 import torch.fx
 
+from stoker_shapes._internal.cachekey import (
+    add_variant,
+    guards_hold,
+    read_variants,
+    replay,
+    source_hash,
+)
 from stoker_shapes._internal.cachekey import graph_text as _graph_text
-from stoker_shapes._internal.cachekey import guards_hold, replay, source_hash
 from stoker_shapes._internal.cachekey import shape_env_text as _shape_env_text
 from stoker_shapes._internal.cachekey import val_text as _val_text
 
@@ -190,31 +196,13 @@ def save(key: str, entry: Entry) -> None:
     """Add ``entry`` to the variants under ``key`` (sizes that made the compile add
     other guards are other variants of one key), newest first. Raises `Uncacheable`
     when the entry cannot be pickled (an output structure of an unregistered type)."""
-    exprs = [g.expr for g in entry.guards]
-    variants = [e for e in _read(key)[0] if [g.expr for g in e.guards] != exprs]
-    try:
-        body = pickle.dumps([entry, *variants][:MAX_VARIANTS])
-    except Exception as e:
-        raise Uncacheable(f"the entry cannot be stored ({type(e).__name__}: {e})") from e
-    store().put(key, body)
+    add_variant(store(), key, entry, "compiling again", MAX_VARIANTS, Uncacheable)
     count("writes")
 
 
 def _read(key: str) -> tuple[list[Entry], str]:
     """The variants stored under ``key``, or ([], why none)."""
-    st = store()
-    existed = st.path(key).exists()
-    body = st.get(key)
-    if body is None:
-        return [], ("corrupt entry" if existed else "new key")
-    try:
-        variants = pickle.loads(body)
-        if not isinstance(variants, list) or not all(isinstance(e, Entry) for e in variants):
-            raise TypeError(f"not a list of entries but {type(variants).__name__}")
-    except Exception as e:  # written by another stoker-triton
-        log.warning("stoker cache: ignoring %s (%s); compiling again", st.path(key), e)
-        return [], "corrupt entry"
-    return variants, ""
+    return read_variants(store(), key, Entry, "compiling again")
 
 
 @dataclasses.dataclass

@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .errors import missing_piece
+from .errors import sibling
 
 
 class AutogradSwitch:
@@ -81,13 +81,10 @@ def _installed() -> bool:
 
 
 def _autograd() -> Any:
-    try:
-        import stoker_autograd
-    except ImportError as e:
-        raise missing_piece("stoker_autograd", "enable", "compiled_autograd=True") from e
-    for name in ("set_default", "enable", "disabled", "clear_default", "clear_cache"):
-        if getattr(stoker_autograd, name, None) is None:
-            raise missing_piece("stoker_autograd", name, "compiled_autograd=True")
+    for name in ("enable", "set_default", "disabled", "clear_default", "clear_cache"):
+        sibling("stoker_autograd", name, "compiled_autograd=True")
+    import stoker_autograd
+
     return stoker_autograd
 
 

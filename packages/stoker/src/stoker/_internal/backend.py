@@ -29,7 +29,7 @@ from torch import fx
 from . import logs, timeline, tracelog
 from .autograd_switch import AutogradSwitch
 from .config import CompileOptions, StokerConfigError, resolve_backend
-from .errors import missing_piece
+from .errors import sibling
 from .report import (
     CompileRecord,
     GraphBreakRecord,
@@ -400,13 +400,7 @@ def _compile_with_executor(
 ) -> CompiledCallable:
     if executor == "aten":
         return gm
-    try:
-        import stoker_triton
-    except ImportError as e:
-        raise missing_piece("stoker_triton", "compile_graph", f"backend={executor!r}") from e
-    compile_graph = getattr(stoker_triton, "compile_graph", None)
-    if compile_graph is None:
-        raise missing_piece("stoker_triton", "compile_graph", f"backend={executor!r}")
+    compile_graph = sibling("stoker_triton", "compile_graph", f"backend={executor!r}")
     autotune = opts is not None and opts.mode == "max-autotune"
     fn = compile_graph(
         gm, list(example_inputs), options={"max_autotune": True} if autotune else None
@@ -522,21 +516,13 @@ def _capture_backend(
     compiler: Callable[..., Any], opts: CompileOptions, lazy_backward: bool = False
 ) -> Callable[..., Any]:
     """``stoker_capture.dynamo_backend(compiler=..., <options it accepts>)``."""
-    try:
-        import stoker_capture
-    except ImportError as e:
-        raise missing_piece("stoker_capture", "dynamo_backend", "the stoker backend") from e
-    make = getattr(stoker_capture, "dynamo_backend", None)
-    if make is None:
-        raise missing_piece("stoker_capture", "dynamo_backend", "the stoker backend")
+    make = sibling("stoker_capture", "dynamo_backend", "the stoker backend")
     import inspect
 
     params = inspect.signature(make).parameters
-    partition = getattr(stoker_capture, f"{opts.partitioner}_partition", None)
-    if partition is None:
-        raise missing_piece(
-            "stoker_capture", f"{opts.partitioner}_partition", f"partitioner={opts.partitioner!r}"
-        )
+    partition = sibling(
+        "stoker_capture", f"{opts.partitioner}_partition", f"partitioner={opts.partitioner!r}"
+    )
     wanted: dict[str, Any] = {
         "compiler": compiler,
         "partition": partition,

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .models import GPT, Batch, GPTConfig, SmallCNN, lm_loss
+from .models import GPT, Batch, GPTConfig, SmallCNN, hf_loss, hf_model, lm_loss
 
 # Backend name -> how the worker wraps the model (see `wrap_model`).
 SUITE_BACKENDS = ("eager", "inductor", "inductor-ro", "stoker", "stoker-ro")
@@ -66,40 +66,6 @@ class ConvNet(nn.Module):
             if i < 2:
                 x = F.max_pool2d(x, 2)
         return self.head(x.mean(dim=(2, 3)))  # type: ignore[no-any-return]
-
-
-def _hf(kind: str, **size: int) -> nn.Module:
-    """A random-weight transformers GPT-2 or Llama of the given size (nothing downloaded)."""
-    if kind == "gpt2":
-        from transformers import GPT2Config, GPT2LMHeadModel  # type: ignore[import-not-found]
-
-        gcfg = GPT2Config(
-            n_embd=size["hidden"],
-            n_layer=size["layers"],
-            n_head=size["heads"],
-            n_positions=size["seq"],
-            vocab_size=size["vocab"],
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-        )
-        return GPT2LMHeadModel(gcfg)  # type: ignore[no-any-return]
-    from transformers import LlamaConfig, LlamaForCausalLM  # type: ignore[import-not-found]
-
-    lcfg = LlamaConfig(
-        hidden_size=size["hidden"],
-        num_hidden_layers=size["layers"],
-        num_attention_heads=size["heads"],
-        num_key_value_heads=size["kv_heads"],
-        intermediate_size=size["intermediate"],
-        vocab_size=size["vocab"],
-        max_position_embeddings=size["seq"],
-    )
-    return LlamaForCausalLM(lcfg)  # type: ignore[no-any-return]
-
-
-def _logits(out: Any) -> torch.Tensor:
-    return out.logits if hasattr(out, "logits") else out  # type: ignore[no-any-return]
 
 
 def _tokens(n: int, seq: int, vocab: int, gen: torch.Generator) -> Batch:
@@ -153,10 +119,6 @@ def _image_batch(s: dict[str, int], gen: torch.Generator) -> Batch:
 def _mlp_batch(s: dict[str, int], gen: torch.Generator) -> Batch:
     x = torch.randn(s["batch"], s["d"], generator=gen)
     return (x,), torch.randn(s["batch"], s["d"], generator=gen)
-
-
-def _hf_loss(out: Any, target: torch.Tensor) -> torch.Tensor:
-    return lm_loss(_logits(out), target)
 
 
 def _ce(out: Any, target: torch.Tensor) -> torch.Tensor:
@@ -215,18 +177,18 @@ SUITE: tuple[SuiteEntry, ...] = (
     SuiteEntry(
         "hf-llama",
         "LlamaForCausalLM, 4 layers, hidden 256, 8 heads, 4 kv heads, ffn 688, vocab 4096, 8×128",
-        lambda s: _hf("llama", **s),
+        lambda s: hf_model("llama", **s),
         _token_batch,
-        _hf_loss,
+        hf_loss,
         _LLAMA_M,
         _LLAMA_S,
     ),
     SuiteEntry(
         "hf-gpt2",
         "GPT2LMHeadModel, 4 layers, 256 wide, 8 heads, vocab 4096, 8×128",
-        lambda s: _hf("gpt2", **s),
+        lambda s: hf_model("gpt2", **s),
         _token_batch,
-        _hf_loss,
+        hf_loss,
         _GPT2_M,
         _GPT2_S,
     ),
@@ -275,9 +237,9 @@ SUITE: tuple[SuiteEntry, ...] = (
     SuiteEntry(
         "tiny-llama",
         "Llama, 2 layers, hidden 32 (forward + backward)",
-        lambda s: _hf("llama", **s),
+        lambda s: hf_model("llama", **s),
         _token_batch,
-        _hf_loss,
+        hf_loss,
         {**_LLAMA_S, "layers": 2, "seq": 32, "batch": 4},
         _LLAMA_S,
         optimizer=False,

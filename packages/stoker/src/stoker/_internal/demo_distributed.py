@@ -151,19 +151,13 @@ def run_distributed_demo(
     seed: int,
     progress: bool,
 ) -> int:
+    from .demo import check_demo_args
     from .launch import spawn
 
     if parallel not in PARALLEL:
         raise SystemExit(f"stoker demo: --parallel must be one of {', '.join(PARALLEL)}")
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = check_demo_args(steps=steps, batch=batch, backend=backend, device=device, ranks=ranks)
     pg = "nccl" if device == "cuda" else "gloo"
-    if device == "cuda" and torch.cuda.device_count() < ranks:
-        raise SystemExit(
-            f"stoker demo: --ranks {ranks} on cuda needs {ranks} GPUs (NCCL, one per rank); "
-            f"this machine has {torch.cuda.device_count()}: pass --ranks "
-            f"{torch.cuda.device_count()} or --device cpu"
-        )
     print(
         f"stoker demo: a small GPT under {parallel} on {ranks} local processes ({pg}, {device})",
         file=sys.stderr,

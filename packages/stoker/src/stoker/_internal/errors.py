@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class StokerMissingPieceError(ImportError):
     """A sibling package (or one of its functions) that this feature needs is not installed."""
@@ -15,3 +17,18 @@ def missing_piece(package: str, name: str, feature: str) -> StokerMissingPieceEr
         f"{dist}; install a {dist} that provides it (`pip install -U {dist}`), "
         "or turn that feature off"
     )
+
+
+def sibling(package: str, name: str, feature: str) -> Any:
+    """``package.name``, a sibling package's function that ``feature`` needs; or, when
+    the package or the name is not there, the `missing_piece` error saying so."""
+    import importlib
+
+    try:
+        module = importlib.import_module(package)
+    except ImportError as e:
+        raise missing_piece(package, name, feature) from e
+    found = getattr(module, name, None)
+    if found is None:
+        raise missing_piece(package, name, feature)
+    return found

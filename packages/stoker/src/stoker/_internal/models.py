@@ -224,9 +224,73 @@ def _ce(out: Any, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out, target)
 
 
-def _hf_logits_loss(out: Any, target: torch.Tensor) -> torch.Tensor:
+def hf_loss(out: Any, target: torch.Tensor) -> torch.Tensor:
+    """`lm_loss` of a transformers model's logits (``out.logits``, or the first of a tuple)."""
     logits = out.logits if hasattr(out, "logits") else out[0]
     return lm_loss(logits, target)
+
+
+# kind: (config class, model class, {config field: size key}, fixed fields: no dropout)
+_HF: dict[str, tuple[str, str, dict[str, str], dict[str, Any]]] = {
+    "gpt2": (
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        {
+            "n_embd": "hidden",
+            "n_layer": "layers",
+            "n_head": "heads",
+            "n_positions": "seq",
+            "vocab_size": "vocab",
+        },
+        # token ids inside the tiny vocabulary (the defaults, GPT-2's 50256, warn)
+        {
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+        },
+    ),
+    "bert": (
+        "BertConfig",
+        "BertForMaskedLM",
+        {
+            "hidden_size": "hidden",
+            "num_hidden_layers": "layers",
+            "num_attention_heads": "heads",
+            "intermediate_size": "intermediate",
+            "vocab_size": "vocab",
+            "max_position_embeddings": "seq",
+        },
+        {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
+    ),
+    "llama": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {
+            "hidden_size": "hidden",
+            "num_hidden_layers": "layers",
+            "num_attention_heads": "heads",
+            "num_key_value_heads": "kv_heads",
+            "intermediate_size": "intermediate",
+            "vocab_size": "vocab",
+            "max_position_embeddings": "seq",
+        },
+        {},
+    ),
+}
+
+
+def hf_model(kind: str, **size: int) -> nn.Module:
+    """A random-weight transformers model, nothing downloaded: ``gpt2`` (GPT2LMHeadModel),
+    ``bert`` (BertForMaskedLM) or ``llama`` (LlamaForCausalLM), of ``size``: hidden,
+    layers, heads, seq (positions), vocab; bert and llama also intermediate, llama
+    kv_heads (other keys are ignored).  Dropout is off."""
+    import transformers  # type: ignore[import-not-found]
+
+    config, model, fields, fixed = _HF[kind]
+    cfg = getattr(transformers, config)(**{f: size[k] for f, k in fields.items()}, **fixed)
+    return getattr(transformers, model)(cfg)  # type: ignore[no-any-return]
 
 
 def _hf_specs() -> list[ModelSpec]:
@@ -234,51 +298,9 @@ def _hf_specs() -> list[ModelSpec]:
     if importlib.util.find_spec("transformers") is None:
         return []
 
-    def gpt2(**kw: Any) -> nn.Module:
-        from transformers import GPT2Config, GPT2LMHeadModel  # type: ignore[import-not-found]
-
-        cfg = GPT2Config(
-            n_embd=64,
-            n_layer=2,
-            n_head=2,
-            n_positions=64,
-            vocab_size=kw["vocab"],
-            bos_token_id=0,
-            eos_token_id=0,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-        )
-        return GPT2LMHeadModel(cfg)  # type: ignore[no-any-return]
-
-    def bert(**kw: Any) -> nn.Module:
-        from transformers import BertConfig, BertForMaskedLM  # type: ignore[import-not-found]
-
-        cfg = BertConfig(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=128,
-            vocab_size=kw["vocab"],
-            max_position_embeddings=64,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-        )
-        return BertForMaskedLM(cfg)  # type: ignore[no-any-return]
-
-    def llama(**kw: Any) -> nn.Module:
-        from transformers import LlamaConfig, LlamaForCausalLM  # type: ignore[import-not-found]
-
-        cfg = LlamaConfig(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            vocab_size=kw["vocab"],
-            max_position_embeddings=64,
-        )
-        return LlamaForCausalLM(cfg)  # type: ignore[no-any-return]
+    def build(kind: str) -> Callable[..., nn.Module]:
+        tiny = {"hidden": 64, "layers": 2, "heads": 2, "kv_heads": 2, "intermediate": 128}
+        return lambda **kw: hf_model(kind, **tiny, seq=64, vocab=kw["vocab"])
 
     def tokens(n: int, gen: torch.Generator, cfg: dict[str, Any]) -> Batch:
         seq = torch.randint(0, cfg["vocab"], (n, cfg["seq"] + 1), generator=gen)
@@ -287,18 +309,18 @@ def _hf_specs() -> list[ModelSpec]:
     d = {"vocab": 128, "seq": 32}
     return [
         ModelSpec(
-            "hf-gpt2", "transformers GPT-2, 2 layers, d=64", gpt2, tokens, _hf_logits_loss, d
+            "hf-gpt2", "transformers GPT-2, 2 layers, d=64", build("gpt2"), tokens, hf_loss, d
         ),
         ModelSpec(
             "hf-bert",
             "transformers BERT (MLM head), 2 layers, d=64",
-            bert,
+            build("bert"),
             tokens,
-            _hf_logits_loss,
+            hf_loss,
             d,
         ),
         ModelSpec(
-            "hf-llama", "transformers Llama, 2 layers, d=64", llama, tokens, _hf_logits_loss, d
+            "hf-llama", "transformers Llama, 2 layers, d=64", build("llama"), tokens, hf_loss, d
         ),
     ]
 

@@ -54,7 +54,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from stoker_shapes import DiskCache, ShapeContext
-from stoker_shapes._internal.cachekey import guards_hold, replay
+from stoker_shapes._internal.cachekey import add_variant, guards_hold, read_variants, replay
 from stoker_shapes._internal.diskcache import cache_root, warn_once
 
 from ..capture import CapturedGraph
@@ -202,20 +202,7 @@ class CaptureCache:
 
     def _read(self) -> tuple[list[Entry], str]:
         assert self.key is not None
-        st = store()
-        existed = st.path(self.key).exists()
-        body = st.get(self.key)
-        if body is None:
-            return [], ("corrupt entry" if existed else "new key")
-        try:
-            variants = pickle.loads(body)
-            if not isinstance(variants, list) or not all(isinstance(e, Entry) for e in variants):
-                raise TypeError(f"not a list of entries but {type(variants).__name__}")
-        except Exception as e:  # written by another stoker-capture
-            path = st.path(self.key)
-            warn_once(str(path), "stoker cache: ignoring %s (%s); capturing again", path, e)
-            return [], "corrupt entry"
-        return variants, ""
+        return read_variants(store(), self.key, Entry, "capturing again")
 
     def _rebuild(self, entry: Entry) -> Loaded:
         """The entry's graphs over this shape env; then its guards replayed (last, so a
@@ -319,13 +306,7 @@ class CaptureCache:
 
     def _put(self, entry: Entry) -> None:
         assert self.key is not None
-        exprs = [g.expr for g in entry.guards]
-        variants = [e for e in self._read()[0] if [g.expr for g in e.guards] != exprs]
-        try:
-            body = pickle.dumps([entry, *variants][:MAX_VARIANTS])
-        except Exception as e:
-            raise Uncacheable(f"the entry cannot be stored ({type(e).__name__}: {e})") from e
-        store().put(self.key, body)
+        add_variant(store(), self.key, entry, "capturing again", MAX_VARIANTS, Uncacheable)
         sites().put(self._site, json.dumps(self._parts).encode())
         count("writes")
 
