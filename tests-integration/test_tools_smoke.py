@@ -68,7 +68,10 @@ def test_bench_workers_compiles_the_batch_through_forked_workers(tmp_path):
         if extra:
             assert int(cells[3]) >= 20 and all(float(c) > 0 for c in cells[4:]), row
         else:
-            assert cells[3] == "25/25", row
+            # every kernel of the batch compiled (how many the block makes is the code
+            # generator's business: identical kernels are generated once)
+            done, total = (int(x) for x in cells[3].split("/"))
+            assert done == total >= 20, row
 
 
 def test_bench_capture_pipeline_smoke_times_every_stage(tmp_path):
