@@ -29,6 +29,7 @@ import torch.fx as fx
 from stoker_capture import autocast_off, eager_autograd_engine
 from stoker_capture._internal.boxed import BoxedGraph, call_boxed, mark_boxed
 from stoker_shapes import timing
+from stoker_shapes._internal.gcfreeze import frozen_heap
 
 from . import final_callbacks, graphstore, ops
 from .forward_dims import ForwardDims
@@ -256,17 +257,18 @@ class CompiledBackward:
             stats.fallbacks += 1
             return self.gm(inputs, sizes, scalars, hooks, packed)
         # The retrace after the run reads only metadata, which the run does not change.
-        rec = _Recorder(self.gm)
-        stats.eager_runs += 1
-        out = rec.run(inputs, sizes, scalars, hooks, packed)
-        if final_callbacks.take_skip_compile():  # the engine will capture another graph
-            return out
-        now = concrete_values(inputs, sizes, scalars, rec.unpack_meta, unpack_index(self.gm))
-        self.dynamic, self.free = self._shape_state(now)
-        if mine:
-            why = describe(self.last_miss, self.origins) if self.last_miss else "?"
-            note_recompile(f"backward graph {self.capture_id}", why)
-        self._compile(inputs, list(sizes), list(scalars), rec.unpack_meta, now)
+        with frozen_heap():  # full GC walks skip the heap that was there before
+            rec = _Recorder(self.gm)
+            stats.eager_runs += 1
+            out = rec.run(inputs, sizes, scalars, hooks, packed)
+            if final_callbacks.take_skip_compile():  # the engine will capture another graph
+                return out
+            now = concrete_values(inputs, sizes, scalars, rec.unpack_meta, unpack_index(self.gm))
+            self.dynamic, self.free = self._shape_state(now)
+            if mine:
+                why = describe(self.last_miss, self.origins) if self.last_miss else "?"
+                note_recompile(f"backward graph {self.capture_id}", why)
+            self._compile(inputs, list(sizes), list(scalars), rec.unpack_meta, now)
         return out
 
     def _run_checking_nans(

@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from stoker_shapes._internal.gcfreeze import frozen_heap
+
 from . import logs, timeline, tracelog
 from .autograd_switch import AutogradSwitch
 from .config import CompileOptions, StokerConfigError, resolve_backend
@@ -150,7 +152,8 @@ class StokerBackend:
         label = _label(rec)
         RECORDER.report, RECORDER.graph, RECORDER.dynamo_graph = self.report, label, label
         try:
-            compiled = self._compile(gm, example_inputs, rec)
+            with frozen_heap():  # full GC walks skip the heap that was there before
+                compiled = self._compile(gm, example_inputs, rec)
         finally:
             RECORDER.add("backend", "stoker backend", t_call, time.perf_counter_ns(), label)
             RECORDER.graph = ""

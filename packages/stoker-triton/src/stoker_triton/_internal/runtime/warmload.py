@@ -46,6 +46,14 @@ FORMAT = "1"  # bump when a record's layout or meaning changes
 stats: dict[str, int] = {}
 
 
+# this process's records and the binaries loaded from them: a model's repeated blocks
+# launch one kernel module from many call sites (one launcher each), which read its
+# record and load its binary once (a `CompiledKernel` is what Triton itself shares
+# between all launches of one specialization)
+_records: dict[str, dict[str, Any]] = {}
+_kernels: dict[tuple[str, str], Any] = {}
+
+
 def count(what: str) -> None:
     stats[what] = stats.get(what, 0) + 1
 
@@ -161,6 +169,9 @@ def read(sha: str) -> dict[str, Any]:
     env = environment()
     if env is None:
         return {}
+    got = _records.get(sha)
+    if got is not None:
+        return got
     body = store().get(sha)
     if body is None:
         return {}
@@ -172,6 +183,7 @@ def read(sha: str) -> dict[str, Any]:
         count("misses: another Triton, target or environment")
         return {}
     launches: dict[str, Any] = data.get("launches", {})
+    _records[sha] = launches
     return launches
 
 
@@ -207,6 +219,8 @@ def record(sha: str, spec: str, cfg: tuple[int, int, int], kernel: Any) -> None:
         data = {"env": text, "launches": {}}
     data["launches"][spec] = rec
     st.put(sha, json.dumps(data, sort_keys=True).encode())
+    _records[sha] = data["launches"]
+    _kernels[(rec["hash"], rec["metadata"])] = kernel
     count("records")
 
 
@@ -230,6 +244,10 @@ def compiled_kernel(rec: dict[str, Any], cfg: tuple[int, int, int]) -> Any:
     if rec.get("options") != options_hash(env, cfg):
         count("misses: other options")
         return None
+    done = _kernels.get((rec["hash"], rec["metadata"]))
+    if done is not None:  # loaded (or launched) in this process already
+        count("hits")
+        return done
     from triton.compiler.compiler import CompiledKernel
     from triton.runtime.cache import get_cache_manager
 
@@ -244,6 +262,7 @@ def compiled_kernel(rec: dict[str, Any], cfg: tuple[int, int, int]) -> Any:
         count("misses: unreadable binary")
         return None
     count("hits")
+    _kernels[(rec["hash"], rec["metadata"])] = kernel
     return kernel
 
 
@@ -252,6 +271,8 @@ def reset() -> None:
     _env.clear()
     _why_off.clear()
     stats.clear()
+    _records.clear()
+    _kernels.clear()
 
 
 __all__ = ["compiled_kernel", "environment", "read", "record", "reset", "spec_text", "stats"]
