@@ -532,7 +532,7 @@ def _capture_backend(
     import inspect
 
     params = inspect.signature(make).parameters
-    partition = getattr(stoker_capture, f"{opts.partitioner}_partition", None)
+    partition = _partitioner(stoker_capture, f"{opts.partitioner}_partition")
     if partition is None:
         raise missing_piece(
             "stoker_capture", f"{opts.partitioner}_partition", f"partitioner={opts.partitioner!r}"
@@ -553,6 +553,20 @@ def _capture_backend(
         )
     kwargs = {k: v for k, v in wanted.items() if takes_any or k in params}
     return make(**kwargs)  # type: ignore[no-any-return]
+
+
+def _partitioner(module: Any, name: str) -> Callable[..., Any] | None:
+    """``module.<name>``; a partitioner stoker-capture exports imported at its first call:
+    a warm start loads its partitioned graphs from the capture cache and never runs it."""
+    if name not in getattr(module, "__all__", ()):
+        return getattr(module, name, None)
+
+    def partition(*args: Any, **kwargs: Any) -> Any:
+        return getattr(module, name)(*args, **kwargs)
+
+    # its name in the capture cache's key: stoker_capture.<name>
+    partition.__module__, partition.__name__, partition.__qualname__ = module.__name__, name, name
+    return partition
 
 
 def _record_capture_result(rec: CompileRecord, compiled: Any, opts: CompileOptions) -> None:
