@@ -163,9 +163,11 @@ def test_bench_ddp_smoke_counts_a_segment_per_bucket(tmp_path):
 
 
 def test_bench_warm_smoke_loads_every_kernel_without_triton_jit(tmp_path):
-    """``tools/bench_warm.py``: issue 12's warm start on Triton's real launch path (the
-    stand-in sm_90 driver), here on the tiny GPT: the warm process hits every cache and
-    launches every kernel from a recorded binary, with no JITFunction and no compile."""
+    """``tools/bench_warm.py``: a warm start on Triton's real launch path (the stand-in
+    sm_90 driver), here on the tiny GPT: the warm process hits every cache and launches
+    every kernel from a recorded binary, with no JITFunction, no compile and no kernel
+    module, and imports none of the modules only a cold start runs (partitioner, passes,
+    lowering, code generation), each of which the cold process imports."""
     import json
 
     out = tmp_path / "warm.json"
@@ -182,6 +184,15 @@ def test_bench_warm_smoke_loads_every_kernel_without_triton_jit(tmp_path):
     assert warm["counts"]["JITFunction"] == 0 and warm["counts"]["triton.compile"] == 0, warm
     assert warm["summary"]["cache_misses"] == 0 and warm["summary"]["cache_hits"] >= 2, warm
     assert warm["autograd"]["disk_hits"] >= 1 and warm["autograd"]["compiles"] == 0, warm
+    assert not [m for m in warm["stoker modules"] if m.startswith("stoker_triton_kernels_")]
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from bench_warm import COLD_ONLY, cold_only
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    assert cold_only(cold["stoker modules"]) == list(COLD_ONLY), "renamed? update COLD_ONLY"
+    assert cold_only(warm["stoker modules"]) == [], warm["stoker modules"]
+    assert res["detail"]["stages"]["first step (all)"] > 0, res["detail"]
 
 
 def test_bench_warm_cold_smoke_breaks_down_a_cold_first_step(tmp_path):

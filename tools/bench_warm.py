@@ -1,6 +1,6 @@
-"""A warm start on the CPU, by stage (issue 12: "a warm first step <= Inductor's warm").
+"""A warm start on the CPU, by stage, and beside Inductor's warm CPU start.
 
-    python tools/bench_warm.py [--model gpt-m] [--batch 2] [--repeat 3] [--keep DIR]
+    python tools/bench_warm.py [--model gpt-m] [--batch 2] [--repeat 3] [--keep DIR] [--inductor]
 
 Two kinds of process train one step of a GPU-suite model (`stoker/_internal/bench_suite.py`)
 with `stoker.compile`, through Triton's *real* launch path on the CPU: ``TRITON_INTERPRET=0``
@@ -10,13 +10,23 @@ the stoker executor is forced to "triton" for them (`config.resolve_backend`), t
 workaround; the stub launches write nothing, so losses are garbage, not timed correctness.
 
 1. a cold process fills STOKER_CACHE_DIR and TRITON_CACHE_DIR (a temp dir);
-2. ``--repeat`` warm processes, each a new interpreter, time their first step under
-   cProfile and report per stage (inclusive CPU seconds, min over the repeats); one more
-   warm process runs under ``python -X importtime`` for the import list (``--imports``).
+2. ``--repeat`` warm processes, each a new interpreter, time their first and second step
+   (wall and CPU, unprofiled: min / median / max over the repeats);
+3. one more warm process times its first step under cProfile and reports per stage
+   (inclusive CPU seconds) and, with ``--imports N``, runs under ``python -X importtime``
+   for its slowest imports.
+
+``--inductor`` adds the same model under ``torch.compile(model, backend="inductor")`` on
+the CPU (its C++ code generation: a C++ compiler must be on the PATH): a cold process
+fills a fresh TORCHINDUCTOR_CACHE_DIR, then ``--repeat`` warm processes load from it, and
+both warm first steps are printed side by side. Inductor's CPU step computes the model
+(its second step is that compute alone); stoker's stub launches compute nothing, so
+compare "first step - second step", the start-up cost, as well as the first step.
 
 The stages (cProfile's cumulative time of the function that owns each; they nest, so
 they do not add up): see `STAGES`. Counters: kernel modules loaded, `triton.jit`
 JITFunctions made, Triton compiles (`triton.compile`), compiled-autograd FX graphs built.
+`COLD_ONLY` lists modules a warm process must not import (it never runs them).
 """
 
 from __future__ import annotations
@@ -88,6 +98,28 @@ COLD_STAGES: dict[str, tuple[str, str]] = {
     "  binary records (warmload.record)": ("stoker_triton._internal.runtime.warmload", "record"),
     "optimizer step": ("torch.optim.adamw", "AdamW.step"),
 }
+
+
+# Modules only a cold start runs (capture's min-cut partitioner, the backward's
+# reordering passes and retrace decompositions, stoker-triton's lowering, scheduler and
+# code generation), each with the modules under it: a warm process, which loads every
+# graph from the caches, imports none of them (tests-integration/test_tools_smoke.py
+# checks it, and that a cold process imports each, so that a renamed module fails there).
+COLD_ONLY: tuple[str, ...] = (
+    "stoker_capture._internal.partition_mincut",
+    "stoker_capture._internal.partition_ops",
+    "stoker_autograd.passes",
+    "stoker_autograd._internal.symbolic_decomps",
+    "stoker_triton._internal.lowering",
+    "stoker_triton._internal.scheduler",
+    "stoker_triton._internal.codegen_kernel",
+    "stoker_triton._internal.codegen_wrapper",
+)
+
+
+def cold_only(modules: list[str]) -> list[str]:
+    """The entries of `COLD_ONLY` that ``modules`` holds (a module or one under it)."""
+    return [e for e in COLD_ONLY if any(m == e or m.startswith(e + ".") for m in modules)]
 
 
 def _wrap_stages(
@@ -225,6 +257,7 @@ def _worker(
     t0, w0 = time.process_time(), time.perf_counter()
     prof.runcall(step) if profile else step()
     first, first_wall = time.process_time() - t0, time.perf_counter() - w0
+    process_wall = time.perf_counter() - w_start
     if not profile:
         prof.runcall(lambda: None)
     stats = pstats.Stats(prof)
@@ -249,8 +282,7 @@ def _worker(
         time.perf_counter() - w_start,
         time.process_time(),
     ]
-    for _ in range(steps - 1):  # the cold process: later steps compile what the first ran eagerly
-        step()
+    timed = _timed_steps(step, steps, first_wall, first, process_wall)
     modules: dict[str, int] = {}
     for name in list(sys.modules):
         top = name.split(".")[0]
@@ -270,7 +302,61 @@ def _worker(
         "autograd": stoker_autograd.stats(),
         "cold": cold_rows,
         "graphs": graphs[:n_graphs],
+        "timed": timed,
     }
+
+
+def _timed_steps(
+    step: Any, steps: int, first_wall: float, first_cpu: float, process_wall: float
+) -> dict[str, float]:
+    """Run the steps after the first (a cold process: its second step compiles what the
+    first ran eagerly); the first's and the second's wall and CPU seconds."""
+    timed = {
+        "first step wall": first_wall,
+        "first step CPU": first_cpu,
+        "process to end of first step wall": process_wall,
+    }
+    for i in range(steps - 1):
+        w0, c0 = time.perf_counter(), time.process_time()
+        step()
+        if i == 0:
+            timed["second step wall"] = time.perf_counter() - w0
+            timed["second step CPU"] = time.process_time() - c0
+    return timed
+
+
+def _inductor_worker(model: str, batch: int | None, steps: int, smoke: bool) -> dict[str, Any]:
+    """One process training ``model`` under ``torch.compile(backend="inductor")`` on the
+    CPU: the same model, batch, loss and optimizer as the stoker worker."""
+    w_start = time.perf_counter()
+    import torch
+
+    from stoker._internal.bench_suite import get_entry
+
+    entry = get_entry(model)
+    size = dict(entry.sized(smoke))
+    if batch is not None:
+        size["batch"] = batch
+    torch.manual_seed(0)
+    net = entry.build(size)
+    inputs, target = entry.batch(size, torch.Generator().manual_seed(0))
+    fn = torch.compile(net, backend="inductor")
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+
+    def step() -> None:
+        loss = entry.loss(fn(*inputs), target)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        opt.step()
+
+    t0, w0 = time.process_time(), time.perf_counter()
+    step()
+    first, first_wall = time.process_time() - t0, time.perf_counter() - w0
+    timed = _timed_steps(step, steps, first_wall, first, time.perf_counter() - w_start)
+    from torch._dynamo.utils import counters
+
+    caches = {f"{k}.{n}": v for k in ("inductor", "aot_autograd") for n, v in counters[k].items()}
+    return {"timed": timed, "caches": {k: v for k, v in caches.items() if "cache" in k}}
 
 
 def _count_calls() -> dict[str, int]:
@@ -328,7 +414,11 @@ def _count_calls() -> dict[str, int]:
 
 
 def _run(
-    env: dict[str, str], args: list[str], timeout: float, flags: tuple[str, ...] = ()
+    env: dict[str, str],
+    args: list[str],
+    timeout: float,
+    flags: tuple[str, ...] = (),
+    stderr: list[str] | None = None,
 ) -> dict[str, Any]:
     p = subprocess.run(
         [sys.executable, *flags, "-W", "ignore", __file__, "--worker", *args],
@@ -339,21 +429,16 @@ def _run(
     )
     if p.returncode != 0:
         raise SystemExit(f"worker failed:\n{p.stderr[-4000:]}")
+    if stderr is not None:
+        stderr.append(p.stderr)
     out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
     return out
 
 
-def _imports(env: dict[str, str], args: list[str], top: int) -> list[tuple[float, str]]:
-    """The slowest imports of a warm process (`-X importtime`, cumulative, seconds)."""
-    p = subprocess.run(
-        [sys.executable, "-X", "importtime", "-W", "ignore", __file__, "--worker", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
+def _imports(stderr: str, top: int) -> list[tuple[float, str]]:
+    """The slowest imports in ``python -X importtime``'s report (cumulative, seconds)."""
     rows = []
-    for line in p.stderr.splitlines():
+    for line in stderr.splitlines():
         if not line.startswith("import time:") or "cumulative" in line:
             continue
         _, cum, name = line[len("import time:") :].split("|")
@@ -363,16 +448,75 @@ def _imports(env: dict[str, str], args: list[str], top: int) -> list[tuple[float
     return sorted(((s, "  " * d + n) for s, d, n in rows if d <= 1), reverse=True)[:top]
 
 
+def _spread(vs: list[float]) -> str:
+    """min / median / max."""
+    import statistics
+
+    return f"{min(vs):6.2f} / {statistics.median(vs):6.2f} / {max(vs):6.2f}"
+
+
+# (row, key of `timed`): the warm first step, stoker beside Inductor
+SIDE_BY_SIDE = (
+    ("process start to end of first step, wall", "process to end of first step wall"),
+    ("first step, wall", "first step wall"),
+    ("first step, CPU", "first step CPU"),
+    ("second step, wall", "second step wall"),
+    ("second step, CPU", "second step CPU"),
+    ("first - second step, wall", "start-up wall"),
+    ("first - second step, CPU", "start-up CPU"),
+)
+
+
+def _side_rows(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    rows: dict[str, list[float]] = {}
+    for r in runs:
+        t = dict(r["timed"])
+        for unit in ("wall", "CPU"):
+            t[f"start-up {unit}"] = t[f"first step {unit}"] - t.get(f"second step {unit}", 0.0)
+        for _, key in SIDE_BY_SIDE:
+            rows.setdefault(key, []).append(t.get(key, float("nan")))
+    return rows
+
+
+def _inductor_arm(
+    root: str, model: str, batch: int, smoke: bool, repeat: int, flags: tuple[str, ...]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Inductor on the CPU: a cold process filling a fresh TORCHINDUCTOR_CACHE_DIR, then
+    ``repeat`` warm processes reading it."""
+    import shutil
+
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        raise SystemExit(
+            "bench_warm --inductor: Inductor's CPU backend compiles C++ and no C++ compiler "
+            "was found (c++, g++ or $CXX); install one or leave out --inductor"
+        )
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor")}
+    iargs = ["--inductor-arm", "--model", model, "--batch", str(batch), "--steps", "2"]
+    iargs += ["--smoke"] if smoke else []
+    t0 = time.perf_counter()
+    cold = _run(env, iargs, 3600)
+    print(f"Inductor cold process: {time.perf_counter() - t0:.1f} s wall ({cxx})")
+    return cold, [_run(env, iargs, 1800, flags) for _ in range(repeat)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="gpt-m")
     ap.add_argument("--batch", type=int, default=2, help="batch size (kernels do not change)")
     ap.add_argument("--smoke", action="store_true", help="the model at its tiny smoke size")
-    ap.add_argument("--repeat", type=int, default=3, help="warm processes; the min is reported")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="warm processes (min / median / max reported)"
+    )
     ap.add_argument("--keep", help="cache directory to use and keep (default: a temp dir)")
     ap.add_argument("--imports", type=int, default=15, help="slowest imports to list (0: none)")
     ap.add_argument("--json", help="write the raw results here")
     ap.add_argument("--warm-only", action="store_true", help="reuse the filled --keep directory")
+    ap.add_argument(
+        "--inductor",
+        action="store_true",
+        help="also Inductor's cold then warm CPU start on the same model, side by side",
+    )
     ap.add_argument(
         "--no-pyc",
         action="store_true",
@@ -388,12 +532,24 @@ def main() -> int:
         "--profile", action="store_true", help="--cold: also cProfile the step (CPU stages)"
     )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--inductor-arm", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--stages", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--profile-out", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=1, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.worker and a.inductor_arm:
+        print(json.dumps(_inductor_worker(a.model, a.batch, a.steps, a.smoke)))
+        return 0
     if a.worker:
         out = _worker(
-            a.model, a.batch, a.profile_out, a.steps, a.smoke, a.cold, a.workers, a.profile
+            a.model,
+            a.batch,
+            a.profile_out,
+            a.steps,
+            a.smoke,
+            a.cold,
+            a.workers,
+            a.profile or a.stages,
         )
         print(json.dumps(out))
         return 0
@@ -413,29 +569,49 @@ def main() -> int:
     cold = (
         _run(env, [*wargs, "--steps", "2"], 1800)
         if not a.warm_only
-        else {"stages": {}, "counts": {}}
+        else {"stages": {}, "counts": {}, "timed": {}}
     )
     print(f"cold process: {time.perf_counter() - t0:.1f} s wall; caches in {root}")
     flags: tuple[str, ...] = ()
     if a.no_pyc:  # the GPU image: every module compiled from source in every process
         flags = ("-X", f"pycache_prefix={tempfile.mkdtemp(prefix='stoker-nopyc-')}")
     wenv = {**env, "PYTHONDONTWRITEBYTECODE": "1"} if a.no_pyc else env
-    warms = [_run(wenv, wargs, 900, flags) for _ in range(a.repeat)]
-    rows: dict[str, list[float]] = {}
-    for w in warms:
-        for k in ("imports: torch", "imports: stoker (+ triton)"):
-            rows.setdefault(k, []).append(w[k])
-        for k, v in w["stages"].items():
-            rows.setdefault(k, []).append(v)
+    # unprofiled warm processes (the timings), then one under cProfile (the stages) and,
+    # with --imports, under -X importtime (its imports happen before the profile starts)
+    warms = [_run(wenv, [*wargs, "--steps", "2"], 900, flags) for _ in range(a.repeat)]
+    err: list[str] = []
+    iflags = ("-X", "importtime") if a.imports else ()
+    detail = _run(wenv, [*wargs, "--stages"], 900, (*flags, *iflags), err)
+    inductor: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
+    if a.inductor:
+        inductor = _inductor_arm(root, a.model, a.batch, a.smoke, a.repeat, flags)
     pyc = ", no bytecode cache" if a.no_pyc else ""
-    print(f"\nwarm first step of {a.model} (batch {a.batch}{pyc}), CPU s, min of {a.repeat}:")
-    print(f"  {'stage':40s} {'cold':>8s} {'warm':>8s}")
-    for k, vs in rows.items():
-        c = cold.get(k, cold["stages"].get(k, 0.0))
-        print(f"  {k:40s} {c:8.2f} {min(vs):8.2f}")
+    print(
+        f"\nwarm first step of {a.model} (batch {a.batch}{pyc}), seconds, "
+        f"min / median / max of {a.repeat} processes:"
+    )
+    srows = _side_rows(warms)
+    irows = _side_rows(inductor[1]) if inductor else {}
+    head = f"  {'':42s} {'stoker (stand-in sm_90)':>24s}"
+    print(head + (f" {'Inductor (CPU, C++)':>24s}" if inductor else ""))
+    for label, key in SIDE_BY_SIDE:
+        line = f"  {label:42s} {_spread(srows[key]):>24s}"
+        print(line + (f" {_spread(irows[key]):>24s}" if inductor else ""))
+    c, ic = cold.get("timed", {}), inductor[0]["timed"] if inductor else {}
+    line = f"  {'cold process: first step, wall':42s} {c.get('first step wall', 0.0):24.2f}"
+    print(line + (f" {ic.get('first step wall', 0.0):24.2f}" if inductor else ""))
+    if inductor:
+        print(f"  Inductor's caches, a warm process: {inductor[1][0]['caches']}")
+    print("\nthe warm first step by stage (one more warm process, under cProfile; CPU s):")
+    for k, v in detail["stages"].items():
+        print(f"  {k:40s} {v:8.2f}")
+    for k in ("imports: torch", "imports: stoker (+ triton)"):
+        print(f"  {k:40s} {detail[k]:8.2f}")
     print(f"  counts cold: {cold['counts']}")
     print(f"  counts warm: {warms[0]['counts']}")
     print(f"  modules of a warm process: {warms[0]['modules']}")
+    imported = cold_only(warms[0]["stoker modules"])
+    print(f"  cold-only modules a warm process imported: {imported or 'none'}")
     s = warms[0]["summary"]
     print(
         "  warm caches: graphs",
@@ -457,11 +633,14 @@ def main() -> int:
         print(
             f"\nslowest imports of a warm process (-X importtime, cumulative s, top {a.imports}):"
         )
-        for sec, name in _imports(env, wargs, a.imports):
+        for sec, name in _imports(err[0], a.imports):
             print(f"  {sec:6.2f}  {name}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"cold": cold, "warm": warms}, f, indent=1)
+            res = {"cold": cold, "warm": warms, "detail": detail}
+            if inductor:
+                res["inductor"] = {"cold": inductor[0], "warm": inductor[1]}
+            json.dump(res, f, indent=1)
     return 0
 
 

@@ -10,7 +10,8 @@ backwards that run through a stoker-compiled forward only; every other backward
 keeps the eager engine.
 """
 
-from . import passes
+from typing import TYPE_CHECKING, Any
+
 from .__about__ import __version__
 from ._internal.engine import (
     cache_outcomes,
@@ -32,6 +33,20 @@ from ._internal.final_callbacks import on_backward_start, skip_compile
 from ._internal.ops import OPAQUE_TARGETS, BoundBackward, accumulate_grad, call_backward, call_hook
 from ._internal.recapture import name_parameters
 from ._internal.session import Session, Stats, aten_executor
+
+if TYPE_CHECKING:
+    from . import passes
+
+
+def __getattr__(name: str) -> Any:
+    """``stoker_autograd.passes``, imported at its first use: the reordering passes run
+    on a captured graph's first compile, never on a warm start's disk-cache hit."""
+    if name == "passes":
+        import importlib
+
+        return importlib.import_module(".passes", __name__)
+    raise AttributeError(f"module 'stoker_autograd' has no attribute {name!r}")
+
 
 __all__ = [
     "OPAQUE_TARGETS",

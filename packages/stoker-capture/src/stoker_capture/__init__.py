@@ -9,6 +9,8 @@ stop after any stage, inspect or edit its result, and resume::
     aot_stage2_compile(state, graph, compiler)       -> CompiledFn
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .__about__ import __version__
 from ._internal.api import AOTCompiled, aot_function, aot_module, export
 from ._internal.autocast import autocast_off, autocast_state
@@ -23,10 +25,7 @@ from ._internal.errors import (
     StokerCaptureError,
     UnsupportedError,
 )
-from ._internal.export import ExportedGraph, ExportSignature, aot_stage2_export, load
 from ._internal.lint import lint_graph
-from ._internal.partition import Partition, PartitionError, default_partition
-from ._internal.partition_mincut import min_cut_partition
 from ._internal.runtime_fn import AOTBackwardInfo
 from ._internal.state import (
     AOTState,
@@ -37,6 +36,36 @@ from ._internal.state import (
     OutputKind,
     create_aot_state,
 )
+
+if TYPE_CHECKING:
+    from ._internal.export import ExportedGraph, ExportSignature, aot_stage2_export, load
+    from ._internal.partition import Partition, PartitionError, default_partition
+    from ._internal.partition_mincut import min_cut_partition
+
+# Imported at first use: a process that loads its compiled graphs from the caches
+# (a warm start) never exports or partitions, and does not pay for their import.
+_LAZY = {
+    "ExportedGraph": "export",
+    "ExportSignature": "export",
+    "aot_stage2_export": "export",
+    "load": "export",
+    "Partition": "partition",
+    "PartitionError": "partition",
+    "default_partition": "partition",
+    "min_cut_partition": "partition_mincut",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stoker_capture' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"._internal.{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AOTBackwardInfo",

@@ -39,7 +39,6 @@ from stoker_shapes import Dim, GuardSet, Origin, ShapeContext, Source
 
 from . import ops
 from .capture import PLACEHOLDERS, graph_module
-from .symbolic_decomps import retrace_table
 
 LISTS = PLACEHOLDERS  # inputs, sizes, scalars, hooks, packed_data
 
@@ -476,6 +475,8 @@ def retrace(
         stack.enter_context(rp.mode)
         # the table stoker-capture materialized once per process (~0.06 s per call), plus
         # the backwards whose fake kernel rejects symbolic sizes (`symbolic_decomps`)
+        from .symbolic_decomps import retrace_table  # the retrace only: not a warm start
+
         stack.enter_context(decompose(retrace_table()))
         for node in gm.graph.nodes:
             try:
@@ -610,6 +611,8 @@ def _recorded_as_is(op: Any) -> bool:
     kernel and the proxy mode's special cases all leave alone: the core-aten ops of
     an inlined AOT backward (the joint trace decomposed them already).
     """
+    from .symbolic_decomps import retrace_table
+
     return (
         isinstance(op, torch._ops.OpOverload)
         and op.namespace == "aten"

@@ -13,7 +13,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,9 +24,10 @@ from .capcache import CaptureCache
 from .capture import aot_stage1_graph_capture
 from .compile import CompiledFn, aot_stage2_compile
 from .config import AOTConfig, Compiler
-from .export import ExportedGraph, aot_stage2_export
-from .partition import default_partition
 from .state import DynamicShapes, create_aot_state
+
+if TYPE_CHECKING:  # export and partition: imported where they run (not on a warm start)
+    from .export import ExportedGraph
 
 
 def compile_pipeline(
@@ -70,6 +71,8 @@ def compile_pipeline(
         with _timed(took, "compile"):
             partition = None
             if cache is not None and graph.joint:  # noted right after partitioning
+                from .partition import default_partition
+
                 partition = cache.watch(config.partition or default_partition, graph)
             elif cache is not None:
                 cache.snapshot(graph)  # noted before the compiler runs
@@ -102,6 +105,8 @@ def export_pipeline(
             graph = aot_stage1_graph_capture(state)
         # 2. signature, parameters, guards (read out last)
         with _timed(took, "export"):
+            from .export import aot_stage2_export
+
             exported = aot_stage2_export(state, graph)
     exported.timings = took
     return exported

@@ -31,7 +31,7 @@ from stoker_shapes._internal.gcfreeze import frozen_heap
 from . import logs, timeline, tracelog
 from .autograd_switch import AutogradSwitch
 from .config import CompileOptions, StokerConfigError, resolve_backend
-from .errors import sibling
+from .errors import missing_piece, sibling
 from .report import (
     CompileRecord,
     GraphBreakRecord,
@@ -523,9 +523,15 @@ def _capture_backend(
     import inspect
 
     params = inspect.signature(make).parameters
-    partition = sibling(
-        "stoker_capture", f"{opts.partitioner}_partition", f"partitioner={opts.partitioner!r}"
-    )
+    # not `sibling`: a partitioner stoker-capture exports is loaded on first use, and a
+    # lookup here would import it (a warm start never partitions)
+    import stoker_capture
+
+    partition = _partitioner(stoker_capture, f"{opts.partitioner}_partition")
+    if partition is None:
+        raise missing_piece(
+            "stoker_capture", f"{opts.partitioner}_partition", f"partitioner={opts.partitioner!r}"
+        )
     wanted: dict[str, Any] = {
         "compiler": compiler,
         "partition": partition,
@@ -542,6 +548,20 @@ def _capture_backend(
         )
     kwargs = {k: v for k, v in wanted.items() if takes_any or k in params}
     return make(**kwargs)  # type: ignore[no-any-return]
+
+
+def _partitioner(module: Any, name: str) -> Callable[..., Any] | None:
+    """``module.<name>``; a partitioner stoker-capture exports imported at its first call:
+    a warm start loads its partitioned graphs from the capture cache and never runs it."""
+    if name not in getattr(module, "__all__", ()):
+        return getattr(module, name, None)
+
+    def partition(*args: Any, **kwargs: Any) -> Any:
+        return getattr(module, name)(*args, **kwargs)
+
+    # its name in the capture cache's key: stoker_capture.<name>
+    partition.__module__, partition.__name__, partition.__qualname__ = module.__name__, name, name
+    return partition
 
 
 def _record_capture_result(rec: CompileRecord, compiled: Any, opts: CompileOptions) -> None:
