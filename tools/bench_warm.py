@@ -399,15 +399,17 @@ def _count_calls() -> dict[str, int]:
     triton.compiler.compile = counted_compile  # what JITFunction's binder imports
     jit.compile = counted_compile
     try:
-        from stoker_autograd._internal import capture
+        from stoker_autograd._internal import graph, graphstore, retrace, runtime
 
-        gm = capture.graph_module
+        gm = graph.graph_module
 
         def counted_gm(*a: Any, **k: Any) -> Any:
             counts["autograd FX graphs"] += 1
             return gm(*a, **k)
 
-        capture.graph_module = counted_gm
+        # the stages that build one: the captured graph, the retraced one, a loaded one
+        for stage in (runtime, retrace, graphstore):
+            stage.graph_module = counted_gm
     except (ImportError, AttributeError):
         pass
     return counts

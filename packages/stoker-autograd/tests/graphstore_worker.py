@@ -68,11 +68,11 @@ def count_passes() -> dict[str, int]:
     """How often the reordering passes ran, a captured graph became a module, and the
     compiled backward's code was generated or loaded from the entry."""
     from stoker_autograd import passes
-    from stoker_autograd._internal import capture
+    from stoker_autograd._internal import runtime
     from stoker_capture._internal.boxed import BoxedGraph
 
     counts = {"passes": 0, "captured graph modules": 0, "code generated": 0, "code loaded": 0}
-    run_all, graph_module = passes.run_all, capture.graph_module
+    run_all, graph_module = passes.run_all, runtime.graph_module
     generate, load = BoxedGraph._generate, BoxedGraph.load
 
     def counted_generate(self: BoxedGraph) -> Any:
@@ -93,7 +93,7 @@ def count_passes() -> dict[str, int]:
         return graph_module(*a, **k)
 
     passes.run_all = counted_run_all  # type: ignore[assignment]
-    capture.graph_module = counted_graph_module  # type: ignore[assignment]
+    runtime.graph_module = counted_graph_module  # type: ignore[assignment]
     BoxedGraph._generate = counted_generate  # type: ignore[method-assign]
     BoxedGraph.load = counted_load  # type: ignore[method-assign]
     return counts

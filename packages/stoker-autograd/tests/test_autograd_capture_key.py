@@ -160,9 +160,10 @@ def test_a_dummy_is_laid_out_as_empty_like() -> None:
     """The capture builds ``empty_like`` results directly for dense inputs: the same
     sizes and strides as ``torch.empty_like`` (which the engine's checks see)."""
     from stoker_autograd._internal.capture import CaptureInstance
+    from stoker_autograd._internal.runtime import finish_capture
     from stoker_autograd._internal.session import Session
 
-    cap = CaptureInstance(Session())
+    cap = CaptureInstance(Session(), finish_capture)
     for x in (
         torch.empty(3, 4),
         torch.empty(4, 3).t(),

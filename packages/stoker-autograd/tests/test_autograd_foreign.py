@@ -22,7 +22,7 @@ import torch.nn as nn
 import stoker_autograd
 from stoker_autograd._internal import graphstore, ops
 from stoker_autograd._internal.functions import function_key, is_torch_compiled
-from stoker_autograd._internal.retrace import check_sizes
+from stoker_autograd._internal.graph import check_sizes
 
 stoker_capture = pytest.importorskip("stoker_capture")
 

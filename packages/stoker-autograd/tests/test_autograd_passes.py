@@ -327,7 +327,7 @@ def test_post_hook_with_outputs_not_moved() -> None:
 
 # ---------------------------------------------------------------- size checks
 def test_size_check_follows_the_call_it_checks() -> None:
-    from stoker_autograd._internal.retrace import check_sizes
+    from stoker_autograd._internal.graph import check_sizes
 
     b = B()
     x = b.item(b.inputs, 0, "x")

@@ -23,15 +23,26 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import PythonKeyTracer
 
 from stoker_capture._internal.runtime_fn import tangent_deps, undefined_grads
 
-if TYPE_CHECKING:
-    from .capture import CaptureInstance
+
+class Capture(Protocol):
+    """What inlining needs of the capture it inlines into (`capture.CaptureInstance`)."""
+
+    tracer: PythonKeyTracer
+    aot_counts: dict[int, int]  # AOT id -> how many of its backwards were inlined so far
+
+    def to_proxy(self, t: Any) -> Any: ...
+
+    def _node(
+        self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+    ) -> fx.Node: ...
 
 
 def stoker_aot_info(ctx: Any) -> Any:
@@ -57,7 +68,7 @@ def aot_backward_prologue(
 
 
 def inline_aot_backward(
-    cap: CaptureInstance,
+    cap: Capture,
     info: Any,
     ctx: Any,
     pgrads: list[Any],

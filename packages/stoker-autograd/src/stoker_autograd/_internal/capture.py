@@ -11,8 +11,10 @@ FX graph whose placeholders are ``inputs, sizes, scalars, hooks, packed_data``:
 * hooks: opaque `ops.call_hook` nodes tagged ``hook_type=``;
 * accumulate-grad: opaque `ops.accumulate_grad`.
 
-`end_capture` runs the reordering passes and hands the graph to `runtime.CompiledBackward`,
-which retraces it to core aten with real shapes and compiles it.
+`end_capture` hands the graph to the ``finish`` callable the engine passed in
+(`runtime.finish_capture`: a `runtime.CompiledBackward`, which runs the reordering
+passes, retraces the graph to core aten with real shapes and compiles it).  Capture
+imports no later stage.
 """
 
 from __future__ import annotations
@@ -22,15 +24,14 @@ import functools
 import itertools
 import operator
 import warnings
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import sympy
 import torch
 import torch.fx as fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.experimental.proxy_tensor import (
     ProxyTorchDispatchMode,
     PythonKeyTracer,
@@ -51,12 +52,25 @@ from . import ops, recapture
 from .aot_inline import inline_aot_backward, stoker_aot_info
 from .forward_dims import ForwardDims
 from .functions import function_key, function_name, is_torch_compiled
+from .graph import PLACEHOLDERS, contiguous_strides, fake_tensor
 from .origins import Origins
+from .session import Session
 
-if TYPE_CHECKING:
-    from .session import Session
-
-PLACEHOLDERS = ("inputs", "sizes", "scalars", "hooks", "packed_data")
+Captured = tuple[torch.nn.Module, fx.Graph, str]  # (root, the graph as captured, name)
+Finish = Callable[
+    [
+        Session,
+        Captured,
+        dict[sympy.Symbol, tuple[str, int]],  # capture symbol -> (list, index)
+        int,  # the capture's id
+        Mapping[tuple[str, int], str] | None,  # what each input source is (`origins`)
+        ForwardDims | None,
+    ],
+    tuple[Callable[..., Any], Any],
+]
+"""What `end_capture` hands the captured graph to: a later stage (the runtime's
+`finish_capture`, passed in by the engine) that returns what the engine calls on every
+backward, ``(runtime_wrapper, compiled_fn)``."""
 _COUNTER = itertools.count()
 # graph arguments taken as they are (what the tracer's ``create_arg`` does with them)
 _PLAIN = frozenset(
@@ -77,9 +91,10 @@ _PLAIN = frozenset(
 class CaptureInstance:
     """One capture of one backward graph (built by the engine through ``factory()``)."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, finish: Finish) -> None:
         self._t0 = timing.start()  # the capture's mark (the engine makes one per capture)
         self.session = session
+        self.finish = finish
         self.stack = contextlib.ExitStack()
         self.shape_env = ShapeEnv()
         self.fake_mode = FakeTensorMode(
@@ -463,7 +478,7 @@ class CaptureInstance:
             # concrete sizes: a symbolic fake costs ~15 ms here (contiguity through
             # sympy); what follows reads only the node (the retrace has real sizes)
             if layout == torch.strided:
-                g = self._fake(_hints(size), _contiguous(_hints(size)), dtype, device)
+                g = self._fake(_hints(size), contiguous_strides(_hints(size)), dtype, device)
             else:
                 with disable_proxy_modes_tracing():
                     g = torch.empty(size=_hints(size), dtype=dtype, layout=layout, device=device)
@@ -579,8 +594,6 @@ class CaptureInstance:
 
     # ------------------------------------------------------------------- end
     def end_capture(self, outputs: Any) -> tuple[Callable[..., Any], Any]:
-        from .runtime import CompiledBackward, runtime_wrapper
-
         self._node(ops.exec_final_callbacks_stub, ())
         self.stack.close()
         self._real = {}
@@ -596,7 +609,7 @@ class CaptureInstance:
                 node.meta.pop(key, None)
         # the reordering passes and the graph module: at the first use of `gm`, which a
         # warm-start cache hit never makes (its key is the captured graph's text)
-        compiled = CompiledBackward(
+        wrapper, compiled = self.finish(
             self.session,
             (self.tracer.root, graph, f"StokerBackward{self.id}"),
             self.sym_sources,
@@ -606,7 +619,7 @@ class CaptureInstance:
         )
         self.session.graphs.append(compiled)
         timing.done("autograd capture", self._t0, "", f"backward graph {self.id}")
-        return runtime_wrapper, compiled
+        return wrapper, compiled
 
     def _annotate_origins(self, graph: fx.Graph) -> None:
         """Each node's autograd node: ``meta["autograd_node"]`` as messages name it
@@ -625,32 +638,6 @@ class CaptureInstance:
                 current = mark
 
 
-def fake_tensor(
-    fake_mode: FakeTensorMode,
-    size: Sequence[int],
-    stride: Sequence[int],
-    offset: int,
-    dtype: torch.dtype,
-    device: torch.device | str,
-) -> torch.Tensor:
-    """A fake tensor of this metadata, built directly (~0.02 ms; through the fake
-    mode's dispatch ~2 ms): a meta tensor wrapped with its device."""
-    if offset:  # a view into a storage that holds all of it
-        span = 0 if 0 in size else 1 + sum((n - 1) * st for n, st in zip(size, stride))
-        base = torch.empty(offset + span, dtype=dtype, device="meta")
-        meta = base.as_strided(size, stride, offset)
-    else:
-        meta = torch.empty_strided(size, stride, dtype=dtype, device="meta")
-    return FakeTensor(fake_mode, meta, torch.device(device))
-
-
-def graph_module(root: torch.nn.Module, graph: fx.Graph, name: str) -> fx.GraphModule:
-    """A GraphModule whose Python code is generated on its first call or print, not now:
-    a backward replayed by segments, or loaded from the disk cache, never needs it
-    (~0.1 ms per node)."""
-    return _LazyGraphModule(root, graph, name)
-
-
 def _hints(size: Sequence[Any]) -> list[int]:
     """``size`` with each symbolic size replaced by its value at capture."""
     out = []
@@ -658,14 +645,6 @@ def _hints(size: Sequence[Any]) -> list[int]:
         hint = s.node.hint if isinstance(s, torch.SymInt) else s
         out.append(int(hint) if hint is not None else 1)
     return out
-
-
-def _contiguous(size: Sequence[int]) -> list[int]:
-    strides, acc = [], 1
-    for n in reversed(size):
-        strides.append(acc)
-        acc *= max(n, 1)
-    return strides[::-1]
 
 
 def getitem_index(node: fx.Node) -> int | None:

@@ -121,14 +121,17 @@ def _caller() -> str:
 def _factory() -> CaptureInstance:
     """The engine's factory, registered only while a routed backward runs: captures into
     the session of that backward (the newest config's session otherwise: a foreign
-    caller that registered this factory itself)."""
+    caller that registered this factory itself).  The runtime (retrace, segments, the
+    disk cache) is imported here, at the first capture, not with the package."""
+    from .runtime import finish_capture
+
     session = _STATE.routed
     if session is None:
         entry = _STATE.stack[-1] if _STATE.stack else _STATE.default
         session = entry.session if entry is not None and entry.session is not None else None
     if session is None:
         session = Session(compiler=aten_executor, stats=STATS)
-    return CaptureInstance(session)
+    return CaptureInstance(session, finish_capture)
 
 
 # ------------------------------------------------------------------ sessions and blocks

@@ -5,7 +5,7 @@ forward's own fake values: its saved tensors and the gradients it returns carry 
 forward's sizes, symbolic where the forward was compiled dynamic
 (``stoker.compile(dynamic=True)``, ``torch.compile(dynamic=True)``, ``mark_dynamic``,
 a Dynamo recompile made automatic-dynamic).  Capture notes, per position of the
-graph's inputs (`retrace.Position`), whether the forward held it symbolic (True) or
+graph's inputs (`graph.Position`), whether the forward held it symbolic (True) or
 static (False); a parameter's sizes (and its ``.grad``'s) are static.
 
 The first compile of the captured graph then makes symbolic the positions the
@@ -28,7 +28,8 @@ from typing import Any
 import sympy
 import torch
 
-Position = tuple[int, int, int]  # (list, index, dim): see retrace.concrete_values
+from .graph import Position
+
 _LIST = {"inputs": 0, "sizes": 1, "scalars": 2}
 
 

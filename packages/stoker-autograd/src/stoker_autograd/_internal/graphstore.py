@@ -72,8 +72,8 @@ from stoker_shapes import DiskCache, GuardSet, ShapeContext
 from stoker_shapes._internal.cachekey import hints
 
 from . import ops
-from .capture import fake_tensor, graph_module
-from .retrace import Position, check_sizes, fake_inputs
+from .graph import Position, check_sizes, fake_tensor, graph_module
+from .retrace import fake_inputs
 
 log = logging.getLogger("stoker.cache")
 
@@ -120,7 +120,7 @@ def _version() -> str:
     import stoker_capture
     import stoker_shapes
 
-    from .. import __version__
+    from ..__about__ import __version__
 
     h = hashlib.sha256()
     root = Path(__file__).resolve().parent.parent

@@ -38,7 +38,7 @@ from torch.fx.experimental.proxy_tensor import (
 from stoker_shapes import Dim, GuardSet, Origin, ShapeContext, Source
 
 from . import ops
-from .capture import PLACEHOLDERS, graph_module
+from .graph import PLACEHOLDERS, Position, check_sizes, contiguous_strides, graph_module
 
 LISTS = PLACEHOLDERS  # inputs, sizes, scalars, hooks, packed_data
 
@@ -57,17 +57,6 @@ class Retraced:
     def guards(self) -> GuardSet:
         """The guards of every stage so far, over ``(inputs, sizes, scalars)``."""
         return _without_alias_guards(self.ctx.produce_guards())
-
-
-def check_sizes(t: torch.Tensor | None, expected: Sequence[int], what: str) -> torch.Tensor | None:
-    """An opaque call's result must have the sizes the compiled graph was traced for."""
-    if t is not None and tuple(t.shape) != tuple(expected):
-        raise RuntimeError(
-            f"stoker-autograd: {what} returned a tensor of size {tuple(t.shape)}, but the "
-            f"compiled backward was traced for {tuple(expected)}. Hooks and custom backwards "
-            "must return gradients of the size eager autograd expects."
-        )
-    return t
 
 
 def _hook_name(hook_node: fx.Node) -> str:
@@ -216,7 +205,7 @@ class _Replayer:
         check after the hook and the input guards catch a change)."""
         size, stride, dtype, device = meta
         k = self.unpack_idx.get(name, -1)
-        contiguous = list(stride) == _contiguous_strides(size)
+        contiguous = list(stride) == contiguous_strides(size)
         sym_size: list[Any] = []
         for d, v in enumerate(size):
             where = self.sym_by_value.get(v) if (3, k, d) in self.dynamic and contiguous else None
@@ -268,14 +257,6 @@ class _Opaque:
         self.proxy = proxy
 
 
-def _contiguous_strides(size: Sequence[int]) -> list[int]:
-    strides, acc = [], 1
-    for n in reversed(size):
-        strides.append(acc)
-        acc *= max(int(n), 1)
-    return strides[::-1]
-
-
 def _eval_sym(e: Any, subs: dict[sympy.Symbol, Any]) -> Any:
     if isinstance(e, sympy.Symbol):
         return subs[e]
@@ -301,9 +282,6 @@ def _eval_sym(e: Any, subs: dict[sympy.Symbol, Any]) -> Any:
 
 def _is_param(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.is_leaf and t.requires_grad
-
-
-Position = tuple[int, int, int]  # (0 inputs | 1 sizes | 2 scalars | 3 unpacked, index, dim or -1)
 
 
 def unpack_index(gm: fx.GraphModule) -> dict[str, int]:
@@ -489,8 +467,6 @@ def retrace(
                 raise RetraceError(
                     f"retracing {node.format_node()} (from {where}) failed: {e}"
                 ) from e
-    from ..passes import RETRACED_PIPELINE, run_all
-
     graph = rp.tracer.graph
     # Graph inputs were made on first use, mid-graph: hoist them, in order, to the top.
     phs = [n for n in graph.nodes if n.op == "placeholder"]
@@ -499,7 +475,9 @@ def retrace(
         for ph in phs:
             first.prepend(ph)
     graph.eliminate_dead_code(is_impure_node=lambda n: _impure(n))
-    graph = run_all(graph, RETRACED_PIPELINE)
+    from .. import passes  # the retrace only: not on a warm start
+
+    graph = passes.run_all(graph, passes.RETRACED_PIPELINE)
     new_gm = graph_module(rp.tracer.root, graph, gm.__class__.__name__ + "Aten")
     return Retraced(new_gm, rp.arg_spec, ctx, rp.examples)
 

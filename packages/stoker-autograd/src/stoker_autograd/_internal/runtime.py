@@ -32,9 +32,11 @@ from stoker_shapes import timing
 from stoker_shapes._internal.gcfreeze import frozen_heap
 
 from . import final_callbacks, graphstore, ops
+from .capture import Captured
 from .forward_dims import ForwardDims
+from .graph import Position, graph_module
 from .origins import describe
-from .retrace import Position, Retraced, concrete_values, retrace, unpack_index
+from .retrace import Retraced, concrete_values, retrace, unpack_index
 from .segments import SegmentedBackward
 from .session import (
     RELEASE_NODES,
@@ -69,6 +71,22 @@ def runtime_wrapper(
     if t0:  # someone listens (`stoker_shapes.timing`)
         timing.done("run backward", t0, "backward", f"backward graph {compiled_fn.capture_id}")
     return out if type(out) is list else list(out)  # the engine wants exactly a list
+
+
+def finish_capture(
+    session: Session,
+    captured: Captured,
+    sym_sources: dict[sympy.Symbol, tuple[str, int]],
+    capture_id: int,
+    origins: Mapping[tuple[str, int], str] | None,
+    forward_dims: ForwardDims | None,
+) -> tuple[Callable[..., Any], CompiledBackward]:
+    """The end of a capture (`capture.Finish`): what the engine calls on every backward
+    of this graph, ``(runtime_wrapper, compiled_fn)``.  The reordering passes run at the
+    first use of `CompiledBackward.gm`, which a warm-start cache hit never makes (its key
+    is the captured graph's text)."""
+    compiled = CompiledBackward(session, captured, sym_sources, capture_id, origins, forward_dims)
+    return runtime_wrapper, compiled
 
 
 @dataclass
@@ -171,7 +189,7 @@ class CompiledBackward:
     def __init__(
         self,
         session: Session,
-        gm: fx.GraphModule | tuple[torch.nn.Module, fx.Graph, str],
+        gm: fx.GraphModule | Captured,
         sym_sources: dict[sympy.Symbol, tuple[str, int]],
         capture_id: int,
         origins: Mapping[tuple[str, int], str] | None = None,
@@ -210,13 +228,12 @@ class CompiledBackward:
     def gm(self) -> fx.GraphModule:
         """The captured graph after the reordering passes (run now if not yet)."""
         if self._gm is None:
-            from ..passes import run_all
-            from .capture import graph_module
-
             assert self._captured is not None
             root, graph, name = self._captured
             t0 = timing.start()
-            self._gm = graph_module(root, run_all(graph), name)
+            from .. import passes  # a cache hit never runs them: not on a warm start
+
+            self._gm = graph_module(root, passes.run_all(graph), name)
             timing.done("autograd retrace", t0, "reordering passes", self._label)
         return self._gm
 

@@ -32,7 +32,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from stoker_capture._internal.boxed import BoxedGraph, call_boxed, mark_boxed
 
 from . import ops
-from .retrace import check_sizes
+from .graph import check_sizes
 
 
 def is_python_node(n: fx.Node) -> bool:

@@ -12,6 +12,8 @@ import itertools
 
 import torch.fx as fx
 
+from .._internal import ops
+from .._internal.graph import check_sizes
 from ._common import (
     graph_pass,
     hook_kind,
@@ -229,8 +231,6 @@ def reorder_post_hooks(g: fx.Graph) -> None:
 def place_size_checks_after_their_call(g: fx.Graph) -> None:
     """(Retraced graphs) each ``check_sizes`` right after the last of its inputs, so
     it travels with the hook or custom backward whose result it checks."""
-    from .._internal.retrace import check_sizes
-
     for node in [n for n in g.nodes if n.op == "call_function" and n.target is check_sizes]:
         last = max(node.all_input_nodes)
         if last.next is not node and not is_input_like(last):
@@ -309,14 +309,10 @@ def _leaf_block(acc: fx.Node) -> tuple[fx.Node, int, list[fx.Node]] | None:
 
 
 def _is_retain_grad(n: fx.Node) -> bool:
-    from .._internal import ops
-
     return n.op == "call_function" and n.target is ops.call_cpp_tensor_pre_hooks
 
 
 def _is_size_check(n: fx.Node) -> bool:
-    from .._internal.retrace import check_sizes
-
     return n.op == "call_function" and n.target is check_sizes
 
 

@@ -27,6 +27,8 @@ from torch.utils._sympy.numbers import int_oo
 
 from .dims import Dim, Policy
 from .errors import DataDependentError, ShapeInputError, SpecializationError
+from .guards import build_guard_set
+from .inputs import ConstantInput, ContainerInput, ScalarInput, TensorInput
 from .plain import CONSTANT_TYPES
 from .provenance import Origin, current_origin, origin_from_traceback
 from .source import Source
@@ -34,50 +36,6 @@ from .source import Source
 # A per-dim dynamic spec: a `Dim`, True (anonymous dynamic), or None/False (static).
 DimSpec = Dim | bool | None
 DynamicSpec = bool | None | Mapping[int, DimSpec] | Sequence[DimSpec]
-
-
-@dataclass(slots=True)
-class TensorInput:
-    """A fakeified tensor input: where it came from and what it looked like."""
-
-    source: Source
-    fake: FakeTensor
-    dtype: torch.dtype
-    device: torch.device
-    requires_grad: bool
-    sizes: tuple[sympy.Expr | int, ...]  # int when static, expr over symbols when dynamic
-    strides: tuple[sympy.Expr | int, ...]
-    storage_offset: sympy.Expr | int
-    is_view: bool
-    storage_key: int  # identifies the real storage, for aliasing between inputs
-    is_param: bool = False  # a parameter or buffer (static by default, no alias guards)
-    is_param_type: bool = False  # the value is a torch.nn.Parameter (its exact type is guarded)
-
-
-@dataclass(slots=True)
-class ScalarInput:
-    """A Python int/float input: a constant (static) or a symbol (dynamic)."""
-
-    source: Source
-    value: int | float
-    expr: sympy.Expr | None  # None when specialized
-
-
-@dataclass(slots=True)
-class ConstantInput:
-    """A non-tensor value the trace specialized on (bool, None, str, dtype, ...)."""
-
-    source: Source
-    value: Any
-
-
-@dataclass(slots=True)
-class ContainerInput:
-    """A list/tuple/dict along the way to the leaves: its type and length are guarded."""
-
-    source: Source
-    kind: type
-    keys: tuple[Any, ...]
 
 
 @dataclass(slots=True)
@@ -430,8 +388,6 @@ class ShapeContext:
 
     def produce_guards(self) -> Any:
         """Read every guard out of the shape env (call after the last stage)."""
-        from .guards import build_guard_set
-
         return build_guard_set(self)
 
 

@@ -27,6 +27,7 @@ import torch
 from torch.utils._sympy.printers import PythonPrinter
 
 from .errors import StokerShapesError
+from .inputs import ConstantInput, ContainerInput, ScalarInput, TensorInput
 from .provenance import Origin
 from .source import Source
 
@@ -489,8 +490,6 @@ class GuardSet:
 # --------------------------------------------------------------------- builder
 def build_guard_set(ctx: Any) -> GuardSet:
     """Read a `ShapeContext` out into a `GuardSet` (after the last stage)."""
-    from .context import ConstantInput, ContainerInput, ScalarInput, TensorInput
-
     env = ctx.shape_env
     specs: list[TensorSpec] = []
     guards: list[Guard] = []
