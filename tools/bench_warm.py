@@ -67,7 +67,10 @@ COLD_STAGES: dict[str, tuple[str, str]] = {
         "aot_stage2_compile",
     ),
     "compile_graph (all graphs)": ("stoker_triton._internal.pipeline", "compile_graph_impl"),
-    "forward run (compiled)": ("stoker_capture._internal.runtime_fn", "CompiledFunction.forward"),
+    "forward run (compiled)": (
+        "stoker_capture._internal.runtime.function",
+        "CompiledFunction.forward",
+    ),
     "backward (all)": ("torch", "Tensor.backward"),
     "  compiled autograd: first run (eager)": (
         "stoker_autograd._internal.runtime",

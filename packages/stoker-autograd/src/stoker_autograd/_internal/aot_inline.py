@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx as fx
 
-from stoker_capture._internal.runtime_fn import tangent_deps, undefined_grads
+from stoker_capture._internal.runtime.function import tangent_deps, undefined_grads
 
 if TYPE_CHECKING:
     from .capture import CaptureInstance

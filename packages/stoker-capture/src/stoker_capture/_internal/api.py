@@ -21,12 +21,12 @@ from stoker_shapes import GuardedCache, ShapeContext, timing
 
 from .autocast import autocast_state
 from .capcache import CaptureCache
-from .capture import aot_stage1_graph_capture
-from .compile import CompiledFn, aot_stage2_compile
 from .config import AOTConfig, Compiler
-from .export import ExportedGraph, aot_stage2_export
-from .partition import default_partition
-from .state import DynamicShapes, create_aot_state
+from .partition.core import default_partition
+from .stages.capture import aot_stage1_graph_capture
+from .stages.compile import CompiledFn, aot_stage2_compile
+from .stages.export import ExportedGraph, aot_stage2_export
+from .stages.state import DynamicShapes, create_aot_state
 
 
 def compile_pipeline(
