@@ -38,7 +38,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "stoker backend": ("stoker/_internal/backend.py", "__call__"),
     "capture (stage 1, cache)": ("stoker_capture/_internal/dynamo.py", "backend"),
     "compiled-graph load (triton)": ("stoker_triton/_internal/graphcache.py", "load"),
-    "kernel modules load": ("stoker_triton/_internal/runtime/modules.py", "load_stored"),
+    "kernel modules load": ("stoker_triton/_internal/modcache/modules.py", "load_stored"),
     "  triton.jit (JITFunction)": ("triton/runtime/jit.py", "jit"),
     "first launches (JITFunction.run)": ("triton/runtime/jit.py", "run"),
     "  Triton compile": ("triton/compiler/compiler.py", "compile"),
@@ -192,7 +192,8 @@ def _worker(
     cold_times: dict[str, list[float]] = {}
     graphs: list[dict[str, Any]] = []
     if cold:  # as on a GPU: compile workers, each kernel's compile queued as it loads
-        from stoker_triton._internal import pipeline, runtime, xcompile
+        from stoker_triton._internal import pipeline, runtime
+        from stoker_triton._internal.compile import xcompile
 
         def gpu_target(device: Any) -> tuple[str, Any, int] | None:
             return ("cuda", 90, 32)

@@ -49,8 +49,8 @@ from stoker_shapes._internal.cachekey import guards_hold, replay, source_hash
 from stoker_shapes._internal.cachekey import shape_env_text as _shape_env_text
 from stoker_shapes._internal.cachekey import val_text as _val_text
 
+from .modcache.modules import MODULE_FORMAT, cache_dir, interpreting, load_stored, read_stored
 from .report import CompileReport, KernelInfo
-from .runtime.modules import MODULE_FORMAT, cache_dir, interpreting, load_stored, read_stored
 
 log = logging.getLogger("stoker.cache")
 
@@ -92,7 +92,7 @@ def _code_version() -> str:
 
 
 def _target() -> str:
-    from .xcompile import targets
+    from .compile.xcompile import targets
 
     gpu = "none"
     if not interpreting() and torch.cuda.is_available():
