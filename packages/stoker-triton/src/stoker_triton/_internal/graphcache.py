@@ -85,7 +85,7 @@ def _code_version() -> str:
     (a changed generator, released or not, never reads an older entry)."""
     import triton
 
-    from .. import __version__
+    from ..__about__ import __version__
 
     h = source_hash(Path(__file__).resolve().parent.parent)
     return f"torch {torch.__version__} triton {triton.__version__} stoker-triton {__version__} {h}"

@@ -290,7 +290,7 @@ def cgroup_cpus(root: Path = Path("/sys/fs/cgroup")) -> int | None:
 def gpu_source(source: str) -> str:
     """The kernel module a GPU build loads in place of the interpreter's `source`:
     the same kernel with the GPU's bfloat16 cast instead of the interpreter's
-    rounding on the bits (`codegen_ops.PRELUDE_BF16`); a GPU build is its own."""
+    rounding on the bits (`codegen/ops.py: PRELUDE_BF16`); a GPU build is its own."""
     from ..codegen.ops import PRELUDE_BF16
 
     return source.replace(PRELUDE_BF16["interpret"], PRELUDE_BF16["native"])
