@@ -198,7 +198,7 @@ def joint_graph(name: str) -> tuple[torch.fx.GraphModule, int]:
 def torch_min_cut_bytes(gm: torch.fx.GraphModule, num_fw_outputs: int) -> int:
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    from stoker_capture._internal.partition import node_bytes
+    from stoker_capture._internal.partition.core import node_bytes
 
     gm = copy.deepcopy(gm)
     inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
@@ -209,8 +209,8 @@ def torch_min_cut_bytes(gm: torch.fx.GraphModule, num_fw_outputs: int) -> int:
 
 
 def bench_bytes(name: str) -> dict[str, Any]:
-    from stoker_capture._internal.partition import default_partition
-    from stoker_capture._internal.partition_mincut import min_cut_partition
+    from stoker_capture._internal.partition.core import default_partition
+    from stoker_capture._internal.partition.mincut import min_cut_partition
 
     row: dict[str, Any] = {"model": name}
     try:
@@ -315,7 +315,7 @@ def pipeline_once(name: str, smoke: bool) -> dict[str, dict[str, float]]:
     import stoker_capture
     import stoker_triton
     from stoker._internal.bench_suite import get_entry
-    from stoker_capture._internal.compile import example_inputs
+    from stoker_capture._internal.stages.compile import example_inputs
 
     entry = get_entry(name)
     torch.manual_seed(0)

@@ -131,7 +131,8 @@ def _worker(
     from stoker._internal.bench_suite import get_entry
 
     stand_in()
-    from stoker_triton._internal import pipeline, runtime, xcompile
+    from stoker_triton._internal import pipeline, runtime
+    from stoker_triton._internal.compile import xcompile
 
     def gpu_target(device: Any) -> tuple[str, Any, int] | None:
         return ("cuda", 90, 32)

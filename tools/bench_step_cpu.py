@@ -172,9 +172,10 @@ def _instrument(parts: Parts) -> None:
     from stoker_autograd._internal import engine as ag_engine
     from stoker_autograd._internal import runtime as ag_runtime
     from stoker_autograd._internal import segments
-    from stoker_capture._internal import compile as cap_compile
+    from stoker_capture._internal.stages import compile as cap_compile
     from stoker_triton._internal import graphcache, pipeline
-    from stoker_triton._internal.runtime import fastlaunch, launcher, modules
+    from stoker_triton._internal.modcache import modules
+    from stoker_triton._internal.runtime import fastlaunch, launcher
 
     parts.patch(cap_compile.CompiledFn, "__call__", "stoker forward runtime (CompiledFn)")
     # (the boxed entries: `__call__` boxes its arguments and calls them; the backward's

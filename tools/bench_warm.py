@@ -48,7 +48,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "stoker backend": ("stoker/_internal/backend.py", "__call__"),
     "capture (stage 1, cache)": ("stoker_capture/_internal/dynamo.py", "backend"),
     "compiled-graph load (triton)": ("stoker_triton/_internal/graphcache.py", "load"),
-    "kernel modules load": ("stoker_triton/_internal/runtime/modules.py", "load_stored"),
+    "kernel modules load": ("stoker_triton/_internal/modcache/modules.py", "load_stored"),
     "  triton.jit (JITFunction)": ("triton/runtime/jit.py", "jit"),
     "first launches (JITFunction.run)": ("triton/runtime/jit.py", "run"),
     "  Triton compile": ("triton/compiler/compiler.py", "compile"),
@@ -77,7 +77,10 @@ COLD_STAGES: dict[str, tuple[str, str]] = {
         "aot_stage2_compile",
     ),
     "compile_graph (all graphs)": ("stoker_triton._internal.pipeline", "compile_graph_impl"),
-    "forward run (compiled)": ("stoker_capture._internal.runtime_fn", "CompiledFunction.forward"),
+    "forward run (compiled)": (
+        "stoker_capture._internal.runtime.function",
+        "CompiledFunction.forward",
+    ),
     "backward (all)": ("torch", "Tensor.backward"),
     "  compiled autograd: first run (eager)": (
         "stoker_autograd._internal.runtime",
@@ -106,14 +109,14 @@ COLD_STAGES: dict[str, tuple[str, str]] = {
 # graph from the caches, imports none of them (tests-integration/test_tools_smoke.py
 # checks it, and that a cold process imports each, so that a renamed module fails there).
 COLD_ONLY: tuple[str, ...] = (
-    "stoker_capture._internal.partition_mincut",
-    "stoker_capture._internal.partition_ops",
+    "stoker_capture._internal.partition.mincut",
+    "stoker_capture._internal.partition.ops",
     "stoker_autograd.passes",
     "stoker_autograd._internal.symbolic_decomps",
     "stoker_triton._internal.lowering",
     "stoker_triton._internal.scheduler",
-    "stoker_triton._internal.codegen_kernel",
-    "stoker_triton._internal.codegen_wrapper",
+    "stoker_triton._internal.codegen.kernel",
+    "stoker_triton._internal.codegen.wrapper",
 )
 
 
@@ -221,7 +224,8 @@ def _worker(
     cold_times: dict[str, list[float]] = {}
     graphs: list[dict[str, Any]] = []
     if cold:  # as on a GPU: compile workers, each kernel's compile queued as it loads
-        from stoker_triton._internal import pipeline, runtime, xcompile
+        from stoker_triton._internal import pipeline, runtime
+        from stoker_triton._internal.compile import xcompile
 
         def gpu_target(device: Any) -> tuple[str, Any, int] | None:
             return ("cuda", 90, 32)

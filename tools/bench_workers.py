@@ -115,8 +115,8 @@ def one(n: int) -> dict[str, Any]:
     """In a new process: the pool's start and a cold batch compile (see the module doc)."""
     work = _jobs()
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-bench-workers-")
-    from stoker_triton._internal import xcompile
-    from stoker_triton._internal.workers import Pool
+    from stoker_triton._internal.compile import xcompile
+    from stoker_triton._internal.compile.workers import Pool
 
     cpu0, t0 = _tree_cpu(), time.perf_counter()
     pool = Pool(n, start=True)
@@ -168,7 +168,8 @@ def cold_start(n: int) -> dict[str, Any]:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from stoker_triton import compile_graph
-    from stoker_triton._internal import runtime, xcompile
+    from stoker_triton._internal import runtime
+    from stoker_triton._internal.compile import xcompile
     from stoker_triton._internal.fakegpu import install
 
     install()

@@ -110,7 +110,7 @@ def stoker_compile(
         raise SystemExit("opinfo_sweep: stoker_capture has no aot_function yet")
     kw: dict[str, Any] = {"debug_checks": check}
     if partition == "min_cut":
-        from stoker_capture._internal.partition_mincut import min_cut_partition
+        from stoker_capture._internal.partition.mincut import min_cut_partition
 
         kw["partition"] = min_cut_partition
     return lambda fn: aot_function(fn, compiler=compiler, **kw)
@@ -344,7 +344,7 @@ def bytes_of_op(op: Any) -> dict[str, Any] | None:
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     import stoker_capture
-    from stoker_capture._internal.partition import node_bytes
+    from stoker_capture._internal.partition.core import node_bytes
 
     if not op.supports_autograd:
         return None

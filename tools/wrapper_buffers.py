@@ -70,7 +70,7 @@ def main() -> None:
     import stoker_capture
     import stoker_triton
     from stoker._internal.bench_suite import get_entry
-    from stoker_capture._internal.compile import example_inputs
+    from stoker_capture._internal.stages.compile import example_inputs
 
     entry = get_entry(a.model)
     torch.manual_seed(0)

@@ -69,7 +69,7 @@ def count_passes() -> dict[str, int]:
     compiled backward's code was generated or loaded from the entry."""
     from stoker_autograd import passes
     from stoker_autograd._internal import runtime
-    from stoker_capture._internal.boxed import BoxedGraph
+    from stoker_capture._internal.runtime.boxed import BoxedGraph
 
     counts = {"passes": 0, "captured graph modules": 0, "code generated": 0, "code loaded": 0}
     run_all, graph_module = passes.run_all, runtime.graph_module

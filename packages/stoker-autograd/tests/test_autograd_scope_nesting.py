@@ -24,7 +24,7 @@ from stoker_autograd._internal import engine
 from stoker_autograd._internal.capture import CaptureInstance
 
 stoker_capture = pytest.importorskip("stoker_capture")
-from stoker_capture._internal import runtime_fn  # noqa: E402
+from stoker_capture._internal.runtime import function as runtime_fn  # noqa: E402
 
 WORKER = Path(__file__).with_name("scope_sequence_worker.py")
 _spec = importlib.util.spec_from_file_location("scope_sequence_worker", WORKER)

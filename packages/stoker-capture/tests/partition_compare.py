@@ -17,9 +17,9 @@ import torch.fx as fx
 from torch._decomp import core_aten_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from stoker_capture._internal.functional import keep_node
-from stoker_capture._internal.partition import Partition
-from stoker_capture._internal.partition_ops import classify
+from stoker_capture._internal.partition.core import Partition
+from stoker_capture._internal.partition.ops import classify
+from stoker_capture._internal.tracing.functional import keep_node
 
 
 def make_joint(
@@ -176,7 +176,7 @@ def torch_min_cut_saved_bytes(joint: fx.GraphModule, num_fw_outputs: int) -> int
     """Activation bytes (saved tensors that are not primals) of torch's own min-cut partitioner."""
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    from stoker_capture._internal.partition import node_bytes
+    from stoker_capture._internal.partition.core import node_bytes
 
     gm = copy.deepcopy(joint)
     inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]

@@ -430,7 +430,7 @@ def test_multilabel_margin_loss_stops_at_the_first_minus_one(reduction: str, bat
 
 
 def test_torch_decomposition_fix_is_undone_after_tracing() -> None:
-    from stoker_capture._internal.torch_fixes import _FIXES
+    from stoker_capture._internal.tracing.torch_fixes import _FIXES
 
     before = {op: op.py_kernels.get(torch._C.DispatchKey.Autograd) for op in _FIXES}
     aot_function(lambda x: x.sin())(torch.randn(3, requires_grad=True)).sum().backward()

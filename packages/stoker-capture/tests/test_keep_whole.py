@@ -14,7 +14,7 @@ from capture_compare import check_fn
 from torch._decomp import core_aten_decompositions
 
 from stoker_capture import AOTConfig, aot_function, aot_stage1_graph_capture, create_aot_state
-from stoker_capture._internal.capture import KEEP_WHOLE_IN_BACKWARD
+from stoker_capture._internal.stages.capture import KEEP_WHOLE_IN_BACKWARD
 
 aten = torch.ops.aten
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.fx as fx
 
-from stoker_capture._internal.boxed import call_boxed, mark_boxed
-from stoker_capture._internal.partition import sink_recomputed
+from stoker_capture._internal.partition.core import sink_recomputed
+from stoker_capture._internal.runtime.boxed import call_boxed, mark_boxed
 
 aten = torch.ops.aten
 
@@ -217,7 +217,7 @@ def _twin_graphs() -> tuple[fx.GraphModule, fx.GraphModule]:
 
 
 def _count_codegen(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    from stoker_capture._internal import boxed as boxed_mod
+    from stoker_capture._internal.runtime import boxed as boxed_mod
 
     made: list[str] = []
     real = boxed_mod._BoxedCodeGen.gen_fn_def

@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from stoker_capture._internal.partition import PartitionError, default_partition
-from stoker_capture._internal.partition_mincut import min_cut_partition
+from stoker_capture._internal.partition.core import PartitionError, default_partition
+from stoker_capture._internal.partition.mincut import min_cut_partition
 
 # --------------------------------------------------------------------------- models
 # Each returns (f, make_primals): f(*primals) -> output(s); make_primals(batch) -> fresh inputs.
@@ -298,7 +298,7 @@ def test_constant_tensor_attribute() -> None:
 
 
 def test_cse_merges_pure_duplicates_only() -> None:
-    from stoker_capture._internal.partition import cse
+    from stoker_capture._internal.partition.core import cse
 
     def f(w, x):  # type: ignore[no-untyped-def]
         a = (x * w).sin()

@@ -18,8 +18,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import stoker_capture
-from stoker_capture._internal.partition import default_partition
-from stoker_capture._internal.partition_mincut import min_cut_partition
+from stoker_capture._internal.partition.core import default_partition
+from stoker_capture._internal.partition.mincut import min_cut_partition
 
 
 class Block(nn.Module):
@@ -120,7 +120,7 @@ def test_stage1_joint_bytes_vs_torch_min_cut(model: str, dynamic: str) -> None:
     """On stoker's own joint graphs: min-cut <= torch's min-cut <= ... and <= default."""
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    from stoker_capture._internal.partition import node_bytes
+    from stoker_capture._internal.partition.core import node_bytes
 
     torch.manual_seed(0)
     mod, make = MODELS[model]()

@@ -17,8 +17,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stoker_capture._internal.partition import default_partition
-from stoker_capture._internal.partition_mincut import min_cut_partition
+from stoker_capture._internal.partition.core import default_partition
+from stoker_capture._internal.partition.mincut import min_cut_partition
 
 UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sin": torch.sin,

@@ -18,7 +18,8 @@ import pytest
 import torch
 from triton_helpers import run_on_fake_gpu
 
-from stoker_triton._internal import runtime, xcompile
+from stoker_triton._internal import runtime
+from stoker_triton._internal.compile import xcompile
 
 _SCRIPT = r"""
 import os, sys
@@ -70,7 +71,7 @@ for _ in range(3):  # new random seeds each call: still one binary per kernel
 from stoker_triton._internal.runtime import warmload
 warm = warmload.stats.get("hits", 0)
 assert len(runs) == len(fn.report.kernels) - warm, (runs, warmload.stats)
-from stoker_triton._internal import xcompile
+from stoker_triton._internal.compile import xcompile
 started = int(xcompile._pool is not None)
 if started:  # forked from the zygote, not one interpreter per worker
     assert xcompile._pool.mode == "fork" and xcompile._pool.fallback is None, xcompile._pool.fallback
@@ -151,7 +152,7 @@ def test_every_core_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
     cores = len(os.sched_getaffinity(0))
     assert xcompile.cpu_count() == (cores if quota is None else min(cores, quota))
     # and the pool has one worker per core
-    from stoker_triton._internal import workers
+    from stoker_triton._internal.compile import workers
 
     made: list[int] = []
 
@@ -257,7 +258,7 @@ def test_each_kernel_is_queued_as_soon_as_it_is_loaded(monkeypatch) -> None:
 
     from stoker_triton import compile_graph
     from stoker_triton._internal import pipeline
-    from stoker_triton._internal.runtime import modules
+    from stoker_triton._internal.modcache import modules
 
     events: list[str] = []
     load_module, store_module = pipeline.load_module, modules.store_module

@@ -24,7 +24,7 @@ from dtype_sweep import ALL, Outcome, registered_packets, sweep
 from dtype_sweep_samples import NO_CPU_SAMPLE, SAMPLES
 from triton_helpers import device
 
-from stoker_triton._internal import xcompile
+from stoker_triton._internal.compile import xcompile
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -165,7 +165,7 @@ import torch
 import test_triton_graph_cache as t
 import builtins
 from stoker_triton._internal import graphcache, lowering
-from stoker_triton._internal.runtime import modules
+from stoker_triton._internal.modcache import modules
 lowered = []
 real = lowering.lower_graph
 lowering.lower_graph = lambda *a, **k: (lowered.append(1), real(*a, **k))[1]
@@ -213,7 +213,7 @@ def test_a_second_process_hits_every_graph(tmp_path):
 def test_a_wrapper_code_object_for_another_file_or_broken_is_compiled_again(
     cache, tmp_path, monkeypatch, caplog
 ):
-    from stoker_triton._internal.runtime import modules
+    from stoker_triton._internal.modcache import modules
 
     src = "def make_call(launchers, consts):\n    return 42\n"
     sha, path = modules.store_module("wrappers", src)

@@ -207,7 +207,7 @@ def test_every_config_compiles_for_sm90(monkeypatch):
     """The bench's row size (8192, persistent: 8 warps) and its long rows (looped,
     online softmax), compiled by Triton's real compiler for sm_90 at the launch
     configuration a GPU would use (the interpreter runs them at small sizes)."""
-    from stoker_triton._internal import xcompile
+    from stoker_triton._internal.compile import xcompile
 
     monkeypatch.setenv(xcompile.ENV, "cuda:90")
     before = xcompile.compiled_count
@@ -245,7 +245,7 @@ def test_every_heuristic_config_is_a_valid_launch(kind):
 def test_looped_bool_min_max_keep_the_accumulator_type(monkeypatch):
     """A looped amin/amax over bools (more kernels loop now): the identity promoted the
     update to int32, which Triton's compiler refuses for a loop-carried bool."""
-    from stoker_triton._internal import xcompile
+    from stoker_triton._internal.compile import xcompile
 
     monkeypatch.setenv(xcompile.ENV, "cuda:90")
     x = torch.randn(6, 40)

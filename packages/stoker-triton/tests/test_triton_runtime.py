@@ -140,7 +140,7 @@ def test_the_compile_workers_import_no_torch():
     interpreters that each import Triton and torch (10 CPU s each here)."""
     code = (
         "import os, sys\n"
-        "from stoker_triton._internal import xcompile\n"
+        "from stoker_triton._internal.compile import xcompile\n"
         "xcompile.import_compiler()\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
         "assert len(os.listdir('/proc/self/task')) == 1, 'a second thread'\n"

@@ -99,7 +99,7 @@ def test_item_of_a_0d_input_is_bound_from_that_input(body: Any) -> None:
 
 
 def test_a_symbol_nothing_binds_is_a_compile_error_naming_it() -> None:
-    from stoker_triton._internal.codegen_wrapper import UnboundSymbolError
+    from stoker_triton._internal.codegen.wrapper import UnboundSymbolError
 
     # the 0-d tensor is computed in the graph (not an input): its .item() symbol
     # cannot be read before the kernels run, so compiling must say so
@@ -130,7 +130,7 @@ def test_check_bound_reads_names_in_every_scope() -> None:
     closures use them; a name read and bound nowhere is reported."""
     from types import SimpleNamespace
 
-    from stoker_triton._internal.codegen_wrapper import UnboundSymbolError, check_bound
+    from stoker_triton._internal.codegen.wrapper import UnboundSymbolError, check_bound
 
     ok = (
         "import math as m\n"

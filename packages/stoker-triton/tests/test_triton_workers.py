@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from stoker_triton._internal import workers, xcompile, zygote
-from stoker_triton._internal.workers import Pool
+from stoker_triton._internal.compile import workers, xcompile, zygote
+from stoker_triton._internal.compile.workers import Pool
 
 _KERNEL = """
 import triton
@@ -154,8 +154,8 @@ import os
 import threading
 
 os.environ["TRITON_INTERPRET"] = "0"  # as in the zygote (the interpreter loads numpy's threads)
-from stoker_triton._internal import xcompile
-from stoker_triton._internal.zygote import fork_refused
+from stoker_triton._internal.compile import xcompile
+from stoker_triton._internal.compile.zygote import fork_refused
 
 xcompile.import_compiler()  # what the zygote imports: fork allowed after it
 print(repr(fork_refused()))
@@ -220,7 +220,7 @@ _WARM = """
 import os
 os.environ["TRITON_INTERPRET"] = "0"
 from triton.runtime.cache import triton_key
-from stoker_triton._internal import xcompile
+from stoker_triton._internal.compile import xcompile
 
 xcompile.cpu_count = lambda: 1
 assert triton_key.cache_info().currsize == 0

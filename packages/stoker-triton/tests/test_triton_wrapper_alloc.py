@@ -12,8 +12,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from triton_helpers import check, device, fresh
 
-from stoker_triton._internal import reuse
-from stoker_triton._internal.codegen_wrapper import returns_fresh
+from stoker_triton._internal.codegen import reuse
+from stoker_triton._internal.codegen.wrapper import returns_fresh
 from stoker_triton._internal.ir import Buffer
 from stoker_triton._internal.runtime import prototype
 

@@ -12,7 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from triton_helpers import check
 
 from stoker_triton import compile_graph
-from stoker_triton._internal import xcompile
+from stoker_triton._internal.compile import xcompile
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1",
@@ -105,7 +105,7 @@ def test_a_started_pool_starts_its_workers_before_any_job():
     # (importing Triton's compiler: seconds on the H100's Python) overlaps it.
     import time
 
-    from stoker_triton._internal.workers import Pool
+    from stoker_triton._internal.compile.workers import Pool
 
     pool = Pool(2, start=True)
     try:
@@ -172,7 +172,7 @@ def test_the_gpu_build_of_a_kernel_is_what_is_compiled(tmp_path, monkeypatch):
     # Interpreter builds round to bfloat16 on the bits; that helper bitcasts
     # float32 and does not compile for a 16-bit value, which a GPU build's plain
     # cast takes. Cross-compiling must judge the module a GPU would load.
-    from stoker_triton._internal.codegen_ops import PRELUDE_BF16
+    from stoker_triton._internal.codegen.ops import PRELUDE_BF16
 
     monkeypatch.setenv(xcompile.ENV, "cuda:90")
     body = textwrap.dedent(
@@ -221,7 +221,7 @@ import os, sys, torch
 os.environ["TRITON_INTERPRET"] = "0"
 import triton
 from triton.backends.compiler import GPUTarget
-from stoker_triton._internal import xcompile as xc
+from stoker_triton._internal.compile import xcompile as xc
 path = sys.argv[1]
 fn = xc._native_module(path).kernel
 backend = triton.compiler.make_backend(GPUTarget("cuda", 90, 32))
@@ -312,7 +312,7 @@ import torch
 from torch._decomp import core_aten_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 from stoker_triton import compile_graph
-from stoker_triton._internal import xcompile
+from stoker_triton._internal.compile import xcompile
 
 x = torch.randn(8, 16)
 gm = make_fx(lambda x: torch.softmax(x * 2, -1), decomposition_table=core_aten_decompositions())(x)

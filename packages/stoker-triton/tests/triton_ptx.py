@@ -16,14 +16,14 @@ import sys
 import tempfile
 from typing import Any
 
-from stoker_triton._internal.codegen_ops import PRELUDE, PRELUDE_BF16
+from stoker_triton._internal.codegen.ops import PRELUDE, PRELUDE_BF16
 
 _CHILD = r"""
 import importlib.util, json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from stoker_triton._internal import xcompile
+from stoker_triton._internal.compile import xcompile
 path, specs, xblock = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 spec = importlib.util.spec_from_file_location("stoker_ptx_kernel", path)
 mod = importlib.util.module_from_spec(spec)

@@ -19,7 +19,7 @@ import torch.nn as nn
 
 import stoker
 import stoker_autograd
-from stoker_capture._internal import runtime_fn
+from stoker_capture._internal.runtime import function as runtime_fn
 
 
 @pytest.fixture(autouse=True)

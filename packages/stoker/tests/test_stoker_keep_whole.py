@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from stoker_capture import aot_function
-from stoker_capture._internal.capture import KEEP_WHOLE_IN_BACKWARD
+from stoker_capture._internal.stages.capture import KEEP_WHOLE_IN_BACKWARD
 from stoker_triton import compile_graph
 from stoker_triton._internal.pipeline import decomposition_table
 

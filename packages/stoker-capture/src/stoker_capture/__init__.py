@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING, Any
 from .__about__ import __version__
 from ._internal.api import AOTCompiled, aot_function, aot_module, export
 from ._internal.autocast import autocast_off, autocast_state
-from ._internal.capture import CapturedGraph, aot_stage1_graph_capture, eager_autograd_engine
-from ._internal.compile import CompiledFn, aot_stage2_compile
 from ._internal.config import AOTConfig, aten_executor
 from ._internal.dynamo import dynamo_backend
 from ._internal.errors import (
@@ -25,9 +23,11 @@ from ._internal.errors import (
     StokerCaptureError,
     UnsupportedError,
 )
-from ._internal.lint import lint_graph
-from ._internal.runtime_fn import AOTBackwardInfo
-from ._internal.state import (
+from ._internal.graphs.lint import lint_graph
+from ._internal.runtime.function import AOTBackwardInfo
+from ._internal.stages.capture import CapturedGraph, aot_stage1_graph_capture, eager_autograd_engine
+from ._internal.stages.compile import CompiledFn, aot_stage2_compile
+from ._internal.stages.state import (
     AOTState,
     ForwardMeta,
     InputInfo,
@@ -38,21 +38,21 @@ from ._internal.state import (
 )
 
 if TYPE_CHECKING:
-    from ._internal.export import ExportedGraph, ExportSignature, aot_stage2_export, load
-    from ._internal.partition import Partition, PartitionError, default_partition
-    from ._internal.partition_mincut import min_cut_partition
+    from ._internal.partition.core import Partition, PartitionError, default_partition
+    from ._internal.partition.mincut import min_cut_partition
+    from ._internal.stages.export import ExportedGraph, ExportSignature, aot_stage2_export, load
 
 # Imported at first use: a process that loads its compiled graphs from the caches
 # (a warm start) never exports or partitions, and does not pay for their import.
 _LAZY = {
-    "ExportedGraph": "export",
-    "ExportSignature": "export",
-    "aot_stage2_export": "export",
-    "load": "export",
-    "Partition": "partition",
-    "PartitionError": "partition",
-    "default_partition": "partition",
-    "min_cut_partition": "partition_mincut",
+    "ExportedGraph": "stages.export",
+    "ExportSignature": "stages.export",
+    "aot_stage2_export": "stages.export",
+    "load": "stages.export",
+    "Partition": "partition.core",
+    "PartitionError": "partition.core",
+    "default_partition": "partition.core",
+    "min_cut_partition": "partition.mincut",
 }
 
 

@@ -29,7 +29,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import PythonKeyTracer
 
-from stoker_capture._internal.runtime_fn import tangent_deps, undefined_grads
+from stoker_capture._internal.runtime.function import tangent_deps, undefined_grads
 
 
 class Capture(Protocol):

@@ -47,8 +47,8 @@ from typing import Any
 import torch
 from torch.autograd.variable import Variable
 
-from stoker_capture._internal import capture as _capture
-from stoker_capture._internal import runtime_fn as _runtime_fn
+from stoker_capture._internal.runtime import function as _runtime_fn
+from stoker_capture._internal.stages import capture as _capture
 
 from . import recapture
 from .capture import CaptureInstance

@@ -61,7 +61,7 @@ import torch.fx as fx
 import torch.utils._sympy.functions as sympy_functions
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from stoker_capture._internal.serialize import (
+from stoker_capture._internal.graphs.serialize import (
     _arg_from_json,
     _arg_to_json,
     _target_from_json,
@@ -127,7 +127,7 @@ def _version() -> str:
     for p in sorted(root.rglob("*.py")):
         h.update(str(p.relative_to(root)).encode())
         h.update(p.read_bytes())
-    from stoker_capture._internal.boxed import CODE_FORMAT
+    from stoker_capture._internal.runtime.boxed import CODE_FORMAT
 
     parts = (
         f"{ENTRY_FORMAT}.{CODE_FORMAT}",

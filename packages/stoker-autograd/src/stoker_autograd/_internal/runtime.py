@@ -27,7 +27,7 @@ import torch
 import torch.fx as fx
 
 from stoker_capture import autocast_off, eager_autograd_engine
-from stoker_capture._internal.boxed import BoxedGraph, call_boxed, mark_boxed
+from stoker_capture._internal.runtime.boxed import BoxedGraph, call_boxed, mark_boxed
 from stoker_shapes import timing
 from stoker_shapes._internal.gcfreeze import frozen_heap
 

@@ -29,7 +29,7 @@ import torch
 import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
-from stoker_capture._internal.boxed import BoxedGraph, call_boxed, mark_boxed
+from stoker_capture._internal.runtime.boxed import BoxedGraph, call_boxed, mark_boxed
 
 from . import ops
 from .graph import check_sizes

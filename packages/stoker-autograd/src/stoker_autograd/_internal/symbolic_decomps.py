@@ -171,7 +171,7 @@ def retrace_table() -> dict[Any, Callable[..., Any]]:
     """stoker-capture's table for backward graphs (core aten, the fused backward ops it
     keeps whole left out) plus `SYMBOLIC_DECOMPOSITIONS` (built once); the
     decompositions into ``alias`` only for strided tensors (`_strided_only`)."""
-    from stoker_capture._internal.capture import joint_table
+    from stoker_capture._internal.stages.capture import joint_table
 
     table = {**joint_table(), **SYMBOLIC_DECOMPOSITIONS}
     for op in (aten.detach.default, aten.lift.default, aten.lift_fresh.default):

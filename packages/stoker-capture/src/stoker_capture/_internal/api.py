@@ -21,13 +21,13 @@ from stoker_shapes import GuardedCache, ShapeContext, timing
 
 from .autocast import autocast_state
 from .capcache import CaptureCache
-from .capture import aot_stage1_graph_capture
-from .compile import CompiledFn, aot_stage2_compile
 from .config import AOTConfig, Compiler
-from .state import DynamicShapes, create_aot_state
+from .stages.capture import aot_stage1_graph_capture
+from .stages.compile import CompiledFn, aot_stage2_compile
+from .stages.state import DynamicShapes, create_aot_state
 
 if TYPE_CHECKING:  # export and partition: imported where they run (not on a warm start)
-    from .export import ExportedGraph
+    from .stages.export import ExportedGraph
 
 
 def compile_pipeline(
@@ -71,7 +71,7 @@ def compile_pipeline(
         with _timed(took, "compile"):
             partition = None
             if cache is not None and graph.joint:  # noted right after partitioning
-                from .partition import default_partition
+                from .partition.core import default_partition
 
                 partition = cache.watch(config.partition or default_partition, graph)
             elif cache is not None:
@@ -105,7 +105,7 @@ def export_pipeline(
             graph = aot_stage1_graph_capture(state)
         # 2. signature, parameters, guards (read out last)
         with _timed(took, "export"):
-            from .export import aot_stage2_export
+            from .stages.export import aot_stage2_export
 
             exported = aot_stage2_export(state, graph)
     exported.timings = took

@@ -53,7 +53,7 @@ def start_compile_workers(device: torch.device) -> bool:
             return False
     except Exception:  # no GPU driver here: nothing compiles natively
         return False
-    from .xcompile import built_any, start_workers
+    from .compile.xcompile import built_any, start_workers
 
     if built_any():
         return False

@@ -55,8 +55,8 @@ from stoker_shapes._internal.cachekey import graph_text as _graph_text
 from stoker_shapes._internal.cachekey import shape_env_text as _shape_env_text
 from stoker_shapes._internal.cachekey import val_text as _val_text
 
+from .modcache.modules import MODULE_FORMAT, cache_dir, interpreting, load_stored, read_stored
 from .report import CompileReport, KernelInfo
-from .runtime.modules import MODULE_FORMAT, cache_dir, interpreting, load_stored, read_stored
 
 log = logging.getLogger("stoker.cache")
 
@@ -91,14 +91,14 @@ def _code_version() -> str:
     (a changed generator, released or not, never reads an older entry)."""
     import triton
 
-    from .. import __version__
+    from ..__about__ import __version__
 
     h = source_hash(Path(__file__).resolve().parent.parent)
     return f"torch {torch.__version__} triton {triton.__version__} stoker-triton {__version__} {h}"
 
 
 def _target() -> str:
-    from .xcompile import targets
+    from .compile.xcompile import targets
 
     gpu = "none"
     if not interpreting() and torch.cuda.is_available():

@@ -159,7 +159,7 @@ class Rand(Value):
         return (self.kind, self.stream, self.offset, self.dtype)
 
 
-# The IR's pointwise op names (codegen_kernel.OPS gives each its Triton form).
+# The IR's pointwise op names (codegen/ops.py: OPS gives each its Triton form).
 POINTWISE_OPS = frozenset(
     """identity add sub mul truediv div_rn truncdiv floordiv remainder fmod neg abs exp exp2 expm1 log
     log2 log10 log1p sqrt rsqrt sin cos tan sinh cosh tanh sigmoid erf erfc reciprocal floor ceil

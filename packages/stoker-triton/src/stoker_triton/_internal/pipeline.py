@@ -3,8 +3,8 @@
 prepare    fake inputs + shape env; composite ops decomposed; every node has meta["val"]
 lower      each aten op -> loop-level IR by the rule table      (lowering/)
 schedule   IR nodes -> fused kernels, buffer lifetimes           (scheduler.py)
-codegen    one Triton source per kernel + the Python wrapper     (codegen_*.py)
-load       kernels and wrapper from the disk cache -> a callable (runtime/)
+codegen    one Triton source per kernel + the Python wrapper     (codegen/)
+load       kernels and wrapper from the disk cache -> a callable (modcache/, runtime/)
 
 A graph compiled before, in this process or another, skips decompose..codegen:
 its entry in the compiled-graph cache (graphcache.py) names the modules to load.
@@ -40,7 +40,7 @@ from .runtime import (
 )
 
 if TYPE_CHECKING:
-    from .codegen_kernel import KernelSource
+    from .codegen.kernel import KernelSource
 
 # Code generation (lowering, scheduler, codegen, verify: sympy-heavy) is imported by
 # the cold path only: a warm process that hits the compiled-graph cache never needs it.
@@ -108,8 +108,8 @@ def compile_graph_impl(
         if hit is not None:
             return hit
     caller_gm = gm  # get_attr constants are read from the caller's module on a hit
-    from .codegen_wrapper import generate_wrapper
-    from .kernelmemo import generate_kernels
+    from .codegen.kernelmemo import generate_kernels
+    from .codegen.wrapper import generate_wrapper
     from .scheduler import PERSISTENT_RNUMEL_MAX, schedule
     from .verify import verify_program, verify_schedule
 
@@ -117,7 +117,7 @@ def compile_graph_impl(
     with report.stage("prepare"):
         device = _device(fake_inputs)
         if native_target(device) is not None:  # a GPU: workers start while we lower
-            from .xcompile import start_workers
+            from .compile.xcompile import start_workers
 
             start_workers()
         gm = decompose(gm, fake_inputs, fake_mode)
@@ -138,7 +138,7 @@ def compile_graph_impl(
             verify_schedule(program, sched)
     # 3. codegen: one Triton kernel source per fused group, then the wrapper
     with report.stage("codegen"):
-        # each distinct kernel generated once (a model's repeated blocks: kernelmemo.py)
+        # each distinct kernel generated once (a model's repeated blocks: codegen/kernelmemo.py)
         kernels = generate_kernels(sched.steps, sched, program.buffers)
         out_kind, out_spec = _output_kind(gm)
         wrapper_src, consts = generate_wrapper(program, sched, kernels, out_kind)
@@ -251,7 +251,7 @@ def _importer(sha: str, path: str, source: str) -> Callable[[], Any]:
     """Imports a cached kernel module and returns its kernel (a warm launcher's `fn`)."""
     from pathlib import Path
 
-    from .runtime.modules import import_stored
+    from .modcache.modules import import_stored
 
     return lambda: import_stored("kernels", sha, Path(path), source).kernel
 
@@ -703,7 +703,7 @@ _CALL = re.compile(r"\b(_\w+)\b")  # a helper named: called, or passed (a combin
 def _prelude_blocks(mode: str) -> tuple[tuple[str, str, frozenset[str]], ...]:
     """The prelude's helpers in order: (name, source, helpers it calls); the bfloat16
     cast of `mode` last, verbatim (`xcompile.gpu_source` swaps it for a GPU build)."""
-    from .codegen_ops import PRELUDE, PRELUDE_BF16
+    from .codegen.ops import PRELUDE, PRELUDE_BF16
 
     texts = [t for t in re.split(r"(?=\n@triton\.jit\n)", PRELUDE) if t.strip()]
     texts.append(PRELUDE_BF16[mode])
@@ -741,7 +741,7 @@ def load_kernels(
     now may first run in a later step, and each import runs `triton.jit` on the
     kernel and its prelude's ~34 helpers) and launcher; `on_load(name, launcher)`
     as each is ready."""
-    from .runtime.modules import store_module
+    from .modcache.modules import store_module
 
     launchers: dict[str, Launcher] = {}
     paths: dict[str, str] = {}
@@ -779,7 +779,7 @@ def _launcher(
     """The launcher of one stored kernel module, which `importer` imports (returning
     its kernel) when a launch first needs it: a cold launch for Triton's binder,
     a warm one only where no binary was recorded (`warmload`)."""
-    from .xcompile import targets
+    from .compile.xcompile import targets
 
     lau = Launcher(importer, sha, is_reduction, persistent, has_atomics, autotune, lazy=True)
     lau.outer = outer
@@ -796,7 +796,7 @@ def _precompile_jobs(
     ones at the shape env's hints (the sizes of the inputs at hand, which the
     first launch is likely to see: a launch with sizes Triton specializes
     differently compiles its own binary, as without a precompile)."""
-    from .xcompile import StandIn
+    from .compile.xcompile import StandIn
 
     # the sizes at hand (`backed_var_to_val` from torch 2.13, `var_to_val` before)
     known = getattr(shape_env, "backed_var_to_val", None)

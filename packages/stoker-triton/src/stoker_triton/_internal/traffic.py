@@ -141,7 +141,7 @@ def analyze_graph(
     """Lower and schedule `gm` as `compile_graph` does (static sizes: fake or real
     example inputs), generate each kernel's source, and count its traffic. Nothing
     is loaded or run."""
-    from .codegen_kernel import generate_kernel
+    from .codegen.kernel import generate_kernel
     from .lowering import lower_graph
     from .pipeline import _device, decompose, prepare_inputs
     from .scheduler import PERSISTENT_RNUMEL_MAX, Kernel, schedule

@@ -47,8 +47,10 @@ def _versions() -> dict[str, tuple[str, str]]:
         return capcache.store() if which == "graphs" else capcache.sites()
 
     def triton(kind: str) -> Any:
-        from stoker_triton._internal import graphcache, xcompile
-        from stoker_triton._internal.runtime import autotune, modules, warmload
+        from stoker_triton._internal import graphcache
+        from stoker_triton._internal.compile import xcompile
+        from stoker_triton._internal.modcache import modules
+        from stoker_triton._internal.runtime import autotune, warmload
 
         makers: dict[str, Callable[[], Any]] = {
             "graphs": graphcache.store,

@@ -57,9 +57,9 @@ from stoker_shapes import DiskCache, ShapeContext
 from stoker_shapes._internal.cachekey import add_variant, guards_hold, read_variants, replay
 from stoker_shapes._internal.diskcache import cache_root, warn_once
 
-from ..capture import CapturedGraph
 from ..config import AOTConfig
-from ..forward_meta import ForwardMeta, OutputKind
+from ..stages.capture import CapturedGraph
+from ..tracing.forward_meta import ForwardMeta, OutputKind
 from .graphs import GraphData, _Decoder, _pack_graph, _unpack_graph
 from .key import ENTRY_FORMAT, Uncacheable, capture_key, code_site
 
@@ -207,7 +207,7 @@ class CaptureCache:
     def _rebuild(self, entry: Entry) -> Loaded:
         """The entry's graphs over this shape env; then its guards replayed (last, so a
         graph that fails to load adds nothing)."""
-        from ..partition import Partition
+        from ..partition.core import Partition
 
         ctx, env = self.ctx, self.ctx.shape_env
         dec = _Decoder(ctx)

@@ -13,7 +13,7 @@ from stoker_shapes import ShapeContext
 from stoker_shapes._internal.cachekey import hints
 
 from ..errors import UnsupportedError
-from ..serialize import graph_from_json, graph_to_json
+from ..graphs.serialize import graph_from_json, graph_to_json
 from .key import Uncacheable
 
 

@@ -49,7 +49,7 @@ _PLAIN += (torch.device, torch.layout, torch.memory_format, slice, type(Ellipsis
 def _code_version() -> str:
     import stoker_shapes
 
-    from ... import __version__
+    from ...__about__ import __version__
 
     here = Path(__file__).resolve().parents[2]
     shapes = Path(stoker_shapes.__file__).resolve().parent

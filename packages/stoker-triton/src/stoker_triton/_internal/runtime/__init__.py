@@ -1,13 +1,16 @@
 """Runtime: kernel modules on disk, launchers with block-size choice and a
 small autotuner, and helpers the generated wrapper calls. One file per job:
 
-- `modules.py`: generated modules in the disk cache, imported from memory;
 - `launcher.py`: `Launcher`, what the wrapper calls per kernel launch;
 - `fastlaunch.py`: the lean launch path (compiled binaries called directly);
 - `warmload.py`: a warm process launches the binaries an earlier one recorded;
 - `autotune.py`: autotune results on disk;
 - `layout.py`: input layouts, buffer prototypes and random seeds for the wrapper;
 - here: the parallel precompile, and the names the wrappers import.
+
+The generated modules themselves are stored and imported by `modcache/`; the
+precompile runs in `compile/`'s workers. May import `modcache/` and `compile/`;
+never `codegen/`, `lowering/` or the pipeline.
 
 Cache layout under `$STOKER_CACHE_DIR` (default `~/.cache/stoker`):
 `triton/kernels/<sha>.py` (kernel source, keyed by its content),
@@ -27,18 +30,18 @@ from typing import Any
 
 import torch
 
-from ..srcmodule import exec_module
-from .autotune import _Tuned
-from .fastlaunch import no_target
-from .launcher import Launcher, cdiv, next_pow2
-from .layout import PRECOMPILE_SEED, check_layout, ensure_layout, new_seed, prototype
-from .modules import (
+from ..modcache.modules import (
     MODULE_FORMAT,
     cache_dir,
     interpreting,
     load_module,
     module_store,
 )
+from ..modcache.srcmodule import exec_module
+from .autotune import _Tuned
+from .fastlaunch import no_target
+from .launcher import Launcher, cdiv, next_pow2
+from .layout import PRECOMPILE_SEED, check_layout, ensure_layout, new_seed, prototype
 
 __all__ = [
     "MODULE_FORMAT",
@@ -110,7 +113,7 @@ def precompile(
         (lau.path, args, lau.candidates(x, r, native=True)) for lau, args, x, r in jobs if lau.path
     ]
     try:
-        from ..xcompile import submit_precompile
+        from ..compile.xcompile import submit_precompile
 
         pending = submit_precompile(work, target)
     except Exception as e:  # no worker processes here: the launches compile

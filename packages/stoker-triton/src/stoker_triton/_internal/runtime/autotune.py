@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from stoker_shapes import DiskCache
 
-from .modules import cache_dir
+from ..modcache.modules import cache_dir
 
 
 class _Tuned:

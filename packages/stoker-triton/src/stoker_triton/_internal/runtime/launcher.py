@@ -9,10 +9,10 @@ from typing import Any
 
 from stoker_shapes import timing
 
+from ..modcache.modules import interpreting
 from . import warmload
 from .autotune import _Tuned
 from .fastlaunch import FastPath, fast_path_for
-from .modules import interpreting
 
 
 def next_pow2(n: int) -> int:
@@ -194,7 +194,7 @@ class Launcher:
                 timing.done("kernel compile", t0, f"wait for compile workers: {self._name}")
             first = 0 if self.interpret else timing.start()
             if self.check_gpu and self.path is not None:
-                from ..xcompile import check
+                from ..compile.xcompile import check
 
                 check(self.path, args, self.candidates(xnumel, rnumel, native=True))
             cfg = self._choose(args, xnumel, rnumel)

@@ -34,8 +34,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from ..modcache.modules import cache_dir
 from .fastlaunch import spec_key
-from .modules import cache_dir
 
 log = logging.getLogger("stoker.kernels")
 

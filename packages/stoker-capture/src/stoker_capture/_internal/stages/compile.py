@@ -17,14 +17,14 @@ import torch.fx as fx
 
 from stoker_shapes import GuardSet, timing
 
-from .autocast import autocast_off
-from .boxed import call_boxed, mark_boxed
+from ..autocast import autocast_off
+from ..config import Compiler, PartitionFn
+from ..errors import GuardViolationError, StokerCaptureError
+from ..graphs.lint import lint_graph
+from ..runtime.boxed import call_boxed, mark_boxed
+from ..runtime.function import AOTBackwardInfo, make_function_class, next_aot_id
+from ..runtime.wrappers import Runtime, function_plan
 from .capture import CapturedGraph
-from .config import Compiler, PartitionFn
-from .errors import GuardViolationError, StokerCaptureError
-from .lint import lint_graph
-from .runtime import Runtime, function_plan
-from .runtime_fn import AOTBackwardInfo, make_function_class, next_aot_id
 from .state import AOTState
 
 
@@ -97,7 +97,7 @@ def run_compiler(compiler: Compiler, gm: fx.GraphModule, state: AOTState) -> Cal
 
 
 def _default_partition() -> PartitionFn:
-    from .partition import default_partition
+    from ..partition.core import default_partition
 
     return default_partition
 

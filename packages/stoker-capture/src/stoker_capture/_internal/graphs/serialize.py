@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .errors import ExportFormatError, UnsupportedError
+from ..errors import ExportFormatError, UnsupportedError
 
 _PY_FUNCS: dict[str, Any] = {
     **{

@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 
 from stoker_shapes import ShapeContext, Source
 
-from .errors import UnsupportedError
+from ..errors import UnsupportedError
 from .functional import (
     from_fun,
     functionalized,

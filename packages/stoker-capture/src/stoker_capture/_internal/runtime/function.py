@@ -17,9 +17,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .autocast import autocast_off
+from ..autocast import autocast_off
+from ..errors import UnsupportedError
 from .boxed import call_boxed, mark_boxed
-from .errors import UnsupportedError
 
 _AOT_IDS = itertools.count()
 _HOOK = torch._C._dynamo.compiled_autograd

@@ -10,7 +10,7 @@ cannot fork (no `os.fork`, the zygote failed), each worker is a plain
 subprocess running this module (the reason is logged on `stoker.kernels`).
 Jobs go down a pipe and results come back, pickled, length-prefixed.
 
-A job names a function in `stoker_triton._internal.xcompile` and its
+A job names a function in `stoker_triton._internal.compile.xcompile` and its
 arguments (plain data). A worker that dies fails the job it held with its
 stderr tail and is replaced for the next job.
 """
@@ -108,7 +108,7 @@ class Pool:
         importing Triton) while the caller still lowers its graph, not at its first job."""
         self.jobs: queue.Queue[tuple[str, tuple[Any, ...], Future[Any]] | None] = queue.Queue()
         self.env = {**os.environ, **(env or {})}
-        pkg_root = str(Path(__file__).resolve().parents[2])  # the dir holding stoker_triton
+        pkg_root = str(Path(__file__).resolve().parents[3])  # the dir holding stoker_triton
         self.env["PYTHONPATH"] = os.pathsep.join(
             p for p in (pkg_root, self.env.get("PYTHONPATH", "")) if p
         )
@@ -166,7 +166,7 @@ class Pool:
         worker = self._fork(err) if self.fallback is None and self.zygote is not None else None
         if worker is None:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "stoker_triton._internal.workers"],
+                [sys.executable, "-m", "stoker_triton._internal.compile.workers"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -253,7 +253,7 @@ class Pool:
 def serve(inp: IO[bytes], out: IO[bytes]) -> None:
     """A worker's loop: hello once the compiler is imported, then job -> result."""
     os.environ["TRITON_INTERPRET"] = "0"
-    from stoker_triton._internal import xcompile
+    from stoker_triton._internal.compile import xcompile
 
     xcompile.import_compiler()  # before the hello: a started pool is ready sooner
     send_msg(out, (True, os.getpid()))

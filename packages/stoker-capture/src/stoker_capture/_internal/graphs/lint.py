@@ -15,7 +15,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from .errors import GraphLintError
+from ..errors import GraphLintError
 
 _PY_OPS = {
     operator.getitem,

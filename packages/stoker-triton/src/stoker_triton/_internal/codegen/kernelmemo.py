@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .ir import Buffer, Const, IndexValue, Load, Op, PointwiseNode, Rand, ReductionNode, Value
+from ..ir import Buffer, Const, IndexValue, Load, Op, PointwiseNode, Rand, ReductionNode, Value
 
 # canonical key -> (source, its pointer arguments as positions in the key's names)
 _MEMO: dict[Any, tuple[Any, list[int]]] = {}
@@ -77,8 +77,8 @@ def canonical_key(
 
 def generate_kernels(steps: list[Any], sched: Any, buffers: dict[str, Buffer]) -> dict[str, Any]:
     """`generate_kernel` of every kernel step, each distinct kernel generated once."""
-    from .codegen_kernel import generate_kernel
-    from .scheduler import Kernel
+    from ..scheduler import Kernel
+    from .kernel import generate_kernel
 
     out: dict[str, Any] = {}
     for s in steps:

@@ -241,7 +241,7 @@ def _native_module(path: str, source: str | None = None) -> ModuleType:
     would import the disk cache, hence torch)."""
     mod = _modules.get(path)
     if mod is None:
-        from .srcmodule import exec_module
+        from ..modcache.srcmodule import exec_module
 
         if source is None:
             source = _gpu_source_of(path)
@@ -254,7 +254,7 @@ def _native_module(path: str, source: str | None = None) -> ModuleType:
 
 def _gpu_source_of(path: str) -> str:
     """The GPU build's source of the kernel module at `path` (validated entry)."""
-    from .runtime.modules import module_store
+    from ..modcache.modules import module_store
 
     return gpu_source(module_store("kernels").read_valid(path).decode())
 
@@ -290,8 +290,8 @@ def cgroup_cpus(root: Path = Path("/sys/fs/cgroup")) -> int | None:
 def gpu_source(source: str) -> str:
     """The kernel module a GPU build loads in place of the interpreter's `source`:
     the same kernel with the GPU's bfloat16 cast instead of the interpreter's
-    rounding on the bits (`codegen_ops.PRELUDE_BF16`); a GPU build is its own."""
-    from .codegen_ops import PRELUDE_BF16
+    rounding on the bits (`codegen/ops.py: PRELUDE_BF16`); a GPU build is its own."""
+    from ..codegen.ops import PRELUDE_BF16
 
     return source.replace(PRELUDE_BF16["interpret"], PRELUDE_BF16["native"])
 
@@ -461,7 +461,7 @@ def _markers() -> Any:
 
     from stoker_shapes import DiskCache
 
-    from .runtime.modules import cache_dir
+    from ..modcache.modules import cache_dir
 
     return DiskCache(cache_dir, "compiled", f"1-triton{triton.__version__}", ".ok", quiet=True)
 

@@ -22,10 +22,10 @@ from torch.utils import _pytree as pytree
 
 from stoker_shapes import GuardSet, atomic_write
 
-from .autocast import autocast_off
+from ..autocast import autocast_off
+from ..errors import ExportFormatError, GuardViolationError, UnsupportedError
+from ..graphs.serialize import graph_from_json, graph_to_json
 from .capture import CapturedGraph
-from .errors import ExportFormatError, GuardViolationError, UnsupportedError
-from .serialize import graph_from_json, graph_to_json
 from .state import AOTState, InputKind, OutputKind, qualname
 
 MAGIC = b"STOKER-EXPORT\x00"

@@ -111,7 +111,12 @@ class Zygote:
         self.err = tempfile.TemporaryFile()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "stoker_triton._internal.zygote", str(theirs.fileno())],
+                [
+                    sys.executable,
+                    "-m",
+                    "stoker_triton._internal.compile.zygote",
+                    str(theirs.fileno()),
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=self.err,
                 stderr=self.err,
@@ -190,7 +195,7 @@ def _main(fd: int) -> None:
     try:
         import gc
 
-        from stoker_triton._internal import xcompile
+        from stoker_triton._internal.compile import xcompile
 
         xcompile.import_compiler()
         gc.freeze()  # what the imports built stays shared with the workers, never copied

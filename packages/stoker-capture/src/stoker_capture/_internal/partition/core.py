@@ -38,8 +38,8 @@ import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.experimental import symbolic_shapes
 
-from .errors import StokerCaptureError
-from .functional import keep_node
+from ..errors import StokerCaptureError
+from ..tracing.functional import keep_node
 
 __all__ = [
     "JointInfo",

@@ -14,7 +14,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils._sympy.printers import PythonPrinter
 
-from .errors import UnsupportedError
+from ..errors import UnsupportedError
 
 
 class _Printer(PythonPrinter):

@@ -20,8 +20,8 @@ from typing import Any
 
 import sympy
 
-from .ir import Buffer, ExternNode, Program, ScatterNode
-from .scheduler import Kernel, Schedule
+from ..ir import Buffer, ExternNode, Program, ScatterNode
+from ..scheduler import Kernel, Schedule
 
 Key = tuple[Any, ...]
 

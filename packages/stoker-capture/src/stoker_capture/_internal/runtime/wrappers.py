@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from .autocast import autocast_off
-from .runtime_fn import FunctionPlan
-from .state import ForwardMeta, Layout, OutputKind
+from ..autocast import autocast_off
+from ..tracing.forward_meta import ForwardMeta, Layout, OutputKind
+from .function import FunctionPlan
 from .symeval import build_evaluator
 
 _VIEWS = (OutputKind.ALIAS_OF_INPUT, OutputKind.ALIAS_OF_OUTPUT)

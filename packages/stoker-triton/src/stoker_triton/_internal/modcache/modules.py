@@ -14,7 +14,7 @@ from types import CodeType, ModuleType
 from stoker_shapes import DiskCache
 from stoker_shapes._internal.diskcache import cache_root
 
-from ..srcmodule import exec_module
+from .srcmodule import exec_module
 
 # Bump when the generated modules' layout changes: older entries become misses.
 MODULE_FORMAT = "2"  # 2: wrappers launch by `Launcher.go(target, ...)`

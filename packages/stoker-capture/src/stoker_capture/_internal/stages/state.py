@@ -19,9 +19,9 @@ from torch.utils import _pytree as pytree
 
 from stoker_shapes import Dim, ShapeContext, Source
 
-from .config import AOTConfig
-from .errors import UnsupportedError
-from .forward_meta import (
+from ..config import AOTConfig
+from ..errors import UnsupportedError
+from ..tracing.forward_meta import (
     _SYM,
     ForwardMeta,
     InputInfo,
@@ -32,7 +32,7 @@ from .forward_meta import (
     captured_tensor_error,
     forward_meta,
 )
-from .torch_fixes import torch_decompositions_fixed
+from ..tracing.torch_fixes import torch_decompositions_fixed
 
 __all__ = [
     "AOTState",

@@ -16,7 +16,7 @@ import torch
 from sympy.printing.str import StrPrinter
 from torch.utils._sympy.functions import CleanDiv, FloorDiv, Mod, ModularIndexing, PythonMod
 
-from .ir import POINTWISE_OPS, Const, Expr
+from ..ir import POINTWISE_OPS, Const, Expr
 
 TL_DTYPE = {
     torch.float32: "tl.float32",

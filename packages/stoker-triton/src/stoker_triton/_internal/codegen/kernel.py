@@ -16,8 +16,7 @@ from typing import Any
 import sympy
 import torch
 
-from .codegen_ops import OPS, TL_DTYPE, is_literal, literal, print_index
-from .ir import (
+from ..ir import (
     Buffer,
     Const,
     Expr,
@@ -31,7 +30,7 @@ from .ir import (
     Value,
     iter_values,
 )
-from .scheduler import (
+from ..scheduler import (
     RINDEX,
     XINDEX,
     Kernel,
@@ -44,6 +43,7 @@ from .scheduler import (
     online_softmax_max,
     store_index,
 )
+from .ops import OPS, TL_DTYPE, is_literal, literal, print_index
 
 
 @dataclasses.dataclass

@@ -16,11 +16,11 @@ from typing import Any
 import sympy
 import torch
 
+from ..ir import Buffer, BufferRef, ExternNode, Program, ScatterNode, SymRef
+from ..scheduler import Kernel, Schedule
 from . import reuse
-from .codegen_kernel import KernelSource
-from .codegen_ops import IndexPrinter
-from .ir import Buffer, BufferRef, ExternNode, Program, ScatterNode, SymRef
-from .scheduler import Kernel, Schedule
+from .kernel import KernelSource
+from .ops import IndexPrinter
 
 _FREED = ("kernel", "extern", "input")  # buffer kinds the wrapper deletes after their last use
 

@@ -27,7 +27,7 @@ import math
 
 import torch.fx as fx
 
-from .partition import (
+from .core import (
     JointInfo,
     Partition,
     PartitionError,
@@ -40,7 +40,7 @@ from .partition import (
     is_tensor_node,
     node_bytes,
 )
-from .partition_ops import OpKind, classify, is_recomputable, recompute_cost
+from .ops import OpKind, classify, is_recomputable, recompute_cost
 
 __all__ = ["min_cut_partition"]
 

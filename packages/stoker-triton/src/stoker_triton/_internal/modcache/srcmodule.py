@@ -1,5 +1,5 @@
 """Generated source imported as a module, from memory: torch-free, so the compile
-workers (`workers.py`), which import only this, Triton and `xcompile`, start fast."""
+workers (`compile/workers.py`), which import only this, Triton and `xcompile`, start fast."""
 
 from __future__ import annotations
 

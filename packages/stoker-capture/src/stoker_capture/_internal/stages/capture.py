@@ -20,10 +20,10 @@ from torch._decomp import core_aten_decompositions
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
-from .autocast import autocast_off
-from .functional import from_fun, functionalized, keep_node, to_fun
-from .lint import lint_graph
-from .node_meta import backward_meta, module_path, recording_node_meta
+from ..autocast import autocast_off
+from ..graphs.lint import lint_graph
+from ..tracing.functional import from_fun, functionalized, keep_node, to_fun
+from ..tracing.node_meta import backward_meta, module_path, recording_node_meta
 from .state import AOTState
 
 
