@@ -47,6 +47,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._thunk import Thunk
 
 from stoker_shapes import timing
+from stoker_shapes._internal.plain import PLAIN_TYPES
 
 from . import ops, recapture
 from .aot_inline import inline_aot_backward, stoker_aot_info
@@ -73,19 +74,7 @@ Finish = Callable[
 backward, ``(runtime_wrapper, compiled_fn)``."""
 _COUNTER = itertools.count()
 # graph arguments taken as they are (what the tracer's ``create_arg`` does with them)
-_PLAIN = frozenset(
-    {
-        int,
-        float,
-        bool,
-        str,
-        type(None),
-        torch.dtype,
-        torch.device,
-        torch.layout,
-        torch.memory_format,
-    }
-)
+_PLAIN = frozenset(PLAIN_TYPES)
 
 
 class CaptureInstance:
