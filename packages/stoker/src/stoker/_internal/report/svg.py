@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from .timeline import STAGE_LABELS, Span
 
 if TYPE_CHECKING:
-    from .report import MemoryRecord, StepRecord
+    from .memtrace import MemoryRecord
+    from .report import StepRecord
 
 COLORS: dict[str, str] = {
     "dynamo": "#6f8fd8",
