@@ -19,8 +19,8 @@ import torch
 import stoker
 from stoker._internal.report import memprobe
 from stoker._internal.report.memtrace import MemoryRecord, cuda_record, curve
-from stoker._internal.report.report import Report, StepRecord
-from stoker._internal.report.timeline import Span, StageTime, account
+from stoker._internal.report.report import Report
+from stoker._internal.report.timeline import Span, StageTime, StepRecord, account
 
 
 def _mlp() -> torch.nn.Module:

@@ -40,10 +40,9 @@ from ..report.report import (
     RecompileRecord,
     Report,
     SavedValue,
-    StepRecord,
     autograd_stats,
 )
-from ..report.timeline import RECORDER, Span, TimedRun
+from ..report.timeline import RECORDER, Span, StepRecord, TimedRun
 from .autograd_switch import AutogradSwitch
 
 CompiledCallable = Callable[..., Any]

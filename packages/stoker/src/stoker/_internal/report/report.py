@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .memtrace import MemoryRecord
-from .timeline import RECORDER, STAGE_LABELS, Span, StageTime, account
+from .timeline import RECORDER, STAGE_LABELS, StepRecord
 
 SECTIONS: tuple[tuple[str, str], ...] = (
     ("summary", "Summary"),
@@ -135,40 +135,6 @@ class CompileRecord:
 class RecompileRecord:
     frame: str
     reason: str
-
-
-@dataclass
-class StepRecord:
-    """The first compiled step: its window and the stage spans in it (`timeline`)."""
-
-    start_ns: int  # time.perf_counter_ns()
-    end_ns: int
-    how: str  # how the window was chosen
-    spans: list[Span] = field(default_factory=list)  # clipped to the window
-
-    @property
-    def wall_ms(self) -> float:
-        return (self.end_ns - self.start_ns) / 1e6
-
-    def breakdown(self) -> list[StageTime]:
-        """Exclusive ms per (graph, stage); they sum to `wall_ms` ("other": no stage's)."""
-        return account(self.spans, self.start_ns, self.end_ns)
-
-    def by_stage(self) -> dict[str, float]:
-        """Exclusive ms per stage, in `STAGE_LABELS`' order, "other" last."""
-        out: dict[str, float] = {}
-        for row in self.breakdown():
-            out[row.stage] = out.get(row.stage, 0.0) + row.ms
-        order = list(STAGE_LABELS)
-        return dict(sorted(out.items(), key=lambda kv: order.index(kv[0])))
-
-    @classmethod
-    def of(cls, start_ns: int, end_ns: int, how: str) -> StepRecord:
-        spans = [
-            Span(sp.stage, sp.name, max(sp.start_ns, start_ns), min(sp.end_ns, end_ns), sp.graph)
-            for sp in RECORDER.between(start_ns, end_ns)
-        ]
-        return cls(start_ns, end_ns, how, spans)
 
 
 @dataclass
