@@ -20,7 +20,7 @@ import torch
 
 import stoker
 import stoker_autograd
-from stoker._internal.models import get_model
+from stoker._internal.bench.models import get_model
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import stoker
-from stoker._internal.models import get_model
+from stoker._internal.bench.models import get_model
 
 os.environ["STOKER_CACHE_DIR"] = tempfile.mkdtemp(prefix="stoker-integration-tests-")
 

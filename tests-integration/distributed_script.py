@@ -26,10 +26,10 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 
 import stoker
-from stoker._internal import collectives
-from stoker._internal import distributed as stoker_dist
-from stoker._internal.launch import free_port
-from stoker._internal.models import GPT, GPTConfig, lm_loss
+from stoker._internal.bench.models import GPT, GPTConfig, lm_loss
+from stoker._internal.distributed import collectives
+from stoker._internal.distributed import distributed as stoker_dist
+from stoker._internal.distributed.launch import free_port
 
 STEPS = (5, 6, 7, 8)  # batch sizes (the GPT's: 3 fewer)
 LOG: list[str] = []  # collectives and markers, in the order they ran on this rank

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import stoker
-from stoker._internal.models import get_model
-from stoker._internal.report import SECTIONS
+from stoker._internal.bench.models import get_model
+from stoker._internal.report.report import SECTIONS
 
 CHROMIUM = shutil.which("chromium") or (
     "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None
@@ -262,7 +262,7 @@ def test_demo_report_timeline_and_memory_render_in_chromium(
     """The warm demo's report in headless Chromium: no console errors; the timeline and the
     memory plot are drawn (their colors are on the screen); the stages in the DOM sum to
     the first-step time the CLI printed, within 5%."""
-    from stoker._internal.report_svg import COLORS
+    from stoker._internal.report.svg import COLORS
 
     out, _, report = demo_runs[1]
     base = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]

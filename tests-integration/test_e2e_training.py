@@ -80,7 +80,7 @@ def test_dynamic_true_compiles_once(train_and_compare: Callable[..., Any]) -> No
 
 _INTERPRET_SCRIPT = """
 import copy, json, sys, torch, stoker, stoker_autograd
-from stoker._internal.models import get_model
+from stoker._internal.bench.models import get_model
 spec = get_model(sys.argv[1])
 b = json.loads(sys.argv[2])
 ca = sys.argv[3] == "1"
@@ -173,7 +173,7 @@ def test_interpret_backend_tiny(name: str, compiled_autograd: bool, tmp_path: Pa
 
 def test_memory_budget_reaches_the_partitioner() -> None:
     """memory_budget=0 recomputes what it may: it saves fewer bytes than memory_budget=1."""
-    from stoker._internal.models import get_model
+    from stoker._internal.bench.models import get_model
 
     spec = get_model("mlp")
     saved: dict[float, int] = {}

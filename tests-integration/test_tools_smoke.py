@@ -106,7 +106,7 @@ def test_bench_gpu_suite_smoke_runs_every_configuration(tmp_path):
         STOKER_CACHE_DIR=str(tmp_path / "cache"),
     )
     rows = json.loads(out.read_text())["models"]
-    from stoker._internal.bench_suite import SUITE
+    from stoker._internal.bench.suite import SUITE
 
     assert [(r["model"], r["backend"]) for r in rows] == [
         (e.name, b) for e in SUITE for b in ("eager", "stoker")
@@ -125,7 +125,7 @@ def test_gpu_suite_is_the_h100_findings_configurations():
     forward+backward table): the numbers in docs/benchmarks.md compare like with like."""
     import torch
 
-    from stoker._internal.bench_suite import SUITE
+    from stoker._internal.bench.suite import SUITE
 
     models = {e.name: e for e in SUITE if e.table == "models"}
     assert set(models) == {"gpt-m", "gpt-m-bf16", "hf-llama", "hf-gpt2", "mlp-l", "cnn-m-bf16"}
@@ -291,7 +291,7 @@ def test_gpu_suite_backends_are_the_five_of_issue_11(monkeypatch):
     import torch
 
     import stoker
-    from stoker._internal import bench_suite
+    from stoker._internal.bench import suite as bench_suite
 
     calls = []
     monkeypatch.setattr(torch, "compile", lambda m, **kw: calls.append(("inductor", kw)) or m)

@@ -35,7 +35,7 @@ def main() -> None:
 
     import stoker
     import stoker_autograd
-    from stoker._internal.bench_suite import get_entry
+    from stoker._internal.bench.suite import get_entry
     from stoker_autograd._internal import capture, runtime
 
     spent = {"capture": 0.0, "retrace": 0.0}

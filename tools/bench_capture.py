@@ -15,7 +15,7 @@ On each model (an MLP, a small GPT block, a small CNN with BatchNorm):
     python tools/bench_capture.py [--json PATH] [--iters N] [--models mlp,gpt,cnn]
 
 ``--pipeline gpt-m`` instead times stoker's own stages on one model of the GPU
-suite (`stoker._internal.bench_suite`; any entry name): state + capture of the
+suite (`stoker._internal.bench.suite`; any entry name): state + capture of the
 joint graph, min-cut partition, then stoker-triton's prepare, lower, schedule,
 codegen and load for the forward and the backward graph (no GPU needed: the
 kernels are generated, not run).  Each of ``--repeat`` runs is a fresh process
@@ -314,7 +314,7 @@ def pipeline_once(name: str, smoke: bool) -> dict[str, dict[str, float]]:
     """Seconds (wall and CPU) per stage of one compile of suite entry ``name``."""
     import stoker_capture
     import stoker_triton
-    from stoker._internal.bench_suite import get_entry
+    from stoker._internal.bench.suite import get_entry
     from stoker_capture._internal.stages.compile import example_inputs
 
     entry = get_entry(name)

@@ -54,9 +54,9 @@ def _rank(rank: int, world: int, a: argparse.Namespace) -> None:
 
     import stoker
     import stoker_autograd
-    from stoker._internal.backend import SWITCH
-    from stoker._internal.bench_suite import get_entry
-    from stoker._internal.distributed import comm_sites
+    from stoker._internal.api.backend import SWITCH
+    from stoker._internal.bench.suite import get_entry
+    from stoker._internal.distributed.collectives import comm_sites
 
     entry = get_entry(a.model)
     size = {**entry.sized(a.size == "smoke"), **dict(kv.split("=") for kv in a.set)}
@@ -99,7 +99,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--backend", default="aten")
     a = ap.parse_args()
-    from stoker._internal.launch import spawn
+    from stoker._internal.distributed.launch import spawn
 
     spawn(_rank, a.ranks, a)
 

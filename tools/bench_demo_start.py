@@ -120,8 +120,8 @@ def demo_setup(batch: int) -> tuple[Any, Any, Any, Any]:
 
     import torch
 
-    from stoker._internal.demo import get_batch, make_data
-    from stoker._internal.models import GPT, GPTConfig
+    from stoker._internal.bench.demo import get_batch, make_data
+    from stoker._internal.bench.models import GPT, GPTConfig
 
     cfg = GPTConfig()
     data, vocab = make_data(cfg.block_size, "cpu")
@@ -139,7 +139,7 @@ def _worker(backend: str, batch: int, freeze: bool = True) -> dict[str, Any]:
     import torch
 
     import stoker
-    from stoker._internal.models import lm_loss
+    from stoker._internal.bench.models import lm_loss
 
     torch.set_num_threads(1)
     times, _ = _wrap_stages(STAGES)
@@ -156,7 +156,7 @@ def _worker(backend: str, batch: int, freeze: bool = True) -> dict[str, Any]:
 
     # the demo's loop runs with its setup's objects frozen (`demo.frozen_heap`; absent in
     # older trees): a full GC collection in the first compiled step walks less
-    from stoker._internal import demo
+    from stoker._internal.bench import demo
 
     freezer = getattr(demo, "frozen_heap", None) if freeze else None
     loop = freezer() if freezer is not None else contextlib.nullcontext()

@@ -3,7 +3,7 @@
     python tools/bench_demo_step.py [--steps 60] [--rounds 3] [--batch 16] [--threads 1]
                                     [--backend aten] [--partitioner min_cut|default] [--profile]
 
-The demo's model (the small GPT of `stoker._internal.models`, the demo's default
+The demo's model (the small GPT of `stoker._internal.bench.models`, the demo's default
 config and data) trained eager and compiled from the same weights on the same
 batch, exactly the demo's step (forward, loss, ``zero_grad``, ``loss.backward()``,
 AdamW). After three warm-up steps each, every round runs ``--steps`` steps
@@ -34,7 +34,7 @@ def build(
 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """(eager step, stoker step) of the demo's model on one fixed batch."""
     import stoker
-    from stoker._internal.models import lm_loss
+    from stoker._internal.bench.models import lm_loss
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_demo_start import demo_setup

@@ -48,7 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # stage -> (module, attribute path); timed per outermost call, CPU and wall of this process
 STAGES: dict[str, tuple[str, str]] = {
     "dynamo": ("torch._dynamo.convert_frame", "_compile"),
-    "stoker backend": ("stoker._internal.backend", "StokerBackend.__call__"),
+    "stoker backend": ("stoker._internal.api.backend", "StokerBackend.__call__"),
     "capture: state": ("stoker_capture._internal.api", "create_aot_state"),
     "capture: joint trace": ("stoker_capture._internal.api", "aot_stage1_graph_capture"),
     "partition": ("stoker_capture", "min_cut_partition"),
@@ -128,7 +128,7 @@ def _worker(
     from bench_workers import _tree_cpu  # type: ignore[import-not-found]
 
     import stoker
-    from stoker._internal.bench_suite import get_entry
+    from stoker._internal.bench.suite import get_entry
 
     stand_in()
     from stoker_triton._internal import pipeline, runtime

@@ -110,7 +110,7 @@ def launch_overhead() -> int:
     import stoker
 
     if not gpu:  # the stub driver stands in for CUDA: let CPU inputs take the Triton executor
-        from stoker._internal import backend
+        from stoker._internal.api import backend
 
         backend.resolve_backend = lambda requested, devices: "triton"
     sf = stoker.compile(f, backend="triton", dynamic=False)
@@ -157,7 +157,7 @@ def replay_overhead() -> int:
     import torch
     from torch import nn
 
-    from stoker._internal import cudagraphs as cg
+    from stoker._internal.cudagraphs import cudagraphs as cg
 
     class NullRecorder(cg.HostRecorder):
         """Records by running the function once; a replay does nothing (the graph's

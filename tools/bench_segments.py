@@ -34,8 +34,8 @@ def main() -> None:
 
     import stoker
     import stoker_triton
-    from stoker._internal.backend import SWITCH
-    from stoker._internal.bench_suite import get_entry
+    from stoker._internal.api.backend import SWITCH
+    from stoker._internal.bench.suite import get_entry
     from stoker_autograd._internal.segments import SegmentedBackward, _Call
 
     entry = get_entry(a.model)

@@ -3,7 +3,7 @@
     python tools/bench_step_cpu.py [--model tiny-gpt] [--size smoke|full] [--batch N]
                                    [--steps 30] [--rounds 5] [--no-optimizer] [--profile N]
 
-A GPU-suite model (`stoker/_internal/bench_suite.py`) trains with `stoker.compile`
+A GPU-suite model (`stoker/_internal/bench/suite.py`) trains with `stoker.compile`
 through Triton's *real* launch path on the CPU: ``TRITON_INTERPRET=0`` and the
 stand-in sm_90 driver (`bench_warm.stand_in`: kernels cross-compiled, their launches
 stubs). After the warm-up steps (the first compiles the forward, the second
@@ -278,7 +278,7 @@ def main() -> int:
     from bench_warm import stand_in
 
     import stoker
-    from stoker._internal.bench_suite import get_entry
+    from stoker._internal.bench.suite import get_entry
 
     stand_in()
     # one thread: the extern ops' arithmetic is not what is measured, and an OpenMP pool

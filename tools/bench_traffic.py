@@ -34,7 +34,7 @@ MODELS = ("gpt-m", "gpt-m-bf16", "hf-llama", "hf-gpt2", "mlp-l", "cnn-m-bf16")
 def model_traffic(name: str, smoke: bool) -> dict[str, Any]:
     """The forward's and the backward's `GraphTraffic` of one suite entry, as a dict."""
     import stoker_capture
-    from stoker._internal.bench_suite import get_entry
+    from stoker._internal.bench.suite import get_entry
     from stoker_capture._internal.stages.compile import example_inputs
     from stoker_triton._internal.traffic import analyze_graph
 

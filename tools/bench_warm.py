@@ -2,7 +2,7 @@
 
     python tools/bench_warm.py [--model gpt-m] [--batch 2] [--repeat 3] [--keep DIR] [--inductor]
 
-Two kinds of process train one step of a GPU-suite model (`stoker/_internal/bench_suite.py`)
+Two kinds of process train one step of a GPU-suite model (`stoker/_internal/bench/suite.py`)
 with `stoker.compile`, through Triton's *real* launch path on the CPU: ``TRITON_INTERPRET=0``
 and `stoker_triton._internal.fakegpu` (kernels cross-compiled for sm_90 with ptxas, written to
 Triton's disk cache, "loaded" and "launched" by stubs). CPU tensors stand in for CUDA ones:
@@ -45,7 +45,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "process to end of first step": ("", "-"),  # CPU time of the whole process
     "first step (all)": ("bench_warm.py", "step"),
     "Dynamo (convert_frame)": ("convert_frame.py", "_compile"),
-    "stoker backend": ("stoker/_internal/backend.py", "__call__"),
+    "stoker backend": ("stoker/_internal/api/backend.py", "__call__"),
     "capture (stage 1, cache)": ("stoker_capture/_internal/dynamo.py", "backend"),
     "compiled-graph load (triton)": ("stoker_triton/_internal/graphcache.py", "load"),
     "kernel modules load": ("stoker_triton/_internal/modcache/modules.py", "load_stored"),
@@ -66,7 +66,7 @@ STAGES: dict[str, tuple[str, str]] = {
 # stage -> (module, attribute path)
 COLD_STAGES: dict[str, tuple[str, str]] = {
     "Dynamo (convert_frame._compile)": ("torch._dynamo.convert_frame", "_compile"),
-    "stoker backend": ("stoker._internal.backend", "StokerBackend.__call__"),
+    "stoker backend": ("stoker._internal.api.backend", "StokerBackend.__call__"),
     "  capture: state (fake forward)": ("stoker_capture._internal.api", "create_aot_state"),
     "  capture: joint trace (stage 1)": (
         "stoker_capture._internal.api",
@@ -191,7 +191,8 @@ def stand_in() -> None:
     """Triton's real launch path on the CPU: the stand-in sm_90 driver, and CPU tensors
     taking stoker's Triton executor (the one workaround: CUDA inputs would). Call with
     ``TRITON_INTERPRET=0`` set before triton is imported."""
-    from stoker._internal import backend, config
+    from stoker._internal import config
+    from stoker._internal.api import backend
     from stoker_triton._internal.fakegpu import install
 
     install()
@@ -217,7 +218,7 @@ def _worker(
 
     t_torch = time.process_time()
     import stoker
-    from stoker._internal.bench_suite import get_entry
+    from stoker._internal.bench.suite import get_entry
 
     t_stoker = time.process_time()
     stand_in()
@@ -335,7 +336,7 @@ def _inductor_worker(model: str, batch: int | None, steps: int, smoke: bool) -> 
     w_start = time.perf_counter()
     import torch
 
-    from stoker._internal.bench_suite import get_entry
+    from stoker._internal.bench.suite import get_entry
 
     entry = get_entry(model)
     size = dict(entry.sized(smoke))

@@ -50,7 +50,7 @@ profile)
     export TORCHINDUCTOR_CACHE_DIR=$C/inductor TRITON_CACHE_DIR=$C/triton STOKER_CACHE_DIR=$C/stoker
     for run in cold warm; do
         STOKER_LOGS=timings,cache timeout 250 $PY -m cProfile -o "$OUT/$run.prof" \
-            -m stoker._internal.bench suite-worker "${2:-gpt-m}" stoker --steps 2 --device cuda \
+            -m stoker._internal.bench.bench suite-worker "${2:-gpt-m}" stoker --steps 2 --device cuda \
             > "$OUT/$run.log" 2>&1
         $PY -c "import pstats; pstats.Stats('$OUT/$run.prof').sort_stats('cumulative').print_stats(50)" \
             > "$OUT/prof_$run.txt" 2>&1

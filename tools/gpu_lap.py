@@ -128,7 +128,7 @@ def worker(a: argparse.Namespace) -> int:
     lock around its measurement and, with ``--profile``, the per-kernel profile."""
     if a.cpus:
         _pin(a.cpus)  # this process and the compile workers it starts
-    from stoker._internal.bench import suite_worker
+    from stoker._internal.bench.bench import suite_worker
 
     lock = GpuLock(a.lock) if a.lock else None
     after = None
@@ -371,8 +371,8 @@ def _short(row: dict[str, Any]) -> str:
 
 def compare(lap: Lap) -> None:
     """Parity against eager, ratios to eager and to Inductor (as `bench --suite gpu`)."""
-    from stoker._internal.bench import _add_vs_inductor
-    from stoker._internal.bench_suite import compare_runs
+    from stoker._internal.bench.bench import _add_vs_inductor
+    from stoker._internal.bench.suite import compare_runs
 
     for row in lap.rows:
         eager = next(
@@ -566,7 +566,7 @@ def _tests_text(t: dict[str, Any]) -> str:
 
 
 def summary_text(lap: Lap) -> str:
-    from stoker._internal.bench import SUITE_COLUMNS, format_table
+    from stoker._internal.bench.bench import SUITE_COLUMNS, format_table
 
     env = lap.env
     lines = [

@@ -69,7 +69,7 @@ def main() -> None:
     os.environ.setdefault("STOKER_CACHE_DIR", tempfile.mkdtemp())
     import stoker_capture
     import stoker_triton
-    from stoker._internal.bench_suite import get_entry
+    from stoker._internal.bench.suite import get_entry
     from stoker_capture._internal.stages.compile import example_inputs
 
     entry = get_entry(a.model)

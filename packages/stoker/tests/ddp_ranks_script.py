@@ -73,9 +73,9 @@ class _null:
 
 def _case(rank: int, settings: dict[str, Any]) -> dict[str, Any]:
     import stoker
-    from stoker._internal import collectives
-    from stoker._internal.backend import SWITCH
-    from stoker._internal.distributed import comm_sites
+    from stoker._internal.api.backend import SWITCH
+    from stoker._internal.distributed import collectives
+    from stoker._internal.distributed.collectives import comm_sites
 
     kw = {k: v for k, v in settings.items() if k != "accumulate"}
     accumulate = settings.get("accumulate", 1)
@@ -103,7 +103,7 @@ def _case(rank: int, settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rank(rank: int, world: int, out: str) -> None:
-    from stoker._internal import collectives
+    from stoker._internal.distributed import collectives
 
     collectives.install()
     results: dict[str, Any] = {}
@@ -118,6 +118,6 @@ def _rank(rank: int, world: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    from stoker._internal.launch import spawn
+    from stoker._internal.distributed.launch import spawn
 
     spawn(_rank, 2, sys.argv[1])

@@ -13,7 +13,7 @@ import torch
 
 import stoker
 import stoker_autograd
-from stoker._internal.models import get_model
+from stoker._internal.bench.models import get_model
 
 CONFIGS: dict[str, dict[str, Any]] = {"gpt": {"block_size": 8}, "mlp": {}}
 

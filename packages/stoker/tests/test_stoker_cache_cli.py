@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from stoker import cli
-from stoker._internal import cache_cli
+from stoker._internal.cli import cache as cache_cli
 
 
 def test_info_counts_entries_and_broken_files_then_clear_empties(

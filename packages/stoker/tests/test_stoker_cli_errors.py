@@ -20,7 +20,7 @@ import torch
 
 import stoker
 from stoker import cli
-from stoker._internal import bench
+from stoker._internal.bench import bench
 from stoker._internal.config import CompileOptions, StokerConfigError
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import stoker
-from stoker._internal import backend
+from stoker._internal.api import backend
 
 
 @pytest.fixture

@@ -20,10 +20,10 @@ from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import stoker
-from stoker._internal import cudagraphs as cg
-from stoker._internal.autograd_switch import autograd_stats
-from stoker._internal.cudagraph_plan import plan_graph
-from stoker._internal.models import GPT, MLP, GPTConfig, lm_loss
+from stoker._internal.bench.models import GPT, MLP, GPTConfig, lm_loss
+from stoker._internal.cudagraphs import cudagraphs as cg
+from stoker._internal.cudagraphs.plan import plan_graph
+from stoker._internal.report.report import autograd_stats
 
 
 @pytest.fixture(autouse=True)
@@ -254,7 +254,7 @@ def test_static_bytes_are_counted_per_graph() -> None:
 
 
 def cg_report_html(stats: cg.CudaGraphStats) -> str:
-    from stoker._internal.report import _render_cudagraphs
+    from stoker._internal.report.report import _render_cudagraphs
 
     return _render_cudagraphs([stats], "reduce-overhead")
 
@@ -608,8 +608,8 @@ def test_backward_copies_a_saved_tensor_once_through_stoker_compile() -> None:
 _TRITON_SCRIPT = """
 import copy, torch, stoker
 from torch import nn
-from stoker._internal import cudagraphs as cg
-from stoker._internal.models import MLP
+from stoker._internal.cudagraphs import cudagraphs as cg
+from stoker._internal.bench.models import MLP
 torch.manual_seed(0)
 model = MLP(8, 16, 4, depth=1)
 ref = copy.deepcopy(model)
@@ -860,7 +860,7 @@ def test_gpu_reduce_overhead_peak_memory_is_close_to_plain() -> None:
 def test_torch_compile_passes_mode_to_the_stoker_backend() -> None:
     """``torch.compile(model, backend="stoker", mode="reduce-overhead")``: Dynamo hands the
     mode to the backend, which compiles with it (here on the CPU: no CUDA device)."""
-    from stoker._internal.backend import StokerBackend
+    from stoker._internal.api.backend import StokerBackend
 
     torch.manual_seed(0)
     model = MLP(8, 16, 4, depth=1)

@@ -15,8 +15,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import stoker
-from stoker._internal import distributed
-from stoker._internal.launch import free_port
+from stoker._internal.distributed import distributed
+from stoker._internal.distributed.launch import free_port
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="no gloo in this torch"
@@ -169,7 +169,7 @@ def test_a_parameter_without_gradient_is_an_error_not_a_hang() -> None:
 
 
 def _newest_graph() -> Any:
-    from stoker._internal.backend import SWITCH
+    from stoker._internal.api.backend import SWITCH
 
     assert SWITCH.session is not None
     return SWITCH.session.graphs[-1]
@@ -301,7 +301,7 @@ class _nothing:
 
 
 def test_demo_cli_takes_ranks_and_parallel_and_prints_where_collectives_sit() -> None:
-    from stoker._internal.demo_distributed import format_distributed
+    from stoker._internal.bench.demo_distributed import format_distributed
     from stoker.cli import build_parser
 
     args = build_parser().parse_args(["demo", "--ranks", "2", "--parallel", "fsdp2"])
@@ -323,8 +323,8 @@ def test_collectives_per_step_in_the_summary_demo_and_report(tmp_path: Path) -> 
     collective is recorded at c10d's ProcessGroup with its phase, the compiled ones with
     the backward node that issued them; the demo text and the report show both.  (FSDP2
     issues no collectives on one rank: its counts are checked on 2 in tests-integration.)"""
-    from stoker._internal import collectives
-    from stoker._internal.demo_distributed import format_distributed
+    from stoker._internal.bench.demo_distributed import format_distributed
+    from stoker._internal.distributed import collectives
 
     eager = _mlp()
     for p in eager.parameters():
@@ -363,7 +363,7 @@ def test_a_model_without_ddp_or_fsdp2_has_no_distributed_section(
 ) -> None:
     """A plain model's backward ends in the final callbacks too: that alone is not a
     distributed run (the report would show an empty Distributed section)."""
-    from stoker._internal import collectives
+    from stoker._internal.distributed import collectives
 
     monkeypatch.setattr(distributed, "_RECORDS", [])  # DDP modules of earlier tests
     collectives.clear()

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import stoker
-from stoker._internal.bench_suite import get_entry
+from stoker._internal.bench.suite import get_entry
 
 
 def _layout(model: torch.nn.Module) -> dict[str, tuple[object, ...]]:

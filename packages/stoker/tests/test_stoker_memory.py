@@ -1,6 +1,6 @@
 """Peak memory of a compiled training step against eager's, on the CPU (issue 11).
 
-Measured by allocation events (`stoker._internal.memprobe.peak_live_bytes`), not
+Measured by allocation events (`stoker._internal.report.memprobe.peak_live_bytes`), not
 by timing: the same program allocates the same bytes in the same order, so the
 comparison is deterministic. Eager is measured with stoker-autograd switched off
 (`stoker.compile` routes every ``backward()`` of the process through it).
@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from test_stoker_autocast import assert_bf16_close
 
 import stoker
-from stoker._internal.bench_suite import ConvNet
-from stoker._internal.memprobe import held_bytes, peak_live_bytes
-from stoker._internal.models import SmallCNN
+from stoker._internal.bench.models import SmallCNN
+from stoker._internal.bench.suite import ConvNet
+from stoker._internal.report.memprobe import held_bytes, peak_live_bytes
 
 
 @pytest.fixture(autouse=True)

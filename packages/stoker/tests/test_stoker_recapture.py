@@ -13,7 +13,7 @@ import torch.nn as nn
 
 import stoker
 import stoker_autograd
-from stoker._internal.compile_api import last_report
+from stoker._internal.api.compile_api import last_report
 
 
 @pytest.fixture(autouse=True)

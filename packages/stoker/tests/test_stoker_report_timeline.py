@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import stoker
-from stoker._internal import memprobe
-from stoker._internal.memtrace import cuda_record, curve
-from stoker._internal.report import MemoryRecord, Report, StepRecord
-from stoker._internal.timeline import Span, StageTime, account
+from stoker._internal.report import memprobe
+from stoker._internal.report.memtrace import MemoryRecord, cuda_record, curve
+from stoker._internal.report.report import Report
+from stoker._internal.report.timeline import Span, StageTime, StepRecord, account
 
 
 def _mlp() -> torch.nn.Module:
@@ -131,7 +131,7 @@ def test_a_caller_marks_the_step_it_timed(tmp_path: Path) -> None:
 
 def test_demo_report_accounts_for_the_first_step_the_cli_prints(tmp_path: Path) -> None:
     """`stoker demo`'s figure (its first compiled step) is what the report breaks down."""
-    from stoker._internal.demo import format_result, train_side_by_side
+    from stoker._internal.bench.demo import format_result, train_side_by_side
 
     stoker.reset()
     res = train_side_by_side(

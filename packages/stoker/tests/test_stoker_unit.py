@@ -15,10 +15,10 @@ import torch
 
 import stoker
 from stoker import cli
-from stoker._internal import logs
+from stoker._internal.bench.models import get_model, model_zoo
 from stoker._internal.config import CompileOptions, StokerConfigError, resolve_backend
-from stoker._internal.models import get_model, model_zoo
-from stoker._internal.report import (
+from stoker._internal.report import logs
+from stoker._internal.report.report import (
     SECTIONS,
     GraphRecord,
     GuardRecord,
@@ -324,7 +324,7 @@ def test_zoo_unknown_name() -> None:
 
 
 def test_bench_table_and_json(tmp_path: os.PathLike[str]) -> None:
-    from stoker._internal import bench
+    from stoker._internal.bench import bench
 
     rows = [
         {
@@ -349,7 +349,7 @@ def test_bench_table_and_json(tmp_path: os.PathLike[str]) -> None:
 
 
 def test_bench_runs_sibling_scripts(tmp_path: os.PathLike[str]) -> None:
-    from stoker._internal import bench
+    from stoker._internal.bench import bench
 
     root = os.fspath(tmp_path)
     os.makedirs(os.path.join(root, "tools"))
@@ -369,7 +369,7 @@ def test_bench_runs_sibling_scripts(tmp_path: os.PathLike[str]) -> None:
 
 
 def test_bench_worker_eager_mlp() -> None:
-    code = "from stoker._internal.bench import _main; _main(['worker', 'mlp', 'eager', '--steps', '2'])"
+    code = "from stoker._internal.bench.bench import _main; _main(['worker', 'mlp', 'eager', '--steps', '2'])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["model"] == "mlp" and row["backend"] == "eager" and row["recompiles"] == 0
@@ -389,7 +389,7 @@ def test_forward_wrapper_patches_dynamos_ddp_config_only_with_a_process_group(
     small model's whole compiled forward (issue 11)."""
     import torch._dynamo
 
-    from stoker._internal import distributed
+    from stoker._internal.distributed import distributed
 
     seen: list[object] = []
 
@@ -418,7 +418,7 @@ def test_demo_loop_freezes_its_setup_and_gives_it_back() -> None:
     import gc
     import weakref
 
-    from stoker._internal.demo import frozen_heap
+    from stoker._internal.bench.demo import frozen_heap
 
     class Cycle:
         pass

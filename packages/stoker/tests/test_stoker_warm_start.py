@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from stoker import cli
-from stoker._internal.report import Report
+from stoker._internal.report.report import Report
 
 _TRAIN = """
 import json, os, torch, torch.nn as nn, stoker

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 from .__about__ import __version__
 from ._internal.config import CompileOptions, StokerConfigError
 from ._internal.errors import StokerMissingPieceError
-from ._internal.logs import TOPICS as LOG_TOPICS
-from ._internal.logs import init_from_env as _init_logs
-from ._internal.logs import set_logs
+from ._internal.report.logs import TOPICS as LOG_TOPICS
+from ._internal.report.logs import init_from_env as _init_logs
+from ._internal.report.logs import set_logs
 
 if TYPE_CHECKING:
-    from ._internal.backend import StokerBackend
-    from ._internal.compile_api import compile, last_report
-    from ._internal.report import Report
+    from ._internal.api.backend import StokerBackend
+    from ._internal.api.compile_api import compile, last_report
+    from ._internal.report.report import Report
 
 __all__ = [
     "LOG_TOPICS",
@@ -51,25 +51,25 @@ _DEFAULT_BACKEND: list[Any] = []
 def __getattr__(name: str) -> Any:
     # Heavy pieces load on first use, so `import stoker` stays fast.
     if name == "compile":
-        from ._internal.compile_api import compile
+        from ._internal.api.compile_api import compile
 
         return compile
     if name == "last_report":
-        from ._internal.compile_api import last_report
+        from ._internal.api.compile_api import last_report
 
         return last_report
     if name == "backend":
         if not _DEFAULT_BACKEND:
-            from ._internal.backend import StokerBackend
+            from ._internal.api.backend import StokerBackend
 
             _DEFAULT_BACKEND.append(StokerBackend())
         return _DEFAULT_BACKEND[0]
     if name == "StokerBackend":
-        from ._internal.backend import StokerBackend
+        from ._internal.api.backend import StokerBackend
 
         return StokerBackend
     if name == "Report":
-        from ._internal.report import Report
+        from ._internal.report.report import Report
 
         return Report
     if name == "export":
@@ -91,7 +91,7 @@ def autograd_enabled(enabled: bool = True) -> Iterator[None]:
     >>> with stoker.autograd_enabled(True):
     ...     eager_loss.backward()        # captured and compiled by stoker-autograd
     """
-    from ._internal.backend import SWITCH
+    from ._internal.api.backend import SWITCH
 
     with SWITCH.scoped(enabled):
         yield
@@ -103,8 +103,8 @@ def reset() -> None:
     Blocks of `autograd_enabled` (and of ``stoker_autograd``) still open stay open."""
     import sys
 
-    from ._internal.backend import SWITCH
-    from ._internal.compile_api import _LAST, keep_reports_at_reset
+    from ._internal.api.backend import SWITCH
+    from ._internal.api.compile_api import _LAST, keep_reports_at_reset
 
     keep_reports_at_reset()
     SWITCH.turn_off()

@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .errors import sibling
+from ..errors import sibling
 
 
 class AutogradSwitch:
@@ -86,34 +86,3 @@ def _autograd() -> Any:
     import stoker_autograd
 
     return stoker_autograd
-
-
-def autograd_stats() -> dict[str, Any]:
-    """``stoker_autograd.stats()`` as a dict (with its warm-start cache's outcomes), or
-    ``{}`` when stoker-autograd has no stats."""
-    try:
-        import stoker_autograd
-    except ImportError:
-        return {}
-    stats = getattr(stoker_autograd, "stats", None)
-    if stats is None:
-        return {}
-    value = stats()
-    if isinstance(value, dict):
-        # the warm-start cache's outcomes by reason ("miss (new key)": 1), for the report
-        outcomes: dict[str, int] = getattr(stoker_autograd, "cache_outcomes", dict)()
-        # why each backward was compiled again (the report's Recompiles section lists them)
-        reasons: list[str] = getattr(stoker_autograd, "recompile_reasons", list)()
-        # why a backward was captured again (its autograd nodes differ from an earlier one)
-        again: list[str] = getattr(stoker_autograd, "recapture_reasons", list)()
-        return (
-            dict(value)
-            | {f"disk cache {k}": n for k, n in sorted(outcomes.items())}
-            | ({"recompile reasons": reasons} if reasons else {})
-            | ({"recapture reasons": again} if again else {})
-        )
-    if hasattr(value, "__dataclass_fields__"):
-        import dataclasses
-
-        return dataclasses.asdict(value)
-    return {k: v for k, v in vars(value).items() if not k.startswith("_")}

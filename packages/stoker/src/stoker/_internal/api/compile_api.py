@@ -13,9 +13,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ..config import CompileOptions, ensure_interpret_env
+from ..report.report import Report
 from .backend import SWITCH, StokerBackend
-from .config import CompileOptions, ensure_interpret_env
-from .report import Report
 
 T = TypeVar("T", bound=Callable[..., Any])
 
@@ -89,7 +89,7 @@ def compile(
         kwargs["recompile_limit"] = opts.recompile_limit
     compiled: Any = torch._dynamo.optimize(be, **kwargs)(model_or_fn)
     if isinstance(compiled, torch.nn.Module) and torch.distributed.is_available():
-        from . import distributed as ddp
+        from ..distributed import distributed as ddp
 
         if isinstance(model_or_fn, torch.nn.parallel.DistributedDataParallel):
             ddp.adopt(model_or_fn, opts.compiled_autograd)
@@ -177,10 +177,10 @@ def _distributed_summary() -> dict[str, Any]:
     """`distributed.summary()` when torch.distributed was used, else {} (never raises)."""
     import sys
 
-    if "stoker._internal.distributed" not in sys.modules:
+    if "stoker._internal.distributed.distributed" not in sys.modules:
         return {}
     try:
-        from .distributed import summary
+        from ..distributed.distributed import summary
 
         return summary()
     except Exception as e:  # the report must not fail the program at exit

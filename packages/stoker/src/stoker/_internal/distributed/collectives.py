@@ -196,17 +196,50 @@ def _site(frame: Any) -> Site | None:
     return Site(kind, None, None, None)
 
 
+# ---------------------------------------------------------------------- where they sit
+def comm_sites(graph: Any, with_nodes: bool = False) -> list[Any]:
+    """The nodes of a captured backward graph that can issue collectives, in order.
+
+    DDP's buckets start in post-accumulate-grad hooks; FSDP2 all-gathers in its
+    pre-backward hooks and reduce-scatters in ``RegisterPostBackwardFunction``'s
+    backward and in its root callback (the final callbacks, at the graph's end).
+    Each site says how much backward compute (functional backwards and aten ops)
+    runs after it: what a collective started there can overlap with.  With
+    ``with_nodes``: ``(node, site)`` pairs.
+    """
+    import stoker_autograd
+
+    calls = [n for n in graph.nodes if n.op == "call_function"]
+    opaque = stoker_autograd.OPAQUE_TARGETS
+    compute = [
+        n.target not in opaque and getattr(n.target, "__name__", "") != "getitem" for n in calls
+    ]
+    sites: list[Any] = []
+    for i, n in enumerate(calls):
+        if n.target is stoker_autograd.call_hook:
+            kind = str(n.kwargs.get("hook_type"))
+        elif n.target is stoker_autograd.call_backward:
+            kind = f"backward of {n.meta.get('stoker_fn', 'autograd.Function')}"
+        elif n.target in opaque and "final_callbacks" in getattr(n.target, "__name__", ""):
+            kind = "final callbacks"
+        else:
+            continue
+        if kind == "unpack_hook":
+            continue
+        site = {"at": i, "of": len(calls), "kind": kind, "compute_after": sum(compute[i:])}
+        sites.append((n, site) if with_nodes else site)
+    return sites
+
+
 _POSITIONS: dict[int, tuple[Any, dict[Any, tuple[int, int, int]]]] = {}  # id(graph) -> ...
 
 
 def _position(node: torch.fx.Node) -> tuple[int | None, int | None, int | None]:
     """(index among call nodes, call nodes, compute nodes after it) in ``node``'s graph
-    (Nones for a node `distributed.comm_sites` does not list)."""
+    (Nones for a node `comm_sites` does not list)."""
     graph = node.graph
     cached = _POSITIONS.get(id(graph))
     if cached is None or cached[0] is not graph:
-        from .distributed import comm_sites
-
         table = {
             n: (s["at"], s["of"], s["compute_after"]) for n, s in comm_sites(graph, with_nodes=True)
         }

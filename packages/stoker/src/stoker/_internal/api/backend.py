@@ -28,11 +28,10 @@ from torch import fx
 
 from stoker_shapes._internal.gcfreeze import frozen_heap
 
-from . import logs, timeline, tracelog
-from .autograd_switch import AutogradSwitch
-from .config import CompileOptions, StokerConfigError, resolve_backend
-from .errors import missing_piece, sibling
-from .report import (
+from ..config import CompileOptions, StokerConfigError, resolve_backend
+from ..errors import missing_piece, sibling
+from ..report import logs, timeline, tracelog
+from ..report.report import (
     CompileRecord,
     GraphBreakRecord,
     GraphRecord,
@@ -43,9 +42,10 @@ from .report import (
     RecompileRecord,
     Report,
     SavedValue,
-    StepRecord,
+    autograd_stats,
 )
-from .timeline import RECORDER, Span, TimedRun
+from ..report.timeline import RECORDER, Span, StepRecord, TimedRun
+from .autograd_switch import AutogradSwitch
 
 CompiledCallable = Callable[..., Any]
 
@@ -131,7 +131,7 @@ class StokerBackend:
             return self._derived(mode, options or {})(gm, example_inputs)
         opts = self.options
         if torch.distributed.is_available():  # a DDP forward: take it over or split the graph
-            from .distributed import on_graph
+            from ..distributed.distributed import on_graph
 
             pieces = on_graph(self, gm, example_inputs, opts.compiled_autograd)
             if pieces is not None:
@@ -375,7 +375,7 @@ def compile_with_executor(
     )
     if opts is None or opts.mode != "reduce-overhead":
         return fn
-    from .cudagraphs import CudaGraphStats, graphed
+    from ..cudagraphs.cudagraphs import CudaGraphStats, graphed
 
     if rec is not None:
         label = f"{_label(rec)} {_stage_of(gm)}"
@@ -686,7 +686,7 @@ def _partition_from_backward(gm: fx.GraphModule, opts: CompileOptions) -> Partit
 
 def _mark_buffers_static(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
     """Module buffers among the frame's inputs: CUDA graphs read them in place."""
-    from .cudagraphs import mark_static
+    from ..cudagraphs.cudagraphs import mark_static
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for n, x in zip(placeholders, example_inputs):
@@ -778,8 +778,6 @@ def _failure_reasons(code: Any) -> list[Any]:
 
 
 def _autograd_stats() -> dict[str, Any]:
-    from .autograd_switch import autograd_stats
-
     try:
         return autograd_stats()
     except Exception as e:  # stats are for the report: never fail a compile over them

@@ -25,7 +25,7 @@ import gc
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stoker_shapes import timing
@@ -171,6 +171,40 @@ class Recorder:
 
 
 RECORDER = Recorder()
+
+
+@dataclass
+class StepRecord:
+    """The first compiled step: its window and the stage spans in it."""
+
+    start_ns: int  # time.perf_counter_ns()
+    end_ns: int
+    how: str  # how the window was chosen
+    spans: list[Span] = field(default_factory=list)  # clipped to the window
+
+    @property
+    def wall_ms(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e6
+
+    def breakdown(self) -> list[StageTime]:
+        """Exclusive ms per (graph, stage); they sum to `wall_ms` ("other": no stage's)."""
+        return account(self.spans, self.start_ns, self.end_ns)
+
+    def by_stage(self) -> dict[str, float]:
+        """Exclusive ms per stage, in `STAGE_LABELS`' order, "other" last."""
+        out: dict[str, float] = {}
+        for row in self.breakdown():
+            out[row.stage] = out.get(row.stage, 0.0) + row.ms
+        order = list(STAGE_LABELS)
+        return dict(sorted(out.items(), key=lambda kv: order.index(kv[0])))
+
+    @classmethod
+    def of(cls, start_ns: int, end_ns: int, how: str) -> StepRecord:
+        spans = [
+            Span(sp.stage, sp.name, max(sp.start_ns, start_ns), min(sp.end_ns, end_ns), sp.graph)
+            for sp in RECORDER.between(start_ns, end_ns)
+        ]
+        return cls(start_ns, end_ns, how, spans)
 
 
 class TimedRun:

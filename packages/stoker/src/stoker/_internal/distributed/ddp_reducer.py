@@ -25,8 +25,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import stoker_autograd
 
-from . import logs
-from .config import StokerConfigError
+from ..config import StokerConfigError
+from ..report import logs
 
 _LOG = logs.logger("distributed")
 _C10D: Any = dist  # its private bucket helpers are not in the stubs

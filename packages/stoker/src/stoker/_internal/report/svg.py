@@ -11,10 +11,10 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING
 
-from .timeline import STAGE_LABELS, Span
+from .timeline import STAGE_LABELS, Span, StepRecord
 
 if TYPE_CHECKING:
-    from .report import MemoryRecord, StepRecord
+    from .memtrace import MemoryRecord
 
 COLORS: dict[str, str] = {
     "dynamo": "#6f8fd8",

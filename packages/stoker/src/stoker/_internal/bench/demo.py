@@ -139,7 +139,7 @@ def train_side_by_side(
     the batches (default: ``seed``)."""
     import stoker
 
-    from .config import resolve_backend
+    from ..config import resolve_backend
 
     cfg = GPTConfig()
     data, vocab = make_data(cfg.block_size, device)
@@ -199,8 +199,8 @@ def train_side_by_side(
             opt_c.zero_grad(set_to_none=True)
     bar.close()
     if rep is not None:
-        from .backend import _autograd_stats
-        from .compile_api import _distributed_summary
+        from ..api.backend import _autograd_stats
+        from ..api.compile_api import _distributed_summary
 
         rep.autograd = _autograd_stats()
         rep.distributed = _distributed_summary()
@@ -272,7 +272,7 @@ def check_demo_args(
 ) -> str:
     """The device the demo will run on, or a `StokerConfigError` saying what to pass
     instead (``stoker demo`` prints it as one line and exits with 2)."""
-    from .config import BACKENDS, StokerConfigError, check_device, resolve_backend
+    from ..config import BACKENDS, StokerConfigError, check_device, resolve_backend
 
     if steps < 1:
         raise StokerConfigError(f"--steps {steps}: train at least 1 step (default 200)")

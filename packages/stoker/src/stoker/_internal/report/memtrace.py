@@ -14,12 +14,34 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-from .report import MemoryRecord
 from .timeline import RECORDER
 
 _BEGIN, _END = "stoker.memory.begin", "stoker.memory.end"
+
+
+@dataclass
+class MemoryRecord:
+    """Live tensor bytes over one traced step (`trace`), above what was live before it."""
+
+    device: str  # "cpu", "cuda:0"
+    source: str  # where the figures come from
+    t_ms: list[float] = field(default_factory=list)  # time of each change since the start
+    live: list[int] = field(default_factory=list)  # bytes live after it
+    phases: list[tuple[str, float, float]] = field(default_factory=list)  # (name, start, end) ms
+    duration_ms: float = 0.0
+    baseline: int = 0  # bytes live when the step began (CUDA: allocated; CPU: not known, 0)
+    start_ns: int = 0  # time.perf_counter_ns() at the start (for the Chrome trace)
+
+    @property
+    def peak(self) -> int:
+        return max(self.live, default=0)
+
+    @property
+    def peak_ms(self) -> float:
+        return self.t_ms[self.live.index(self.peak)] if self.live else 0.0
 
 
 @contextlib.contextmanager

@@ -118,7 +118,7 @@ def _rank_main(
     seed: int,
     progress: bool,
 ) -> None:
-    from . import collectives, distributed
+    from ..distributed import collectives, distributed
     from .demo import format_result, train_side_by_side
 
     collectives.install()  # before the first (eager) step
@@ -151,8 +151,8 @@ def run_distributed_demo(
     seed: int,
     progress: bool,
 ) -> int:
+    from ..distributed.launch import spawn
     from .demo import check_demo_args
-    from .launch import spawn
 
     if parallel not in PARALLEL:
         raise SystemExit(f"stoker demo: --parallel must be one of {', '.join(PARALLEL)}")

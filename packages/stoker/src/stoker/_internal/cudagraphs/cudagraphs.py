@@ -40,7 +40,7 @@ stealing them (`GraphedCallable.static_outputs`).
 
 Plain launches instead of a graph, with the reason in the log (``STOKER_LOGS=
 cudagraphs``) and the report: no CUDA device; CPU syncs, data-dependent sizes,
-random ops, CPU tensors (`cudagraph_plan`); more size keys than the limit
+random ops, CPU tensors (`plan`); more size keys than the limit
 (``cudagraph_limit``: recorded keys keep replaying, new keys run plain); more
 records again than ``cudagraph_limit``; a capture that failed.
 
@@ -62,14 +62,14 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from . import logs
-from .cudagraph_plan import REASONS, GraphPlan, plan_graph
-from .cudagraph_recorders import CudaRecorder as CudaRecorder
-from .cudagraph_recorders import HostRecorder as HostRecorder
-from .cudagraph_recorders import Recorder as Recorder
-from .cudagraph_recorders import _cdata, _flatten, _is_static, current_recorder
-from .cudagraph_recorders import mark_static as mark_static
-from .cudagraph_recorders import use_recorder as use_recorder
+from ..report import logs
+from .plan import REASONS, GraphPlan, plan_graph
+from .recorders import CudaRecorder as CudaRecorder
+from .recorders import HostRecorder as HostRecorder
+from .recorders import Recorder as Recorder
+from .recorders import _cdata, _flatten, _is_static, current_recorder
+from .recorders import mark_static as mark_static
+from .recorders import use_recorder as use_recorder
 
 log = logs.logger("cudagraphs")
 _use_count: Callable[[int], int] = torch._C._storage_Use_Count

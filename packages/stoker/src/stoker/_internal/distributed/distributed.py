@@ -43,7 +43,8 @@ import torch
 import torch._dynamo
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import collectives, logs
+from ..report import logs
+from . import collectives
 from .ddp_reducer import (
     BucketReducer,
     Collective,
@@ -201,49 +202,15 @@ def wrap_forward(compiled: torch.nn.Module, compiled_autograd: bool) -> None:
     compiled.forward = forward  # type: ignore[method-assign]
 
 
-# ---------------------------------------------------------------------- where they sit
-def comm_sites(graph: Any, with_nodes: bool = False) -> list[Any]:
-    """The nodes of a captured backward graph that can issue collectives, in order.
-
-    DDP's buckets start in post-accumulate-grad hooks; FSDP2 all-gathers in its
-    pre-backward hooks and reduce-scatters in ``RegisterPostBackwardFunction``'s
-    backward and in its root callback (the final callbacks, at the graph's end).
-    Each site says how much backward compute (functional backwards and aten ops)
-    runs after it: what a collective started there can overlap with.  With
-    ``with_nodes``: ``(node, site)`` pairs.
-    """
+def backward_collectives() -> list[dict[str, Any]]:
+    """`comm_sites` of the newest backward graph stoker-autograd captured in the
+    process-wide scope (the one `stoker.compile` sets; [] if none)."""
     import stoker_autograd
 
-    calls = [n for n in graph.nodes if n.op == "call_function"]
-    opaque = stoker_autograd.OPAQUE_TARGETS
-    compute = [
-        n.target not in opaque and getattr(n.target, "__name__", "") != "getitem" for n in calls
-    ]
-    sites: list[Any] = []
-    for i, n in enumerate(calls):
-        if n.target is stoker_autograd.call_hook:
-            kind = str(n.kwargs.get("hook_type"))
-        elif n.target is stoker_autograd.call_backward:
-            kind = f"backward of {n.meta.get('stoker_fn', 'autograd.Function')}"
-        elif n.target in opaque and "final_callbacks" in getattr(n.target, "__name__", ""):
-            kind = "final callbacks"
-        else:
-            continue
-        if kind == "unpack_hook":
-            continue
-        site = {"at": i, "of": len(calls), "kind": kind, "compute_after": sum(compute[i:])}
-        sites.append((n, site) if with_nodes else site)
-    return sites
-
-
-def backward_collectives() -> list[dict[str, Any]]:
-    """`comm_sites` of the newest backward graph stoker-autograd captured ([] if none)."""
-    from .backend import SWITCH
-
-    session = SWITCH.session
+    session = stoker_autograd.default_session()
     if session is None or not session.graphs:
         return []
-    return comm_sites(session.graphs[-1].gm.graph)
+    return collectives.comm_sites(session.graphs[-1].gm.graph)
 
 
 def step_summary(step: collectives.Step) -> dict[str, Any]:

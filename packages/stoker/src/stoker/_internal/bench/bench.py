@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .config import StokerConfigError, check_device
+from ..config import StokerConfigError, check_device
 
 BACKENDS = ("eager", "aot_eager", "inductor", "stoker")
 
@@ -157,7 +157,7 @@ def suite_worker(
     timed: Callable[[], Any] | None = None,
     after: Callable[[Callable[[], float], Any, Any], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """One GPU-suite configuration under one backend (see `bench_suite`).
+    """One GPU-suite configuration under one backend (see `suite`).
 
     ``timed()`` is a context manager entered around the measured part (the steady
     steps, peak memory, kernel count; `tools/gpu_lap.py` holds the GPU alone there
@@ -167,8 +167,8 @@ def suite_worker(
 
     import torch
 
-    from .bench_suite import count_device_kernels, get_entry, wrap_model
-    from .memprobe import peak_live_bytes
+    from ..report.memprobe import peak_live_bytes
+    from .suite import count_device_kernels, get_entry, wrap_model
 
     entry = get_entry(entry_name)
     size = entry.sized(smoke)
@@ -269,7 +269,7 @@ def _run_worker(
     cmd = [
         sys.executable,
         "-m",
-        "stoker._internal.bench",
+        "stoker._internal.bench.bench",
         command,
         model,
         backend,
@@ -414,7 +414,7 @@ def run_suite(
     run cut short by a time limit keeps what it measured.
     """
 
-    from .bench_suite import SUITE, SUITE_BACKENDS, compare_runs
+    from .suite import SUITE, SUITE_BACKENDS, compare_runs
 
     device = check_device(device)
     names = list(entries) if entries else [e.name for e in SUITE]
@@ -536,11 +536,11 @@ def run_bench(
 ) -> int:
     """``stoker bench``: the sibling benchmark scripts (when run from a checkout) and the models.
 
-    ``suite="gpu"`` runs the GPU model suite (`bench_suite`) instead: models are suite
+    ``suite="gpu"`` runs the GPU model suite (`suite`) instead: models are suite
     entries and backends suite backends; ``smoke`` shrinks every entry to tiny sizes.
     """
     if suite == "gpu":
-        from .bench_suite import SUITE, SUITE_BACKENDS
+        from .suite import SUITE, SUITE_BACKENDS
 
         check_device(device)
         _check_names("--backends", backends, SUITE_BACKENDS, " with --suite gpu")
@@ -675,7 +675,7 @@ def write_json(path: str, rows: Sequence[dict[str, Any]], suites: dict[str, Any]
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m stoker._internal.bench")
+    p = argparse.ArgumentParser(prog="python -m stoker._internal.bench.bench")
     sub = p.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("worker")
     w.add_argument("model")

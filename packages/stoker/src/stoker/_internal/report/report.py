@@ -22,7 +22,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .timeline import RECORDER, STAGE_LABELS, Span, StageTime, account
+from .memtrace import MemoryRecord
+from .timeline import RECORDER, STAGE_LABELS, StepRecord
 
 SECTIONS: tuple[tuple[str, str], ...] = (
     ("summary", "Summary"),
@@ -137,62 +138,6 @@ class RecompileRecord:
 
 
 @dataclass
-class StepRecord:
-    """The first compiled step: its window and the stage spans in it (`timeline`)."""
-
-    start_ns: int  # time.perf_counter_ns()
-    end_ns: int
-    how: str  # how the window was chosen
-    spans: list[Span] = field(default_factory=list)  # clipped to the window
-
-    @property
-    def wall_ms(self) -> float:
-        return (self.end_ns - self.start_ns) / 1e6
-
-    def breakdown(self) -> list[StageTime]:
-        """Exclusive ms per (graph, stage); they sum to `wall_ms` ("other": no stage's)."""
-        return account(self.spans, self.start_ns, self.end_ns)
-
-    def by_stage(self) -> dict[str, float]:
-        """Exclusive ms per stage, in `STAGE_LABELS`' order, "other" last."""
-        out: dict[str, float] = {}
-        for row in self.breakdown():
-            out[row.stage] = out.get(row.stage, 0.0) + row.ms
-        order = list(STAGE_LABELS)
-        return dict(sorted(out.items(), key=lambda kv: order.index(kv[0])))
-
-    @classmethod
-    def of(cls, start_ns: int, end_ns: int, how: str) -> StepRecord:
-        spans = [
-            Span(sp.stage, sp.name, max(sp.start_ns, start_ns), min(sp.end_ns, end_ns), sp.graph)
-            for sp in RECORDER.between(start_ns, end_ns)
-        ]
-        return cls(start_ns, end_ns, how, spans)
-
-
-@dataclass
-class MemoryRecord:
-    """Live tensor bytes over one traced step (`memtrace`), above what was live before it."""
-
-    device: str  # "cpu", "cuda:0"
-    source: str  # where the figures come from
-    t_ms: list[float] = field(default_factory=list)  # time of each change since the start
-    live: list[int] = field(default_factory=list)  # bytes live after it
-    phases: list[tuple[str, float, float]] = field(default_factory=list)  # (name, start, end) ms
-    duration_ms: float = 0.0
-    baseline: int = 0  # bytes live when the step began (CUDA: allocated; CPU: not known, 0)
-    start_ns: int = 0  # time.perf_counter_ns() at the start (for the Chrome trace)
-
-    @property
-    def peak(self) -> int:
-        return max(self.live, default=0)
-
-    @property
-    def peak_ms(self) -> float:
-        return self.t_ms[self.live.index(self.peak)] if self.live else 0.0
-
-
-@dataclass
 class GraphBreakRecord:
     """A graph break: the graph Dynamo compiled up to it, why, and where in user code."""
 
@@ -241,8 +186,6 @@ class Report:
     def refresh(self) -> None:
         """Read compiled autograd's counters again, if this report is live."""
         if self.live:
-            from .autograd_switch import autograd_stats
-
             try:
                 self.autograd = autograd_stats()
             except Exception as e:  # counters are for reading: never fail over them
@@ -665,7 +608,7 @@ def _render_step(r: Report) -> str:
     step = r.step_record()
     if step is None:
         return '<p class="muted">none recorded (nothing compiled yet)</p>'
-    from .report_svg import legend, timeline_svg
+    from .svg import legend, timeline_svg
 
     by_stage = step.by_stage()
     wall = step.wall_ms
@@ -704,7 +647,7 @@ def _render_memory(mem: MemoryRecord | None) -> str:
             "step()</code> records one; <code>stoker demo</code> traces a step after its "
             "loop)</p>"
         )
-    from .report_svg import memory_svg
+    from .svg import memory_svg
 
     phases = ", ".join(f"{n} {b - a:.1f} ms" for n, a, b in mem.phases) or "not marked"
     return (
@@ -823,3 +766,35 @@ def _issued_cells(c: dict[str, Any]) -> list[Any]:
     else:
         where = [site["kind"], f"{site['at']}/{site['of']} (+{site['compute_after']} compute)"]
     return [c["kind"], c["phase"], c["numel"], c["dtype"], *where]
+
+
+# ---------------------------------------------------------------------- compiled autograd
+def autograd_stats() -> dict[str, Any]:
+    """``stoker_autograd.stats()`` as a dict (with its warm-start cache's outcomes), or
+    ``{}`` when stoker-autograd has no stats."""
+    try:
+        import stoker_autograd
+    except ImportError:
+        return {}
+    stats = getattr(stoker_autograd, "stats", None)
+    if stats is None:
+        return {}
+    value = stats()
+    if isinstance(value, dict):
+        # the warm-start cache's outcomes by reason ("miss (new key)": 1), for the report
+        outcomes: dict[str, int] = getattr(stoker_autograd, "cache_outcomes", dict)()
+        # why each backward was compiled again (the report's Recompiles section lists them)
+        reasons: list[str] = getattr(stoker_autograd, "recompile_reasons", list)()
+        # why a backward was captured again (its autograd nodes differ from an earlier one)
+        again: list[str] = getattr(stoker_autograd, "recapture_reasons", list)()
+        return (
+            dict(value)
+            | {f"disk cache {k}": n for k, n in sorted(outcomes.items())}
+            | ({"recompile reasons": reasons} if reasons else {})
+            | ({"recapture reasons": again} if again else {})
+        )
+    if hasattr(value, "__dataclass_fields__"):
+        import dataclasses
+
+        return dataclasses.asdict(value)
+    return {k: v for k, v in vars(value).items() if not k.startswith("_")}

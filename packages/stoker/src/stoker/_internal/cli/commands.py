@@ -1,0 +1,271 @@
+"""The ``stoker`` command: ``demo``, ``bench``, ``explain`` and ``cache``.
+
+stoker demo [--steps N]          train a small GPT eager and compiled, side by side
+            [--ranks 2 --parallel ddp|fsdp2]   ... on local processes, under DDP or FSDP2
+stoker bench [--models ...]      the benchmark suite (table + bench-results/bench.json)
+stoker bench --suite gpu [--smoke]  the H100 training suite, side by side with Inductor
+stoker explain SCRIPT [ARGS...]  run a script with every log topic and the report on
+stoker cache info|clear          what stoker keeps on disk (STOKER_CACHE_DIR); empty it
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from ..report.report import Report
+
+
+class UsageError(Exception):
+    """A command's arguments or settings are wrong: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line that says where to look (exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="stoker", description="stoker: a PyTorch training compiler")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    d = sub.add_parser("demo", help="train a small GPT eager and compiled side by side")
+    d.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
+    d.add_argument("--batch", type=int, default=16, help="sequences per step (default 16)")
+    d.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "aten", "triton", "interpret"],
+        help="stoker executor (auto: Triton on a GPU, else the aten executor)",
+    )
+    d.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    d.add_argument(
+        "--report",
+        default="stoker-demo-report.html",
+        help="where to write the compile report (default ./stoker-demo-report.html)",
+    )
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--no-progress", action="store_true", help="no progress bar")
+    d.add_argument(
+        "--ranks", type=int, default=1, help="local processes (default 1: no parallelism)"
+    )
+    d.add_argument(
+        "--parallel",
+        default="ddp",
+        choices=["ddp", "fsdp2"],
+        help="with --ranks > 1: DistributedDataParallel or FSDP2 fully_shard (default ddp)",
+    )
+
+    b = sub.add_parser("bench", help="benchmark eager, aot_eager, inductor and stoker")
+    b.add_argument(
+        "--suite",
+        choices=("models", "gpu"),
+        default="models",
+        help="models: the zoo (default); gpu: the GPU suite (6 training configurations "
+        "+ the small forward/backward table)",
+    )
+    b.add_argument(
+        "--smoke", action="store_true", help="with --suite gpu: the same entries at tiny sizes"
+    )
+    b.add_argument(
+        "--models",
+        default=None,
+        help="comma-separated zoo names, or suite entries with --suite gpu (default: all, "
+        "after the sibling packages' benchmark scripts; naming models runs only those)",
+    )
+    b.add_argument(
+        "--backends",
+        default=None,
+        help="comma-separated (default: eager,aot_eager,inductor,stoker; with --suite gpu: "
+        "eager,inductor,inductor-ro,stoker,stoker-ro)",
+    )
+    b.add_argument(
+        "--steps", type=int, default=20, help="steady-state steps per model (default 20)"
+    )
+    b.add_argument("--json", default="bench-results/bench.json", help="where to write the JSON")
+    b.add_argument(
+        "--no-warm", action="store_true", help="skip the warm-cache (second process) run"
+    )
+    b.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    b.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement process")
+
+    e = sub.add_parser("explain", help="run a script with stoker's logs and report on")
+    e.add_argument("--logs", default="all", help="STOKER_LOGS topics (default all)")
+    e.add_argument(
+        "--report", default="stoker-report.html", help="report path (default ./stoker-report.html)"
+    )
+    e.add_argument("script", help="the Python script to run")
+    e.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+
+    c = sub.add_parser("cache", help="stoker's on-disk cache: info or clear")
+    c.add_argument("action", choices=["info", "clear"])
+    c.add_argument(
+        "--triton",
+        action="store_true",
+        help="clear also empties Triton's own cache (TRITON_CACHE_DIR; shared with Inductor)",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except UsageError as e:
+        print(f"stoker {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ..config import StokerConfigError
+
+    if args.command == "demo":
+        from ..bench.demo import check_demo_args
+
+        try:
+            device = check_demo_args(
+                steps=args.steps,
+                batch=args.batch,
+                backend=args.backend,
+                device=args.device,
+                ranks=args.ranks,
+            )
+        except StokerConfigError as e:
+            raise UsageError(str(e)) from None
+        demo = dict(
+            steps=args.steps,
+            batch=args.batch,
+            backend=args.backend,
+            device=device,
+            report=args.report,
+            seed=args.seed,
+            progress=not args.no_progress,
+        )
+        if args.ranks > 1:
+            from ..bench.demo_distributed import run_distributed_demo
+
+            return run_distributed_demo(ranks=args.ranks, parallel=args.parallel, **demo)
+        from ..bench.demo import run_demo
+
+        return run_demo(**demo)
+    if args.command == "bench":
+        from ..bench.bench import run_bench
+
+        if args.steps < 1:
+            raise UsageError(f"--steps {args.steps}: time at least 1 steady step (default 20)")
+        if args.timeout <= 0:
+            raise UsageError(f"--timeout {args.timeout}: give a positive number of seconds")
+        try:
+            return run_bench(
+                models=_names(args.models),
+                backends=_names(args.backends or default_backends(args.suite)) or [],
+                steps=args.steps,
+                json_path=args.json,
+                warm=not args.no_warm,
+                device=args.device,
+                timeout=args.timeout,
+                suite=args.suite,
+                smoke=args.smoke,
+            )
+        except StokerConfigError as e:
+            raise UsageError(str(e)) from None
+    if args.command == "explain":
+        return explain(args.script, args.args, logs=args.logs, report=args.report)
+    if args.command == "cache":
+        from . import cache
+
+        try:
+            return cache.info() if args.action == "info" else cache.clear(args.triton)
+        except cache.CacheDirError as e:
+            raise UsageError(str(e)) from None
+    raise AssertionError(args.command)  # argparse rejects unknown commands
+
+
+def _names(spec: str | None) -> list[str] | None:
+    """``"mlp, gpt"`` -> ``["mlp", "gpt"]``; None (or nothing named) -> None."""
+    names = [n.strip() for n in (spec or "").split(",") if n.strip()]
+    return names or None
+
+
+def default_backends(suite: str) -> str:
+    if suite == "gpu":
+        return "eager,inductor,inductor-ro,stoker,stoker-ro"
+    return "eager,aot_eager,inductor,stoker"
+
+
+def explain(script: str, script_args: Sequence[str], *, logs: str, report: str) -> int:
+    """Run ``script`` as ``__main__`` with STOKER_LOGS and STOKER_REPORT set."""
+    import runpy
+
+    if not os.path.exists(script):
+        raise UsageError(f"no such script: {script}")
+    from ... import set_logs
+
+    try:
+        set_logs(logs)
+    except ValueError as e:
+        raise UsageError(f"--logs {logs}: {e}") from None
+    os.environ["STOKER_LOGS"] = logs
+    os.environ["STOKER_REPORT"] = os.path.abspath(report)
+    from ..api import compile_api
+
+    kept: list[Report] = []
+    compile_api._KEEP_AT_RESET.append(kept)  # reports a stoker.reset() in the script drops
+    old_argv = sys.argv
+    sys.argv = [script, *script_args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = old_argv
+        compile_api._KEEP_AT_RESET.remove(kept)
+        _write_explain_reports(kept, os.environ["STOKER_REPORT"])
+    return code
+
+
+def _write_explain_reports(kept: list[Report], path: str) -> None:
+    """Write every report the script made (kept at a reset, or current), say where."""
+    from ..api.backend import _autograd_stats
+    from ..api.compile_api import current_reports
+
+    reports = list(kept)
+    for r in current_reports():
+        if all(r is not k for k in reports):
+            r.autograd = _autograd_stats()
+            reports.append(r)
+    if not reports:
+        print(
+            f"stoker explain: the script compiled nothing with stoker; no report at {path}",
+            file=sys.stderr,
+        )
+        return
+    stem, ext = os.path.splitext(path)
+    free = iter([path, *(f"{stem}-{i}{ext}" for i in range(2, len(reports) + 1))])
+    for rep in reports:
+        # A report the script gave its own path keeps it; the others get --report's path,
+        # numbered from the second on. The path stays on the report: its rewrite at exit
+        # goes to the same file.
+        if not rep.path or os.path.abspath(rep.path) == os.path.abspath(path):
+            rep.path = next(free)
+        written = rep.write(rep.path)
+        graphs = len(rep.compiles)
+        step = rep.step_record()
+        took = f"first compiled step {step.wall_ms / 1e3:.2f} s; " if step is not None else ""
+        print(
+            f"stoker explain: report written to {written} ({graphs} graph"
+            f"{'s' if graphs != 1 else ''}; {took}on-disk caches {rep.cache_line()})",
+            file=sys.stderr,
+        )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
