@@ -103,3 +103,39 @@ def test_batch_norm_backward_stays_whole_under_autocast() -> None:
     torch.testing.assert_close(compiled(*a), f(*b), rtol=2e-2, atol=1e-2)
     for x, y in zip(torch.autograd.grad(compiled(*a), a), torch.autograd.grad(f(*b), b)):
         torch.testing.assert_close(x, y, rtol=2e-2, atol=2e-2)
+
+
+def test_batch_norm_backward_statistics_in_the_weights_dtype() -> None:
+    """torch's meta kernel gives a bf16 input's saved mean and inverse std in bf16 (eager's
+    CPU kernel: float32), and eager's backward kernel rejects bf16 statistics beside a
+    float32 weight. A forward compiled from the graph saves what the graph says, so the
+    kept-whole backward must take its statistics in the weight's dtype: run as is (as
+    compiled autograd's first backward runs it), it would fail otherwise."""
+
+    def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = F.conv2d(x, w[:, None, None, None].expand(4, 3, 1, 1).contiguous())
+            return F.batch_norm(h, None, None, w, b, training=True).float().square().mean()
+
+    x, w, b = (torch.randn(2, 3, 4, 4), torch.randn(4), torch.randn(4))
+    stack = contextlib.ExitStack()
+    args = [t.requires_grad_() for t in (x, w, b)]
+    state = create_aot_state(f, args, None, AOTConfig(mode="joint"), stack)
+    with stack:
+        gm = aot_stage1_graph_capture(state).gm
+    nodes = [n for n in gm.graph.nodes if n.target is aten.native_batch_norm_backward.default]
+    assert nodes
+    for n in nodes:
+        weight, stats = n.args[2], n.args[3:7]
+        want = weight.meta["val"].dtype
+        got = [s.meta["val"].dtype for s in stats if isinstance(s, torch.fx.Node)]
+        assert got and all(d == want for d in got), (want, got)
+        # the op as recorded, on real tensors of the recorded dtypes, runs
+        real = [
+            torch.randn(a.meta["val"].shape, dtype=a.meta["val"].dtype).abs() + 0.5
+            if isinstance(a, torch.fx.Node)
+            else a
+            for a in n.args
+        ]
+        outs = n.target(*real)
+        assert outs[0].dtype == real[1].dtype and outs[1].dtype == want

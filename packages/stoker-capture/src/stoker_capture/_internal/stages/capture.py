@@ -73,7 +73,34 @@ def joint_table() -> dict[Any, Any]:
         for name in packet.overloads()
     }
     table = {op: fn for op, fn in _core_aten_table().items() if not keep.get(op, False)}
-    return {op: _only_mixed_dtypes(fn) if op in keep else fn for op, fn in table.items()}
+    table = {op: _only_mixed_dtypes(fn) if op in keep else fn for op, fn in table.items()}
+    for op in keep:
+        if keep[op] and op == torch.ops.aten.native_batch_norm_backward.default:
+            table[op] = _batch_norm_stats_as_weight
+    return table
+
+
+def _batch_norm_stats_as_weight(*args: Any, **kwargs: Any) -> Any:
+    """``native_batch_norm_backward`` kept whole, its statistics in the weight's dtype.
+
+    torch's meta kernel (and decomposition) of a batch norm with a bf16 input and
+    float32 parameters gives bf16 saved statistics, where eager's CPU kernel gives
+    float32, and that kernel's backward rejects bf16 statistics beside a float32
+    weight ("mixed dtype (CPU): expect parameter to have scalar type of Float"): an
+    uncompiled run of the graph (compiled autograd's first backward) would fail. The
+    small per-channel statistics are cast to the weight's dtype, and the op recorded
+    whole (this function again, now with nothing to cast)."""
+    op = torch.ops.aten.native_batch_norm_backward.default
+    bound = list(args)
+    if kwargs or len(bound) < 7:
+        return NotImplemented
+    weight, stats = bound[2], bound[3:7]
+    known = [t for t in stats if isinstance(t, torch.Tensor)]
+    want = weight.dtype if isinstance(weight, torch.Tensor) else (known[0].dtype if known else None)
+    if want is None or all(t.dtype == want for t in known):
+        return NotImplemented
+    cast = [t.to(want) if isinstance(t, torch.Tensor) else t for t in stats]
+    return op(*bound[:3], *cast, *bound[7:])
 
 
 def _only_mixed_dtypes(decomp: Any) -> Any:
