@@ -379,7 +379,7 @@ class Program:
     random_streams: int  # how many random ops (0: no seed argument)
     device: torch.device
     # IR node indices where each copy of a repeated region starts (and the last ends):
-    # the scheduler fuses independent nodes only within one such span (regions.py)
+    # the scheduler fuses independent nodes only within one such span (lowering/regions.py)
     barriers: list[int] = dataclasses.field(default_factory=list)
     regions: list[str] = dataclasses.field(default_factory=list)  # the repeated regions found
     reused_nodes: int = 0  # graph nodes lowered by renaming a region's first copy

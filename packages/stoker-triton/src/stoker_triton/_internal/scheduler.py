@@ -282,7 +282,7 @@ def schedule(program: Program, ctx: LoweringContext) -> Schedule:
         nk += 1
         return k
 
-    # a repeated region's copies (`Program.barriers`, regions.py): a node joins a kernel
+    # a repeated region's copies (`Program.barriers`, lowering/regions.py): a node joins a kernel
     # of an earlier copy only when that kernel computes what it reads, or when what it
     # reads comes from the copy just before its own (a block's head fused into the last
     # kernels of the block before it): never a kernel of a copy it has nothing to do with
