@@ -15,17 +15,9 @@ import sympy
 import torch
 import torch.fx
 
-from ..ir import BufferRef, Expr, Program, SymRef
+from ..ir import BufferRef, Expr, Program, SymRef, contiguous_strides, product
 from . import extern, indexing, pointwise, random, reduction, views  # register the rules
-from .core import (
-    LOWERINGS,
-    REUSE_BODY_LIMIT,
-    LoweringContext,
-    TensorValue,
-    contiguous_strides,
-    product,
-    recompute_bytes,
-)
+from .core import LOWERINGS, REUSE_BODY_LIMIT, LoweringContext, TensorValue, recompute_bytes
 from .extern import extern_call
 from .noop import noop_copies
 
