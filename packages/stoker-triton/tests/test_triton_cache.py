@@ -95,11 +95,63 @@ def test_hits_and_misses_are_logged_with_why(tmp_path, monkeypatch, caplog):
         _forget_modules()
         _compile(x, y)
         second = [(r.levelno, r.getMessage()) for r in caplog.records]
-    n = len(fn.report.kernels) + 1  # kernels and the wrapper
+    # one line per kernel and the wrapper: the wrapper's code object (the `code` store,
+    # written beside it) is derived from it and quiet, so it does not repeat its lines
+    n = len(fn.report.kernels) + 1
+    assert len(list((tmp_path / "triton" / "code").glob("wrappers-*.bin"))) == 1
     assert sum("cache miss" in m and "(not on disk)" in m for m in first) == n, first
     assert sum(m.startswith("cache write") for m in first) == n, first
+    assert not any("/code/" in m for m in first), first
     assert [lvl for lvl, m in second if "cache hit" in m] == [logging.DEBUG] * n, second
     assert not any("cache miss" in m for _, m in second), second
+
+
+def test_a_wrappers_code_object_is_cached(tmp_path, monkeypatch, caplog):
+    # a later process loads the wrapper's code object instead of compiling its source;
+    # one made for another file, or one that does not load, is compiled again and rewritten
+    import builtins
+    import marshal
+
+    from stoker_triton._internal.modcache import modules
+
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("STOKER_TRITON_GRAPH_CACHE", "0")
+    monkeypatch.setattr(diskcache, "_warned", set())
+    compiled: list[str] = []
+
+    def spy(source, filename, *args, **kwargs):
+        compiled.append(str(filename))
+        return builtins.compile(source, filename, *args, **kwargs)
+
+    monkeypatch.setattr(modules, "compile", spy, raising=False)
+    x, y = torch.randn(3, 5), torch.randn(3, 5)
+    _forget_modules()
+    wrapper = _compile(x, y).report.wrapper_path
+    assert compiled == [wrapper]
+    (entry,) = (tmp_path / "triton" / "code").glob("wrappers-*.bin")
+    key = entry.name.removesuffix(".bin")
+    store = modules.code_store()
+    assert marshal.loads(store.get(key)).co_filename == wrapper
+
+    def again() -> list[str]:
+        compiled.clear()
+        _forget_modules()
+        _compile(x, y)
+        return list(compiled)
+
+    assert again() == []  # loaded, not compiled
+    source = Path(wrapper).read_text()
+    store.put(key, marshal.dumps(builtins.compile(source, "/elsewhere/w.py", "exec")))
+    assert again() == [wrapper]  # made for another file (the cache moved)
+    assert marshal.loads(store.get(key)).co_filename == wrapper  # rewritten
+    assert again() == []
+    store.put(key, b"not marshal data")
+    assert again() == [wrapper]
+    entry.write_bytes(entry.read_bytes()[:50])  # broken: one warning naming it
+    with caplog.at_level(logging.WARNING, logger="stoker.cache"):
+        assert again() == [wrapper]
+    assert [str(entry) in r.getMessage() for r in caplog.records] == [True], caplog.records
+    assert again() == []
 
 
 _SAME_SOURCES = """

@@ -1,5 +1,5 @@
 """Repeated regions (a model's identical blocks) are found, lowered once and compile to the
-same kernels as one block: `_internal/regions.py`, `_internal/codegen/kernelmemo.py`."""
+same kernels as one block: `_internal/lowering/regions.py`, `_internal/codegen/kernelmemo.py`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from triton_helpers import assert_same, fresh
 from stoker_triton import compile_graph
 from stoker_triton._internal import pipeline
 from stoker_triton._internal.codegen import kernelmemo
-from stoker_triton._internal.regions import find_regions
+from stoker_triton._internal.lowering.regions import find_regions
 
 D, T, H, B = 16, 8, 2, 2
 

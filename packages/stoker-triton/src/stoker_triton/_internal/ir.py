@@ -30,6 +30,29 @@ def index_var(prefix: str, i: int) -> sympy.Symbol:
     return sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True)
 
 
+def contiguous_strides(size: Sequence[Expr]) -> tuple[Expr, ...]:
+    """The strides of a contiguous (row-major) tensor of `size` (memoized)."""
+    return _contiguous_strides(tuple(size))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _contiguous_strides(size: tuple[Expr, ...]) -> tuple[Expr, ...]:
+    out: list[Expr] = []
+    acc: Expr = sympy.Integer(1)
+    for s in reversed(size):
+        out.append(acc)
+        acc = acc * s
+    return tuple(reversed(out))
+
+
+def product(xs: Sequence[Expr]) -> Expr:
+    """The product of sizes (1 for none)."""
+    out: Expr = sympy.Integer(1)
+    for x in xs:
+        out = out * x
+    return out
+
+
 class Value:
     """One element of a tensor, as an expression tree (immutable, hashed once)."""
 
@@ -379,7 +402,7 @@ class Program:
     random_streams: int  # how many random ops (0: no seed argument)
     device: torch.device
     # IR node indices where each copy of a repeated region starts (and the last ends):
-    # the scheduler fuses independent nodes only within one such span (regions.py)
+    # the scheduler fuses independent nodes only within one such span (lowering/regions.py)
     barriers: list[int] = dataclasses.field(default_factory=list)
     regions: list[str] = dataclasses.field(default_factory=list)  # the repeated regions found
     reused_nodes: int = 0  # graph nodes lowered by renaming a region's first copy

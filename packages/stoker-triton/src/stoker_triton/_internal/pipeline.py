@@ -168,7 +168,7 @@ def compile_graph_impl(
 
 
 def regions_enabled() -> bool:
-    """Repeated regions lowered once (`regions.py`); `STOKER_TRITON_REGIONS=0` turns it off."""
+    """Repeated regions lowered once (`lowering/regions.py`); `STOKER_TRITON_REGIONS=0` turns it off."""
     return os.environ.get("STOKER_TRITON_REGIONS", "1") != "0"
 
 
@@ -184,9 +184,9 @@ def _lower(
     device: torch.device,
     persistent_max: int,
 ) -> tuple[Any, Any]:
-    """`lower_graph`, each repeated region lowered once (see `regions.py`)."""
+    """`lower_graph`, each repeated region lowered once (see `lowering/regions.py`)."""
     from .lowering import lower_graph
-    from .regions import RegionMismatch
+    from .lowering.regions import RegionMismatch
 
     if regions_enabled():
         try:

@@ -50,7 +50,7 @@ class CompileReport:
     timings_ms: dict[str, float] = dataclasses.field(default_factory=dict)  # stage -> milliseconds
     # stage -> CPU milliseconds of this process (the benchmark's measure on a busy machine)
     cpu_ms: dict[str, float] = dataclasses.field(default_factory=dict)
-    # repeated regions lowered once (regions.py): each found, and graph nodes renamed
+    # repeated regions lowered once (lowering/regions.py): each found, and graph nodes renamed
     regions: list[str] = dataclasses.field(default_factory=list)
     reused_nodes: int = 0
     lowered_nodes: int = 0  # graph nodes lowered by their rule (not renamed), constants aside

@@ -18,6 +18,9 @@ row fits (`PERSISTENT_RNUMEL_MAX`), unless one loop would read it once
 anyway (`_single_pass`); a looped kernel runs one loop per segment
 (`loop_segments`), softmax's max and sum in one (`online_softmax_max`).
 docs/triton.md "Reduction tiling" has the rules.
+
+Imports the IR and `tiling.py`; never `lowering/` (the lowering's context comes
+in as `SizeGuards`, the size questions the scheduler asks of it).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
+from typing import Protocol
 
 import sympy
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
@@ -40,13 +44,14 @@ from .ir import (
     Program,
     ReductionNode,
     ScatterNode,
+    contiguous_strides,
     index_var,
     loads_of,
     node_reads,
     node_writes,
+    product,
 )
-from .lowering.core import LoweringContext, contiguous_strides, product
-from .tiling import is_outer
+from .tiling import decompose, is_outer
 
 XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
@@ -115,20 +120,6 @@ class Schedule:
             lines.append(f"[{i}] {s}")
         lines.append(f"internal (never stored): {sorted(self.internal)}")
         return "\n".join(lines)
-
-
-def decompose(flat: Expr, sizes: Sequence[Expr]) -> list[Expr]:
-    """Row-major index variables of `sizes` from a flat index."""
-    strides = contiguous_strides(sizes)
-    out: list[Expr] = []
-    for k, (s, st) in enumerate(zip(sizes, strides)):
-        if s == 1:
-            out.append(sympy.Integer(0))
-        elif k == 0:
-            out.append(FloorDiv(flat, st))
-        else:
-            out.append(ModularIndexing(flat, st, s))
-    return out
 
 
 def simplify_index(e: Expr) -> Expr:
@@ -263,7 +254,19 @@ def _all_loads(node: Node) -> list[Load]:
     return out
 
 
-def schedule(program: Program, ctx: LoweringContext) -> Schedule:
+class SizeGuards(Protocol):
+    """What `schedule` asks of the lowering's context (`LoweringContext`): size
+    conditions decided, symbolic ones guarded, and the persistent-row limit."""
+
+    @property
+    def persistent_rnumel_max(self) -> int: ...
+
+    def guard_true(self, cond: sympy.Basic, why: str) -> bool: ...
+
+    def statically_known(self, cond: sympy.Basic) -> bool: ...
+
+
+def schedule(program: Program, ctx: SizeGuards) -> Schedule:
     steps: list[Step] = []
     writer: dict[str, int] = {}  # buffer -> step index of its last writer
     nk = 0
@@ -282,7 +285,7 @@ def schedule(program: Program, ctx: LoweringContext) -> Schedule:
         nk += 1
         return k
 
-    # a repeated region's copies (`Program.barriers`, regions.py): a node joins a kernel
+    # a repeated region's copies (`Program.barriers`, lowering/regions.py): a node joins a kernel
     # of an earlier copy only when that kernel computes what it reads, or when what it
     # reads comes from the copy just before its own (a block's head fused into the last
     # kernels of the block before it): never a kernel of a copy it has nothing to do with

@@ -7,6 +7,10 @@ A kernel's tile is `[XBLOCK, RBLOCK]`; Triton lays it out along whichever dim
 the loads are contiguous in, so an outer reduction reads coalesced when
 XBLOCK spans enough contiguous elements (the launcher's outer configs) and
 an inner one when RBLOCK does.
+
+Also the row-major split of a flat index into a node's index variables
+(`decompose`, `flat_vars`), which lowering's split and the scheduler share.
+Imports only the IR (`ir.py`): lowering and the scheduler both import this.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ import functools
 from collections.abc import Iterable, Sequence
 
 import sympy
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-from .ir import Expr, IndexValue, Load, Op, Rand, Value, index_var
+from .ir import Expr, IndexValue, Load, Op, Rand, Value, contiguous_strides, index_var
 
 # The GPU the split is sized for (H100: 132 SMs, 2048 threads each); the split
 # only has to give the device enough programs, so a close guess suffices.
@@ -121,8 +126,20 @@ def subs_index(v: Value, mapping: dict[sympy.Symbol, Expr]) -> Value:
     return go(v)
 
 
+def decompose(flat: Expr, sizes: Sequence[Expr]) -> list[Expr]:
+    """Row-major index variables of `sizes` from a flat index."""
+    strides = contiguous_strides(sizes)
+    out: list[Expr] = []
+    for k, (s, st) in enumerate(zip(sizes, strides)):
+        if s == 1:
+            out.append(sympy.Integer(0))
+        elif k == 0:
+            out.append(FloorDiv(flat, st))
+        else:
+            out.append(ModularIndexing(flat, st, s))
+    return out
+
+
 def flat_vars(prefix: str, sizes: Sequence[Expr], flat: Expr) -> dict[sympy.Symbol, Expr]:
     """`prefix0, prefix1, ...` of `sizes` (row-major) in terms of one flat index."""
-    from .scheduler import decompose
-
     return {index_var(prefix, k): e for k, e in enumerate(decompose(flat, sizes))}

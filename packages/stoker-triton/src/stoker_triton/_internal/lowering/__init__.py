@@ -1,5 +1,9 @@
 """The lowering table (`LOWERINGS`, grouped by kind in the modules beside
-this one) and `lower_graph`, which walks an FX graph and builds a `Program`."""
+this one) and `lower_graph`, which walks an FX graph and builds a `Program`;
+`regions.py` finds a model's repeated blocks so `lower_graph` lowers each once.
+
+May import the IR (`ir.py`) and `tiling.py`; never the scheduler, `codegen/`,
+`runtime/`, `compile/` or the pipeline."""
 
 from __future__ import annotations
 
@@ -11,17 +15,9 @@ import sympy
 import torch
 import torch.fx
 
-from ..ir import BufferRef, Expr, Program, SymRef
+from ..ir import BufferRef, Expr, Program, SymRef, contiguous_strides, product
 from . import extern, indexing, pointwise, random, reduction, views  # register the rules
-from .core import (
-    LOWERINGS,
-    REUSE_BODY_LIMIT,
-    LoweringContext,
-    TensorValue,
-    contiguous_strides,
-    product,
-    recompute_bytes,
-)
+from .core import LOWERINGS, REUSE_BODY_LIMIT, LoweringContext, TensorValue, recompute_bytes
 from .extern import extern_call
 from .noop import noop_copies
 
@@ -120,7 +116,7 @@ def lower_graph(
     nodes = list(gm.graph.nodes)
     reuse = None
     if regions:
-        from ..regions import LazyEnv, lowering_order
+        from .regions import LazyEnv, lowering_order
 
         nodes = lowering_order(gm)  # constants first: a block's copies stay alike
         lazy = LazyEnv()
@@ -208,7 +204,7 @@ def _region_lowering(
 ) -> Any:
     """The repeated regions' hook (`regions.RegionLowering`), or None: no region, or a
     graph that writes a tensor in place (the copies' reads could see each other's writes)."""
-    from ..regions import RegionLowering, find_regions
+    from .regions import RegionLowering, find_regions
 
     for n in gm.graph.nodes:
         schema = getattr(n.target, "_schema", None)

@@ -10,7 +10,6 @@ reduction, an extern call, the graph's outputs or a reuse heuristic needs it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -29,8 +28,10 @@ from ..ir import (
     PointwiseNode,
     ReductionNode,
     Value,
+    contiguous_strides,
     index_var,
     loads_of,
+    product,
 )
 
 log = logging.getLogger("stoker.kernels")
@@ -110,33 +111,12 @@ class TensorValue:
         return f"TensorValue({list(self.size)}, {self.dtype}, layout={self.layout})"
 
 
-def contiguous_strides(size: Sequence[Expr]) -> tuple[Expr, ...]:
-    return _contiguous_strides(tuple(size))
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _contiguous_strides(size: tuple[Expr, ...]) -> tuple[Expr, ...]:
-    out: list[Expr] = []
-    acc: Expr = sympy.Integer(1)
-    for s in reversed(size):
-        out.append(acc)
-        acc = acc * s
-    return tuple(reversed(out))
-
-
 def strided_loader(ref: BufferRef, dtype: torch.dtype) -> Loader:
     def load(idx: tuple[Expr, ...]) -> Value:
         flat = ref.offset + sum((i * s for i, s in zip(idx, ref.stride)), sympy.Integer(0))
         return Load(ref.buf, flat, dtype)
 
     return load
-
-
-def product(xs: Sequence[Expr]) -> Expr:
-    out: Expr = sympy.Integer(1)
-    for x in xs:
-        out = out * x
-    return out
 
 
 @dataclasses.dataclass

@@ -17,8 +17,8 @@ import sympy
 import torch
 from torch.utils._pytree import tree_map
 
-from ..ir import BufferRef, ExternNode, SymRef
-from .core import LoweringContext, TensorValue, contiguous_strides, register
+from ..ir import BufferRef, ExternNode, SymRef, contiguous_strides
+from .core import LoweringContext, TensorValue, register
 
 aten = torch.ops.aten
 

@@ -19,17 +19,8 @@ from typing import Any
 import sympy
 import torch
 
-from ..ir import Const, Expr, Op, ScatterNode, Value, bind_indirect
-from .core import (
-    LoweringContext,
-    LoweringError,
-    TensorValue,
-    cast,
-    const_value,
-    contiguous_strides,
-    product,
-    register,
-)
+from ..ir import Const, Expr, Op, ScatterNode, Value, bind_indirect, contiguous_strides, product
+from .core import LoweringContext, LoweringError, TensorValue, cast, const_value, register
 from .extern import extern_call
 from .pointwise import broadcast_load, meta_val, out_size
 

@@ -15,8 +15,8 @@ from typing import Any
 import sympy
 import torch
 
-from ..ir import Expr, Op, Rand, Value
-from .core import LoweringContext, TensorValue, cast, contiguous_strides, register
+from ..ir import Expr, Op, Rand, Value, contiguous_strides
+from .core import LoweringContext, TensorValue, cast, register
 from .pointwise import broadcast_load, meta_val, out_size, to_value
 
 aten = torch.ops.aten

@@ -17,16 +17,8 @@ from typing import Any
 import sympy
 import torch
 
-from ..ir import Const, Expr, Op, Value, index_var
-from .core import (
-    LoweringContext,
-    LoweringError,
-    TensorValue,
-    cast,
-    product,
-    register,
-    symbolic_value,
-)
+from ..ir import Const, Expr, Op, Value, index_var, product
+from .core import LoweringContext, LoweringError, TensorValue, cast, register, symbolic_value
 from .pointwise import meta_val
 from .precision import accumulate, opmath
 

@@ -15,16 +15,8 @@ from typing import Any
 import sympy
 import torch
 
-from ..ir import BufferRef, Const, Expr, Op, Value
-from .core import (
-    LoweringContext,
-    LoweringError,
-    TensorValue,
-    cast,
-    contiguous_strides,
-    register,
-    strided_loader,
-)
+from ..ir import BufferRef, Const, Expr, Op, Value, contiguous_strides
+from .core import LoweringContext, LoweringError, TensorValue, cast, register, strided_loader
 from .pointwise import meta_val, out_size
 
 aten = torch.ops.aten

@@ -81,9 +81,13 @@ def code_store() -> DiskCache:
     """Compiled generated modules (`marshal`), per Python bytecode version: a warm
     process loads a wrapper's code instead of compiling its source again (a
     gpt-m backward wrapper is over a thousand lines; a GPU image may have no
-    bytecode cache at all, so this is the only one)."""
+    bytecode cache at all, so this is the only one).
+
+    Quiet: an entry is derived from its wrapper's source, under the same content
+    key, so its miss and write follow the wrapper's own and would only repeat
+    them in `STOKER_LOGS=cache`; a broken entry is still warned about."""
     tag = f"{MODULE_FORMAT}.{sys.implementation.cache_tag}.{importlib.util.MAGIC_NUMBER.hex()}"
-    return DiskCache(cache_dir, "code", tag, ".bin")
+    return DiskCache(cache_dir, "code", tag, ".bin", quiet=True)
 
 
 def cached_code(kind: str, sha: str, path: Path, source: str) -> CodeType:

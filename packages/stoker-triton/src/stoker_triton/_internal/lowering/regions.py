@@ -55,7 +55,7 @@ import sympy
 import torch
 import torch.fx
 
-from .ir import (
+from ..ir import (
     Buffer,
     BufferRef,
     Const,
@@ -70,7 +70,7 @@ from .ir import (
     ScatterNode,
     Value,
 )
-from .lowering.core import TensorValue, strided_loader
+from .core import TensorValue, strided_loader
 
 # a region shorter than this many graph nodes is not worth the bookkeeping
 MIN_NODES = 8
@@ -605,7 +605,7 @@ class RegionLowering:
 
     def _unify(self, v0: Any, vk: Any, bufs: dict[str, str]) -> bool:
         """Whether lazy `vk` is `v0` over other buffers (`bufs`: the names, filled in)."""
-        from .ir import index_var
+        from ..ir import index_var
 
         if not isinstance(vk, TensorValue) or vk.layout is not None:
             return False
