@@ -362,7 +362,12 @@ def test_bench_runs_sibling_scripts(tmp_path: os.PathLike[str]) -> None:
     with open(os.path.join(root, "tools", "bench_triton.py"), "w") as f:
         # a script without --json: argparse rejects it (exit 2), then it is run bare
         f.write("import argparse\nargparse.ArgumentParser().parse_args()\nprint('no args ok')\n")
+    with open(os.path.join(root, "tools", "bench_warm.py"), "w") as f:
+        # the warm start is measured beside Inductor's
+        f.write("import sys\nprint('argv', sys.argv[1:])\n")
     suites = bench.run_tool_scripts(timeout=120, root=root)
+    assert "'--inductor'" in suites["warm"]["stdout"] and "'--json'" in suites["warm"]["stdout"]
+    assert suites["depth"] == suites["traffic"] == {"status": "absent"}
     assert suites["shapes"]["status"] == "ok" and suites["shapes"]["json"] == {"us": 1.5}
     assert suites["capture"] == {"status": "absent"}
     assert suites["triton"]["status"] == "ok" and "no args ok" in suites["triton"]["stdout"]

@@ -591,12 +591,16 @@ def run_bench(
 
 
 def run_tool_scripts(timeout: float, root: str | None = None) -> dict[str, Any]:
-    """Run tools/bench_<name>.py (shapes, capture, autograd, triton) found in a checkout."""
+    """Run tools/bench_<name>.py found in a checkout: guard checks (shapes), capture,
+    compiled autograd, kernels (triton), bytes moved per step (traffic), a cold compile
+    of 2 against 8 blocks (depth) and a warm start beside Inductor's (warm)."""
     root = root or _checkout_root()
     suites: dict[str, Any] = {}
     if root is None:
         return suites
-    for name in ("shapes", "capture", "autograd", "triton"):
+    # arguments beyond --json: the warm start is measured beside Inductor's
+    extra = {"warm": ["--inductor"]}
+    for name in ("shapes", "capture", "autograd", "triton", "traffic", "depth", "warm"):
         script = os.path.join(root, "tools", f"bench_{name}.py")
         if not os.path.exists(script):
             suites[name] = {"status": "absent"}
@@ -608,7 +612,7 @@ def run_tool_scripts(timeout: float, root: str | None = None) -> dict[str, Any]:
         try:
             # Scripts that take --json write their numbers there; others are run bare.
             p = subprocess.run(
-                [sys.executable, script, "--json", js],
+                [sys.executable, script, "--json", js, *extra.get(name, [])],
                 capture_output=True,
                 text=True,
                 cwd=root,
