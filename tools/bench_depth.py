@@ -75,42 +75,9 @@ OWN = (
 
 def _wrap(table: dict[str, tuple[str, str]]) -> dict[str, list[float]]:
     """Wrap each function of `table` with a timer: stage -> [calls, wall s, CPU s]."""
-    import functools
-    import importlib
+    from bench_warm import _wrap_stages  # type: ignore[import-not-found]
 
-    times: dict[str, list[float]] = {}
-    for stage, (modname, attr) in table.items():
-        try:
-            owner: Any = importlib.import_module(modname)
-            *parents, name = attr.split(".")
-            for p in parents:
-                owner = getattr(owner, p)
-            fn = getattr(owner, name)
-        except (ImportError, AttributeError) as e:
-            print(f"bench_depth: stage {stage!r} not timed: {e}", file=sys.stderr)
-            continue
-        row = times[stage] = [0, 0.0, 0.0]
-
-        def timer(fn: Any = fn, row: list[float] = row) -> Any:
-            depth = [0]
-
-            @functools.wraps(fn)
-            def timed(*a: Any, **k: Any) -> Any:
-                if depth[0]:
-                    return fn(*a, **k)
-                depth[0] += 1
-                w0, c0 = time.perf_counter(), time.process_time()
-                try:
-                    return fn(*a, **k)
-                finally:
-                    depth[0] -= 1
-                    row[0] += 1
-                    row[1] += time.perf_counter() - w0
-                    row[2] += time.process_time() - c0
-
-            return timed
-
-        setattr(owner, name, timer())
+    times: dict[str, list[float]] = _wrap_stages(table)[0]
     return times
 
 

@@ -1,12 +1,5 @@
-"""The ``stoker`` command: ``demo``, ``bench``, ``explain`` and ``cache``.
-
-stoker demo [--steps N]          train a small GPT eager and compiled, side by side
-            [--ranks 2 --parallel ddp|fsdp2]   ... on local processes, under DDP or FSDP2
-stoker bench [--models ...]      the benchmark suite (table + bench-results/bench.json)
-stoker bench --suite gpu [--smoke]  the H100 training suite, side by side with Inductor
-stoker explain SCRIPT [ARGS...]  run a script with every log topic and the report on
-stoker cache info|clear          what stoker keeps on disk (STOKER_CACHE_DIR); empty it
-"""
+"""The ``stoker`` command's parser and commands (`stoker.cli` is its entry point, and
+its docstring lists the commands)."""
 
 from __future__ import annotations
 
