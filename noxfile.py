@@ -153,7 +153,9 @@ def _run_group(session: nox.Session, order: Sequence[str]) -> None:
         )
         serial = WORKERS in ("", "0") or package in SERIAL
         workers = [] if serial else ["-n", WORKERS, *XDIST]
-        session.run("pytest", where, *workers, *session.posargs, env=_tests_env())
+        # the slowest tests of each suite in the log: where CI's time goes
+        durations = ["--durations=20", "--durations-min=5"]
+        session.run("pytest", where, *workers, *durations, *session.posargs, env=_tests_env())
 
 
 @nox.session
