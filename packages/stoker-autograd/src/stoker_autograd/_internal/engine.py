@@ -370,7 +370,13 @@ def _route(real: Any, t_outputs: Sequence[Any], args: Any, kwargs: Any) -> Any:
 
 def _torch_ca_disabled() -> bool:
     """Inside torch's ``compiled_autograd._disable()`` (functorch transforms,
-    AOTAutograd's joint trace) or torch's own compiled backward."""
+    AOTAutograd's joint trace) or torch's own compiled backward.
+
+    This reads two flags of torch's compiled-autograd module, and only if something
+    else already imported it: it neither imports nor calls torch's implementation.
+    Those flags are the one record of "torch's code asked the engine for its plain
+    path" (torch sets them around its transforms and its own compiled backward;
+    there is no public query), and stoker must stay out of the way there."""
     ca = sys.modules.get("torch._dynamo.compiled_autograd")
     return ca is not None and bool(
         getattr(ca, "active_disable_ctx", False)
