@@ -284,7 +284,7 @@ def test_bench_demo_step_times_eager_and_stoker_side_by_side():
     assert eager > 0 and stoker > 0 and abs(ratio - eager / stoker) < 0.01, stdout
 
 
-def test_gpu_suite_backends_are_the_five_of_issue_11(monkeypatch):
+def test_gpu_suite_backends_are_the_five_compared(monkeypatch):
     """eager, Inductor default and reduce-overhead, stoker plain and reduce-overhead: each
     suite backend reaches its compiler with its mode (the smoke run above trains eager and
     stoker; Inductor's CPU compiles are too slow for it)."""
