@@ -409,7 +409,7 @@ def print_pipeline(row: dict[str, Any]) -> None:
         w = sum(best["wall"][s] for s in stages)
         c = sum(best["cpu"][s] for s in stages)
         note = (
-            "capture + partition + lowering + codegen (issue 12: <= 3 s)"
+            "capture + partition + lowering + codegen (target: <= 3 s)"
             if label == "target"
             else "with load"
         )

@@ -1,9 +1,9 @@
-"""`stoker demo`'s first step, cold and warm, by stage (issue 12's CPU warm-start target).
+"""`stoker demo`'s first step, cold and warm, by stage (the CPU warm-start target).
 
     python tools/bench_demo_start.py [--backend aten,interpret] [--warm 2] [--batch 16] [--no-freeze]
 
-Issue 12: "On the CPU, with the aten and interpreter executors, `stoker demo` warm is
-within 2x of eager's first step plus load time." For each executor, one cold process
+The target: on the CPU, with the aten and interpreter executors, `stoker demo` warm is
+within 2x of eager's first step plus load time. For each executor, one cold process
 (empty STOKER_CACHE_DIR and TRITON_CACHE_DIR) and then ``--warm`` warm processes (the
 caches it left), each a new interpreter, do what `stoker demo` does first: the eager
 GPT's first training step (forward, loss, backward, AdamW), then the compiled copy's

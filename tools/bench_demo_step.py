@@ -1,4 +1,4 @@
-"""`stoker demo`'s steady training step, eager vs stoker, side by side (issue 11).
+"""`stoker demo`'s steady training step, eager vs stoker, side by side.
 
     python tools/bench_demo_step.py [--steps 60] [--rounds 3] [--batch 16] [--threads 1]
                                     [--backend aten] [--partitioner min_cut|default] [--profile]

@@ -18,7 +18,7 @@ its wall times swing; wall is given beside):
 
 - **cold extra**: the steps before the steady one, less as many steady steps, less
   Dynamo's own time (its `_compile` less stoker's backend inside it), plus the compile
-  workers' CPU (the kernel compiles): what the issue's baseline measures;
+  workers' CPU (the kernel compiles): the baseline figure;
 - stoker's stages, each summed over those steps: capture (the forward's fake run and joint
   trace, compiled autograd's retrace), partition, and stoker-triton's prepare, lower,
   schedule, codegen and load (`report.cpu_ms` of every `compile_graph` call), and kernel

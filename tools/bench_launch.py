@@ -216,7 +216,7 @@ def replay_overhead() -> int:
     print(
         f"  forward: {rows[1, 1][0] - rows[1, 1][1]:.2f} fixed + {slope:.2f} per (parameter, output)"
     )
-    print("  target: wrapper minus bare <= 30 (issue 11; the plain path's fixed cost is 23)")
+    print("  target: wrapper minus bare <= 30 (the plain path's fixed cost is 23)")
     return 0
 
 

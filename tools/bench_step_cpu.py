@@ -1,4 +1,4 @@
-"""CPU time of one *steady* training step, by part (issue 11: "the step is CPU-bound").
+"""CPU time of one *steady* training step, by part (is the step CPU-bound?).
 
     python tools/bench_step_cpu.py [--model tiny-gpt] [--size smoke|full] [--batch N]
                                    [--steps 30] [--rounds 5] [--no-optimizer] [--profile N]

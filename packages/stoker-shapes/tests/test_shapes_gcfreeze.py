@@ -67,3 +67,15 @@ def test_collector_off_is_left_alone() -> None:
             assert gc.get_freeze_count() == 0
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("collect", [False, True])
+def test_collect_first_freezes_no_garbage(collect: bool) -> None:
+    # cyclic garbage made before the freeze: frozen with it unless collected first
+    gc.collect()
+    garbage = _Cycle()
+    ref = weakref.ref(garbage)
+    del garbage
+    with frozen_heap(collect=collect):
+        gc.collect()  # a collection inside walks only what was not frozen
+        assert (ref() is None) is collect

@@ -26,12 +26,17 @@ _held = [0]  # compiles inside a freeze this module made (any thread)
 
 
 @contextlib.contextmanager
-def frozen_heap() -> Iterator[None]:
-    """Run the body with the objects alive now outside the cyclic GC's full walks."""
+def frozen_heap(collect: bool = False) -> Iterator[None]:
+    """Run the body with the objects alive now outside the cyclic GC's full walks.
+
+    ``collect``: collect first, so no garbage is frozen (worth it before a long body,
+    such as a training loop; a compile's few seconds do not need it)."""
     with _lock:
         mine = bool(_held[0]) or (gc.isenabled() and not gc.get_freeze_count())
         if mine:
             if not _held[0]:
+                if collect:
+                    gc.collect()
                 gc.freeze()
             _held[0] += 1
     if not mine:

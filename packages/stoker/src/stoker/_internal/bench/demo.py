@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import gc
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from stoker_shapes import timing
+from stoker_shapes._internal.gcfreeze import frozen_heap as _frozen_heap
 
 from .models import GPT, GPTConfig, lm_loss
 from .tiny_text import TEXT
@@ -104,8 +104,7 @@ class Progress:
             sys.stderr.flush()
 
 
-@contextlib.contextmanager
-def frozen_heap() -> Iterator[None]:
+def frozen_heap() -> contextlib.AbstractContextManager[None]:
     """The training loop with the objects alive at its start (torch's modules, the
     models, the data) outside the cyclic GC's reach, given back at its end.
 
@@ -113,19 +112,9 @@ def frozen_heap() -> Iterator[None]:
     full collection, which otherwise walks the whole heap, torch's and sympy's
     modules included: about 0.1 to 0.2 s of the demo's 0.8 s warm first step on
     the CPU, more than stoker's own share of it. Collected first, so no garbage is
-    frozen; unfrozen at the end, so nothing frozen outlives the loop (an object of
-    the setup that becomes cyclic garbage during it is freed after it). A process
-    that froze its heap already (a forking server) is left as it is.
+    frozen (stoker-shapes' `frozen_heap`, which the compiles inside then share).
     """
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
+    return _frozen_heap(collect=True)
 
 
 def _sync(device: str) -> None:
