@@ -9,8 +9,12 @@ whichever worker runs it, and a failure reproduces with `pytest <that test id>`.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import random
+import sys
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,3 +37,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not hasattr(config, "workerinput"):
         return
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+SUPPORT = Path(__file__).with_name("tests-support")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under Triton's interpreter, its reductions and scans with a combine function of
+    their own run on whole blocks (tests-support/interpreter_reductions.py), not one
+    element at a time: here, and (PYTHONPATH, its `sitecustomize`) in every Python
+    process the tests start."""
+    if os.environ.get("TRITON_INTERPRET") != "1" or os.environ.get(
+        "STOKER_TEST_SLOW_REDUCE", ""
+    ) not in ("", "0"):
+        return
+    if importlib.util.find_spec("triton") is None:
+        return
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if str(SUPPORT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(SUPPORT), *filter(None, paths)])
+    if str(SUPPORT) not in sys.path:
+        sys.path.append(str(SUPPORT))
+    import interpreter_reductions
+
+    interpreter_reductions.install()

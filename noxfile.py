@@ -50,17 +50,29 @@ INTERPRET_ENV = {"TRITON_INTERPRET": "1"}
 KEEP_VENVS = os.environ.get("STOKER_KEEP_VENVS", "") not in ("", "0")
 
 
+# The test sessions let Python write bytecode caches, even where the image turns them
+# off (PYTHONDONTWRITEBYTECODE=1 on CI's machine): without them every process the
+# tests start (pytest's workers, the second processes of the warm-start tests, the
+# benchmark smoke runs) compiled torch's sources again, about 6 CPU s of each
+# `import torch, torch._dynamo` (10 s → 4 s). Each module is compiled on its first
+# import in the venv and read back after; nothing is byte-compiled that no test
+# imports. The benchmarks and the demo keep the caller's setting.
+WRITE_BYTECODE = {"PYTHONDONTWRITEBYTECODE": ""}
+
+
 def _tests_env() -> dict[str, str]:
     """Triton's interpreter for the test sessions unless the caller chose
     (TRITON_INTERPRET set: passed through) or a GPU is visible: then each
-    suite's conftest decides (stoker-triton runs natively when torch sees CUDA)."""
+    suite's conftest decides (stoker-triton runs natively when torch sees CUDA).
+    Bytecode caches on (`WRITE_BYTECODE`)."""
     if "TRITON_INTERPRET" in os.environ or shutil.which("nvidia-smi"):
-        return {}
-    return INTERPRET_ENV
+        return dict(WRITE_BYTECODE)
+    return {**INTERPRET_ENV, **WRITE_BYTECODE}
 
 
 # pip byte-compiles every module it installs (torch alone: about 25 s of CPU per venv);
-# Python compiles on import the few each process loads, and caches them the same way.
+# Python compiles on import the few each process loads, and in the test sessions
+# caches them the same way (`WRITE_BYTECODE`).
 NO_COMPILE = "--no-compile"
 
 
