@@ -94,9 +94,18 @@ class Walk:
         self._names = _Namespace()
         self._after: WalkNode | None = None  # `inserting_after`'s node, else the end
         self._graph: fx.Graph | None = None
+        self._strs: dict[Any, str] = {}  # target -> its name (`_target_to_str`)
 
     def _target_to_str(self, target: Any) -> str:
-        return fx.Graph._target_to_str(self, target)  # type: ignore[arg-type]  # reads no graph
+        """The name ``fx.Graph`` gives a node of ``target`` (once per target: a walk has
+        a few dozen targets and a thousand nodes)."""
+        try:
+            return self._strs[target]
+        except KeyError:
+            text = self._strs[target] = fx.Graph._target_to_str(self, target)  # type: ignore[arg-type]
+            return text
+        except TypeError:  # not hashable
+            return fx.Graph._target_to_str(self, target)  # type: ignore[arg-type]
 
     def create_node(
         self,
