@@ -87,7 +87,7 @@ def main() -> None:
         counters = ", ".join(
             f"{k} {st.get(k, 0)}" for k in ("captures", "compiles", "eager_runs", "disk_hits")
         )
-        print(f"{i:>6}{spent['capture']:>9.2f}{spent['retrace']:>9.2f}{total:>10.2f}  {counters}")
+        print(f"{i:>6}{spent['capture']:>9.3f}{spent['retrace']:>9.2f}{total:>10.2f}  {counters}")
 
 
 if __name__ == "__main__":

@@ -66,14 +66,48 @@ def build(name: str, seen: list[str], scale: float) -> nn.Module:
 
 def count_passes() -> dict[str, int]:
     """How often the reordering passes ran, a captured graph became a module, and the
-    compiled backward's code was generated or loaded from the entry."""
+    compiled backward's code was generated or loaded from the entry; how many FX nodes
+    were made during a capture (``begin_capture`` .. ``end_capture``) and how many
+    captured graphs were made FX graphs of the engine's walk."""
+    import torch.fx as fx
+
     from stoker_autograd import passes
     from stoker_autograd._internal import runtime
+    from stoker_autograd._internal.capture import CaptureInstance
+    from stoker_autograd._internal.graph import Walk
     from stoker_capture._internal.runtime.boxed import BoxedGraph
 
-    counts = {"passes": 0, "captured graph modules": 0, "code generated": 0, "code loaded": 0}
+    counts = {
+        "passes": 0,
+        "captured graph modules": 0,
+        "code generated": 0,
+        "code loaded": 0,
+        "fx nodes made while capturing": 0,
+        "captured graphs made": 0,
+    }
     run_all, graph_module = passes.run_all, runtime.graph_module
     generate, load = BoxedGraph._generate, BoxedGraph.load
+    create_node, to_graph = fx.Graph.create_node, Walk.to_graph
+    begin, end = CaptureInstance.begin_capture, CaptureInstance.end_capture
+    capturing = [False]
+
+    def counted_create_node(*a: Any, **k: Any) -> Any:
+        counts["fx nodes made while capturing"] += capturing[0]
+        return create_node(*a, **k)
+
+    def counted_to_graph(self: Walk) -> Any:
+        counts["captured graphs made"] += self._graph is None
+        return to_graph(self)
+
+    def counted_begin(self: CaptureInstance, *a: Any) -> Any:
+        capturing[0] = True
+        return begin(self, *a)
+
+    def counted_end(self: CaptureInstance, *a: Any) -> Any:
+        try:
+            return end(self, *a)
+        finally:
+            capturing[0] = False
 
     def counted_generate(self: BoxedGraph) -> Any:
         counts["code generated"] += 1
@@ -96,6 +130,10 @@ def count_passes() -> dict[str, int]:
     runtime.graph_module = counted_graph_module  # type: ignore[assignment]
     BoxedGraph._generate = counted_generate  # type: ignore[method-assign]
     BoxedGraph.load = counted_load  # type: ignore[method-assign]
+    fx.Graph.create_node = counted_create_node  # type: ignore[method-assign]
+    Walk.to_graph = counted_to_graph  # type: ignore[method-assign]
+    CaptureInstance.begin_capture = counted_begin  # type: ignore[method-assign]
+    CaptureInstance.end_capture = counted_end  # type: ignore[method-assign]
     return counts
 
 

@@ -1,6 +1,8 @@
-"""What decides the warm-start key (docs/autograd.md, "Warm start"): the capture makes
-its graph directly (no tracer, no snapshot values), so each thing the compiled backward
-depends on is checked here to still change the key, and a hit to give eager's gradients.
+"""What decides the warm-start key (docs/autograd.md, "Warm start"): the key is the
+text of the engine's walk (`graph.Walk`: a record per node, no FX graph made), so each
+thing the compiled backward depends on is checked here to still change the key, a hit
+to give eager's gradients and to make no node of the captured graph, and the walk's
+text to be the text of the graph made of it.
 
 In one process: clearing the engine's cache makes the next backward capture again and
 look its graph up on disk, as a new process would (the conftest gives each test an
@@ -13,10 +15,13 @@ from typing import Any
 
 import pytest
 import torch
+import torch.fx as fx
 import torch.nn as nn
 
 import stoker_autograd
-from stoker_autograd._internal import graphstore
+from stoker_autograd._internal import graphstore, runtime
+from stoker_autograd._internal.capture import CaptureInstance
+from stoker_autograd._internal.graph import Walk
 
 
 class Twice(torch.autograd.Function):
@@ -182,3 +187,96 @@ def test_a_dummy_is_laid_out_as_empty_like() -> None:
             want.dtype,
             want.device,
         ), x
+
+
+def test_a_hit_makes_no_node_of_the_captured_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No capture makes an FX node; a miss makes the captured graph of its walk once (to
+    run it eagerly and retrace it), a hit never does."""
+    counts = {"nodes": 0, "graphs": 0}
+    capturing = [False]
+    create_node, to_graph = fx.Graph.create_node, Walk.to_graph
+    begin, end = CaptureInstance.begin_capture, CaptureInstance.end_capture
+
+    def counted_create_node(*a: Any, **k: Any) -> Any:
+        counts["nodes"] += capturing[0]
+        return create_node(*a, **k)
+
+    def counted_to_graph(self: Walk) -> fx.Graph:
+        counts["graphs"] += self._graph is None
+        return to_graph(self)
+
+    def counted_begin(self: CaptureInstance, *a: Any) -> Any:
+        capturing[0] = True
+        return begin(self, *a)
+
+    def counted_end(self: CaptureInstance, *a: Any) -> Any:
+        try:
+            return end(self, *a)
+        finally:
+            capturing[0] = False
+
+    monkeypatch.setattr(fx.Graph, "create_node", counted_create_node)
+    monkeypatch.setattr(Walk, "to_graph", counted_to_graph)
+    monkeypatch.setattr(CaptureInstance, "begin_capture", counted_begin)
+    monkeypatch.setattr(CaptureInstance, "end_capture", counted_end)
+    make = _hooked("tensor hook on a.weight")
+    assert backward_once(make, torch.randn(5, 8))[0] == MISS
+    assert counts == {"nodes": 0, "graphs": 1}, counts
+    outcomes, diff = backward_once(make, torch.randn(5, 8))
+    assert outcomes == {"hit": 1} and diff < 1e-5
+    assert counts == {"nodes": 0, "graphs": 1}, counts  # the hit made none
+
+
+class Aot(nn.Module):
+    """A stoker-capture forward (its backward inlined into the capture) beside eager
+    ops, a custom Function and a hook."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        import stoker_capture
+
+        self.inner = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+        self.fwd = stoker_capture.aot_module(self.inner, dynamic="dynamic")
+        self.head = nn.Linear(8, 4)
+        self.head.weight.register_hook(lambda g: g * 2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(Twice.apply(torch.tanh(self.fwd(x))))
+
+
+def test_the_walk_is_the_graph_made_of_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graph made of a walk has the walk's nodes in its order, with the same ops,
+    targets, names and arguments, so the key's text of either is the same (an inlined
+    AOT backward's copied nodes, lifted symbolic sizes inserted among the inputs, a
+    custom Function's call, a hook); the backward is eager's."""
+    made: list[runtime.CompiledBackward] = []
+    init = runtime.CompiledBackward.__init__
+
+    def kept(self: runtime.CompiledBackward, *a: Any, **k: Any) -> None:
+        init(self, *a, **k)
+        made.append(self)
+
+    monkeypatch.setattr(runtime.CompiledBackward, "__init__", kept)
+    outcomes, diff = backward_once(Aot, torch.randn(5, 8))
+    assert outcomes == MISS and diff < 1e-5
+    (compiled,) = made
+    assert compiled._captured is not None
+    root, walk, _ = compiled._captured
+    graph = walk.to_graph()
+    assert compiled.gm is not None  # the passes ran on it
+    walked, nodes = list(walk.nodes), list(graph.nodes)
+    assert len(walked) == len(nodes) == len(walk)
+    position = {w: i for i, w in enumerate(walked)}
+    for w, n in zip(walked, nodes, strict=True):
+        assert (w.op, w.target, w.name) == (n.op, n.target, n.name)
+        assert w.node is n
+        assert [position[i] for i in w.all_input_nodes] == [
+            nodes.index(i) for i in n.all_input_nodes
+        ], n.format_node()
+    assert any(w.meta.get("stoker_aot") for w in walked)  # an AOT backward was inlined
+    # a lifted size was read (its node inserted among the inputs)
+    assert any(isinstance(a, fx.Node) and a.name == "sizes" for n in nodes for a in n.args)
+    assert graphstore.graph_text(walk, compiled.sym_sources, root) == graphstore.graph_text(
+        graph, compiled.sym_sources, root
+    )

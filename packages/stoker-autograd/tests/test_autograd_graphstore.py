@@ -54,15 +54,21 @@ def test_second_process_loads_the_backward(model: str, tmp_path: Path) -> None:
     assert warm["outcomes"] == {"hit": 1}, warm
     assert warm["diff"] < 1e-5, warm
     assert warm["seen"] == warm["seen_eager"], warm  # post-accumulate-grad hooks, eager order
-    # keyed on the graph as captured: a hit runs no reordering pass and makes no module of it
+    # keyed on the engine's walk: a capture makes no FX node; the cold process makes the
+    # captured graph (its eager run), runs the reordering passes and makes a module of it
+    assert cold["counts"]["fx nodes made while capturing"] == 0, cold
+    assert cold["counts"]["captured graphs made"] == 1, cold
     assert cold["counts"]["passes"] >= 1 and cold["counts"]["captured graph modules"] == 1, cold
     # the code of the backward run as is was stored with it: a hit generates none
     assert cold["counts"]["code generated"] == 1 and cold["counts"]["code loaded"] == 0, cold
+    # a hit makes no node of the captured graph at all: no graph, no pass, no module
     assert warm["counts"] == {
         "passes": 0,
         "captured graph modules": 0,
         "code generated": 0,
         "code loaded": 1,
+        "fx nodes made while capturing": 0,
+        "captured graphs made": 0,
     }, warm
 
 

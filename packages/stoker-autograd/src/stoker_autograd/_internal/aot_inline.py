@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 import torch.fx as fx
@@ -31,18 +31,21 @@ from torch.fx.experimental.proxy_tensor import PythonKeyTracer
 
 from stoker_capture._internal.runtime.function import tangent_deps, undefined_grads
 
+from .graph import Walk, WalkNode
+
 
 class Capture(Protocol):
     """What inlining needs of the capture it inlines into (`capture.CaptureInstance`)."""
 
     tracer: PythonKeyTracer
+    graph: Walk  # the captured graph (the tracer's)
     aot_counts: dict[int, int]  # AOT id -> how many of its backwards were inlined so far
 
     def to_proxy(self, t: Any) -> Any: ...
 
     def _node(
         self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
-    ) -> fx.Node: ...
+    ) -> WalkNode: ...
 
 
 def stoker_aot_info(ctx: Any) -> Any:
@@ -104,9 +107,9 @@ def inline_aot_backward(
 
     # 2. copy the backward graph node by node: op, target, arguments and name (its
     # metadata is not needed: what capture's values carry is dropped at its end)
-    graph = cap.tracer.graph
-    remap: dict[fx.Node, fx.Node] = {}
-    get = remap.__getitem__
+    graph = cap.graph
+    remap: dict[fx.Node, WalkNode] = {}
+    get = cast(Any, remap.__getitem__)
     outputs: list[Any] | None = None
     i = 0
     for node in bw.graph.nodes:
@@ -118,8 +121,7 @@ def inline_aot_backward(
         elif node.op == "get_attr":
             qual = cap.tracer.get_fresh_qualname(prefix + str(node.target).replace(".", "_"))
             setattr(cap.tracer.root, qual, getattr(bw, str(node.target)))
-            new = cap.tracer.create_node("get_attr", qual, (), {})
-            remap[node] = new
+            remap[node] = cast(WalkNode, cap.tracer.create_node("get_attr", qual, (), {}))
         elif node.op == "call_function":
             new = graph.create_node(
                 "call_function",
@@ -134,7 +136,8 @@ def inline_aot_backward(
             (outs,) = node.args
             outs = outs if isinstance(outs, list | tuple) else (outs,)
             outputs = [
-                fx.Proxy(remap[o], cap.tracer) if isinstance(o, fx.Node) else o for o in outs
+                fx.Proxy(cast(fx.Node, remap[o]), cap.tracer) if isinstance(o, fx.Node) else o
+                for o in outs
             ]
         else:
             raise NotImplementedError(f"{node.op} node in an AOT backward graph")

@@ -3,7 +3,9 @@
 On an engine-cache miss the C++ engine builds one `CaptureInstance` and calls its
 methods by name while it walks the autograd graph with dummy tensors (see
 TORCH_NOTES.md, "Compiled autograd engine hook").  Each call appends nodes to one
-FX graph whose placeholders are ``inputs, sizes, scalars, hooks, packed_data``:
+captured graph whose placeholders are ``inputs, sizes, scalars, hooks, packed_data``,
+kept as a `graph.Walk` (a record per node, no ``fx.Node`` yet: a warm-start hit is
+keyed on the records and never makes the FX graph):
 
 * built-in nodes: a call of their functional backward (`ops.BoundBackward`);
 * custom ``autograd.Function``: an opaque `ops.call_backward` with the real ctx,
@@ -11,9 +13,10 @@ FX graph whose placeholders are ``inputs, sizes, scalars, hooks, packed_data``:
 * hooks: opaque `ops.call_hook` nodes tagged ``hook_type=``;
 * accumulate-grad: opaque `ops.accumulate_grad`.
 
-`end_capture` hands the graph to the ``finish`` callable the engine passed in
-(`runtime.finish_capture`: a `runtime.CompiledBackward`, which runs the reordering
-passes, retraces the graph to core aten with real shapes and compiles it).  Capture
+`end_capture` hands the walk to the ``finish`` callable the engine passed in
+(`runtime.finish_capture`: a `runtime.CompiledBackward`, which looks it up in the
+warm-start cache, or makes its FX graph, runs the reordering passes, retraces it to
+core aten with real shapes and compiles it).  Capture
 imports no later stage.
 """
 
@@ -25,7 +28,7 @@ import itertools
 import operator
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import sympy
 import torch
@@ -53,11 +56,11 @@ from . import ops, recapture
 from .aot_inline import inline_aot_backward, stoker_aot_info
 from .forward_dims import ForwardDims
 from .functions import function_key, function_name, is_torch_compiled
-from .graph import PLACEHOLDERS, contiguous_strides, fake_tensor
+from .graph import PLACEHOLDERS, Walk, WalkNode, contiguous_strides, fake_tensor
 from .origins import Origins
 from .session import Session
 
-Captured = tuple[torch.nn.Module, fx.Graph, str]  # (root, the graph as captured, name)
+Captured = tuple[torch.nn.Module, Walk, str]  # (root, the graph as captured, name)
 Finish = Callable[
     [
         Session,
@@ -97,7 +100,7 @@ class CaptureInstance:
         # (the graph's last node when the engine began the autograd node, its name as
         # messages show it, its name as eager's engine names it, call index): a node
         # object, not a position, since a lifted size's item is inserted at the top later
-        self.origin_marks: list[tuple[fx.Node, str, str, int]] = []
+        self.origin_marks: list[tuple[WalkNode, str, str, int]] = []
         self.aot_counts: dict[int, int] = {}
         self.origins = Origins([], self.sym_sources)  # set per capture by begin_capture
         # the sizes an inlined AOT backward's forward held symbolic (set by begin_capture)
@@ -122,7 +125,9 @@ class CaptureInstance:
         self.id = next(_COUNTER)
         self.session.stats.captures += 1
         self.tracer.root = torch.nn.Module()
-        self.tracer.graph = self.graph = fx.Graph(tracer_cls=PythonKeyTracer)
+        # the tracer (and the proxy mode through it) makes its nodes in the walk
+        self.graph = Walk()
+        self.tracer.graph = self.graph  # type: ignore[assignment]
         self.tracer.tensor_attrs = {}
         phs: list[Any] = [
             self.tracer.create_proxy("placeholder", name, (), {}) for name in PLACEHOLDERS
@@ -190,7 +195,7 @@ class CaptureInstance:
             self.sym_sources[s.node.expr] = (where, i)
         return s
 
-    def _lifted(self, v: Any, where: str, i: int, placeholder: fx.Node) -> Any:
+    def _lifted(self, v: Any, where: str, i: int, placeholder: WalkNode) -> Any:
         """The symbol of the engine's ``where[i]``, bound to a ``where[i]`` node made at
         its first use."""
         s = self._symbol(v, where, i)
@@ -200,7 +205,7 @@ class CaptureInstance:
             )
         return s
 
-    def _sym_item(self, s: Any, placeholder: fx.Node, i: int) -> fx.Proxy:
+    def _sym_item(self, s: Any, placeholder: WalkNode, i: int) -> fx.Proxy:
         # among the graph's inputs, where an eager one would be: the reordering passes
         # place nodes relative to their inputs
         with self.graph.inserting_after(self._sym_anchor):
@@ -208,7 +213,7 @@ class CaptureInstance:
         self._sym_anchor = node
         node.meta["val"] = s  # as the tracer's own binding does; dropped at the end
         self.origins.size(s, f"a size read by {self.origins.node}")
-        return fx.Proxy(node, self.tracer)
+        return self._proxy(node)
 
     # --------------------------------------------------------------- helpers
     def to_proxy(self, t: Any) -> Any:
@@ -239,7 +244,7 @@ class CaptureInstance:
             return [self._arg(x) for x in a]
         if t is tuple:
             return tuple(self._arg(x) for x in a)
-        if t is fx.Node:
+        if t is WalkNode:
             return a
         if isinstance(a, fx.Proxy):
             return a.node
@@ -250,13 +255,17 @@ class CaptureInstance:
 
     def _node(
         self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
-    ) -> fx.Node:
+    ) -> WalkNode:
         return self.graph.create_node("call_function", fn, self._arg(args), kwargs or {})
 
-    def _getitem(self, node: fx.Node, i: int) -> fx.Node:
+    def _getitem(self, node: WalkNode, i: int) -> WalkNode:
         return self.graph.create_node("call_function", operator.getitem, (node, i), {})
 
-    def _track(self, t: Any, node: fx.Node) -> None:
+    def _proxy(self, node: WalkNode) -> fx.Proxy:
+        """A proxy of ``node`` (a proxy holds a walk's node as it would an fx.Node)."""
+        return fx.Proxy(cast(fx.Node, node), self.tracer)
+
+    def _track(self, t: Any, node: WalkNode) -> None:
         """Bind the value ``t`` to ``node``: later uses of ``t`` read it."""
         if t is None:
             return
@@ -265,11 +274,11 @@ class CaptureInstance:
             and all(type(n) is int for n in t.shape)
             and all(type(n) is int for n in t.stride())
         ):  # no symbolic size to bind as well
-            set_proxy_slot(t, self.tracer, _ProxyTensor(fx.Proxy(node, self.tracer), None))
+            set_proxy_slot(t, self.tracer, _ProxyTensor(self._proxy(node), None))
         else:
-            track_tensor_tree([t], [fx.Proxy(node, self.tracer)], constant=None, tracer=self.tracer)
+            track_tensor_tree([t], [self._proxy(node)], constant=None, tracer=self.tracer)
 
-    def _track_items(self, values: Sequence[Any], node: fx.Node) -> None:
+    def _track_items(self, values: Sequence[Any], node: WalkNode) -> None:
         """Bind ``values[i]`` to ``node[i]`` (no node for a None)."""
         for i, v in enumerate(values):
             if v is not None:
@@ -312,7 +321,7 @@ class CaptureInstance:
         cls = getattr(pyobj, "_forward_cls", None)
         if cls is not None and is_torch_compiled(cls):  # which of torch's compiled functions
             node_name = f"{node_name}[torch.compile aot_id {cls._aot_id}]"
-        last = self.graph._root.prev  # the placeholders come first: never the root itself
+        last = self.graph.last  # the placeholders come first: never the root itself
         self.origin_marks.append((last, node_name, raw, nodecall_index))
         self.origins.node = node_name
         self.signature.append(node_name.removeprefix("torch::autograd::"))
@@ -434,7 +443,7 @@ class CaptureInstance:
             f"saved tensor {{k}} of {name}",
             f"a size saved by {name}",
         )
-        pctx = fx.Proxy(self._getitem(self.hooks_node, backward_idx), self.tracer)
+        pctx = self._proxy(self._getitem(self.hooks_node, backward_idx))
         pinputs = self.to_proxy(list(inputs))
         psaved = self.to_proxy(list(saved_tensors))
         info = stoker_aot_info(ctx)
@@ -535,7 +544,7 @@ class CaptureInstance:
         )
 
     # ----------------------------------------------------------------- hooks
-    def _hook(self, hook_id: int, *args: Any, hook_type: str) -> fx.Node:
+    def _hook(self, hook_id: int, *args: Any, hook_type: str) -> WalkNode:
         hook = self._getitem(self.hooks_node, hook_id)
         return self._node(ops.call_hook, (hook, *args), {"hook_type": hook_type})
 
@@ -590,14 +599,14 @@ class CaptureInstance:
         self.tracer.create_node(
             "output", "output", (self.tracer.create_arg(self.to_proxy(outputs)),), {}
         )
-        graph = self.tracer.graph
+        graph = self.graph
         self._annotate_origins(graph)
         # Capture ran on dummy tensors: their metadata is not the real shapes; drop it.
         for node in graph.nodes:
             for key in ("tensor_meta", "example_value", "val"):
                 node.meta.pop(key, None)
-        # the reordering passes and the graph module: at the first use of `gm`, which a
-        # warm-start cache hit never makes (its key is the captured graph's text)
+        # the FX graph, the reordering passes and the graph module: at the first use of
+        # `gm`, which a warm-start cache hit never makes (its key is the walk's text)
         wrapper, compiled = self.finish(
             self.session,
             (self.tracer.root, graph, f"StokerBackward{self.id}"),
@@ -610,11 +619,11 @@ class CaptureInstance:
         timing.done("autograd capture", self._t0, "", f"backward graph {self.id}")
         return wrapper, compiled
 
-    def _annotate_origins(self, graph: fx.Graph) -> None:
+    def _annotate_origins(self, graph: Walk) -> None:
         """Each node's autograd node: ``meta["autograd_node"]`` as messages name it
         (``MulBackward0 (NodeCall 3)``), ``meta["autograd_fn"]`` as eager's engine
         names it (``MulBackward0``; anomaly mode's messages)."""
-        after: dict[fx.Node, tuple[str, str]] = {}
+        after: dict[WalkNode, tuple[str, str]] = {}
         for last, name, raw, call in self.origin_marks:
             after[last] = (f"{name} (NodeCall {call})", raw)  # the last one begun there
         current: tuple[str, str] | None = None

@@ -72,7 +72,7 @@ from stoker_shapes import DiskCache, GuardSet, ShapeContext
 from stoker_shapes._internal.cachekey import hints
 
 from . import ops
-from .graph import Position, check_sizes, fake_tensor, graph_module
+from .graph import Position, Walk, WalkNode, check_sizes, fake_tensor, graph_module
 from .retrace import fake_inputs
 
 log = logging.getLogger("stoker.cache")
@@ -158,8 +158,8 @@ def _target_text(t: Any) -> str:
     return f"{mod}.{name}"
 
 
-def _arg_text(a: Any, index: dict[fx.Node, int]) -> str:
-    if isinstance(a, fx.Node):
+def _arg_text(a: Any, index: dict[Any, int]) -> str:
+    if isinstance(a, fx.Node | WalkNode):
         return f"%{index[a]}"
     if isinstance(a, list | tuple):
         inner = ",".join(_arg_text(x, index) for x in a)
@@ -176,15 +176,16 @@ def _arg_text(a: Any, index: dict[fx.Node, int]) -> str:
 
 
 def graph_text(
-    gm: fx.GraphModule | fx.Graph,
+    gm: fx.GraphModule | fx.Graph | Walk,
     sym_sources: dict[sympy.Symbol, tuple[str, int]],
     root: torch.nn.Module | None = None,
 ) -> str:
     """The captured graph as text that names no node and no object id (the key's part).
-    ``gm``: a graph module, or a graph whose constants are attributes of ``root``."""
-    graph = gm if isinstance(gm, fx.Graph) else gm.graph
+    ``gm``: a graph module, or a graph or the engine's walk (`graph.Walk`: the same
+    text as the graph made of it) whose constants are attributes of ``root``."""
+    graph: fx.Graph | Walk = gm.graph if isinstance(gm, fx.GraphModule) else gm
     owner = gm if root is None else root
-    index: dict[fx.Node, int] = {}
+    index: dict[Any, int] = {}
     lines: list[str] = []
     for i, n in enumerate(graph.nodes):
         index[n] = i

@@ -82,9 +82,9 @@ def finish_capture(
     forward_dims: ForwardDims | None,
 ) -> tuple[Callable[..., Any], CompiledBackward]:
     """The end of a capture (`capture.Finish`): what the engine calls on every backward
-    of this graph, ``(runtime_wrapper, compiled_fn)``.  The reordering passes run at the
-    first use of `CompiledBackward.gm`, which a warm-start cache hit never makes (its key
-    is the captured graph's text)."""
+    of this graph, ``(runtime_wrapper, compiled_fn)``.  The captured graph's FX graph is
+    made, and the reordering passes run, at the first use of `CompiledBackward.gm`, which
+    a warm-start cache hit never makes (its key is the text of the engine's walk)."""
     compiled = CompiledBackward(session, captured, sym_sources, capture_id, origins, forward_dims)
     return runtime_wrapper, compiled
 
@@ -196,8 +196,8 @@ class CompiledBackward:
         forward_dims: ForwardDims | None = None,
     ) -> None:
         self.session = session
-        # the captured graph after the reordering passes, or (root, the graph as captured,
-        # name): passed and made a module at the first use of `gm`
+        # the captured graph after the reordering passes, or (root, the engine's walk,
+        # name): made an FX graph, passed and made a module at the first use of `gm`
         self._gm = gm if isinstance(gm, fx.GraphModule) else None
         self._captured = None if isinstance(gm, fx.GraphModule) else gm
         self.sym_sources = sym_sources
@@ -226,14 +226,14 @@ class CompiledBackward:
 
     @property
     def gm(self) -> fx.GraphModule:
-        """The captured graph after the reordering passes (run now if not yet)."""
+        """The captured graph after the reordering passes (made and run now if not yet)."""
         if self._gm is None:
             assert self._captured is not None
-            root, graph, name = self._captured
+            root, walk, name = self._captured
             t0 = timing.start()
             from .. import passes  # a cache hit never runs them: not on a warm start
 
-            self._gm = graph_module(root, passes.run_all(graph), name)
+            self._gm = graph_module(root, passes.run_all(walk.to_graph()), name)
             timing.done("autograd retrace", t0, "reordering passes", self._label)
         return self._gm
 
@@ -417,9 +417,9 @@ class CompiledBackward:
             if not graphstore.enabled():
                 return None
             try:
-                if self._captured is not None:  # keyed as captured: no passes run for a hit
-                    root, graph, _ = self._captured
-                    self._graph_text = graphstore.graph_text(graph, self.sym_sources, root)
+                if self._captured is not None:  # keyed as walked: a hit makes no FX graph
+                    root, walk, _ = self._captured
+                    self._graph_text = graphstore.graph_text(walk, self.sym_sources, root)
                 else:
                     self._graph_text = graphstore.graph_text(self.gm, self.sym_sources)
             except graphstore.Uncacheable as e:
