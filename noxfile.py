@@ -79,7 +79,7 @@ NO_COMPILE = "--no-compile"
 # The build backend of the five packages. The test groups install it once and build each
 # editable install with it (--no-build-isolation): pip otherwise made a fresh build env
 # with hatchling for every install call, about 5 CPU s each, 4 calls per group.
-HATCHLING = "hatchling>=1.18"
+HATCHLING = ["hatchling>=1.18", "editables"]  # editables: hatchling's editable builds
 
 
 def _install(
@@ -150,7 +150,7 @@ def tests(session: nox.Session, group: str) -> None:
 def _run_group(session: nox.Session, order: Sequence[str]) -> None:
     installed: list[str] = []
     session.install(NO_COMPILE, TORCH)
-    session.install(NO_COMPILE, *TEST_DEPS, "pytest-xdist>=3.2", HATCHLING, TORCH)
+    session.install(NO_COMPILE, *TEST_DEPS, "pytest-xdist>=3.2", *HATCHLING, TORCH)
     for package in order:
         keys = list(PACKAGES) if package == "integration" else _closure(package)
         needed = [k for k in keys if k not in installed]
@@ -212,7 +212,7 @@ def integration(session: nox.Session) -> None:
 @nox.session
 def build(session: nox.Session) -> None:
     """The five wheels in dist/: `pip install dist/*.whl` installs them (offline once torch is in)."""
-    session.install(NO_COMPILE, HATCHLING)
+    session.install(NO_COMPILE, HATCHLING[0])
     session.run("python", "tools/build_wheels.py", *(session.posargs or ["dist"]))
 
 
