@@ -295,3 +295,28 @@ def test_backward_state_is_a_clear_error() -> None:
     assert "Compile that forward without torch's compiled autograd" in msg, msg
     torch.manual_seed(0)
     _train([_pair("aot_eager")], steps=2)  # the engine and stoker work afterwards
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap_grad"])
+def test_functorch_transforms_inside_enable_run_on_the_eager_engine(transform: str) -> None:
+    """``torch.func`` transforms call ``autograd.grad`` on tensors wrapped at a transform
+    level, which compiled autograd cannot capture: they run as in eager, while a plain
+    backward in the same scope is still compiled."""
+    m = mlp()
+    params = {k: v.detach() for k, v in m.named_parameters()}
+    xs = torch.randn(3, 5, 4)
+
+    def loss(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(m, p, (x,)).pow(2).sum()
+
+    fn = torch.func.grad(loss)
+    if transform == "vmap_grad":
+        fn = torch.func.vmap(fn, in_dims=(None, 0))
+    x = xs if transform == "vmap_grad" else xs[0]
+    expected = fn(params, x)
+    with stoker_autograd.enable() as session:
+        got = fn(params, x)
+        assert session.stats.captures == 0
+        m(xs[0]).sum().backward()  # a plain backward: compiled
+        assert session.stats.captures == 1
+    torch.testing.assert_close(got, expected)

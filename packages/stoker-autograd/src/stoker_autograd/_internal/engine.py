@@ -15,9 +15,11 @@ replaced by a `_Router` that decides per backward call:
   O(1) check that any such node is alive at all (``stoker_capture``'s ``LIVE``);
 * never compiled: a backward run inside `eager_autograd_engine` (a hook's backward
   inside a compiled one: "no nested compiled autograd", it runs eagerly; the joint
-  trace), inside torch's ``compiled_autograd._disable()`` (functorch, AOTAutograd),
-  or under a dispatch mode (a tracer's, FlopCounterMode: the engine's compiled path
-  refuses them; logged once per kind on ``stoker.autograd``).
+  trace), inside a backward stoker left to another compiled-autograd compiler (a hook's
+  backward there), inside a functorch transform (``torch.func.grad``, ``vmap``: wrapped
+  tensors), or under a dispatch mode (a tracer's, as in AOTAutograd's joint trace and
+  Inductor's compile; FlopCounterMode: the engine's compiled path refuses them; logged
+  once per kind on ``stoker.autograd``).
 
 A compiled backward sets the hook (one persistent factory, which reads the routed
 call's session) for the duration of that one call, with Dynamo's frame evaluation
@@ -357,7 +359,7 @@ def _route(real: Any, t_outputs: Sequence[Any], args: Any, kwargs: Any) -> Any:
         return real.run_backward(t_outputs, *args, **kwargs)
     if entry.kind == "off":
         return _run_eager(real, t_outputs, args, kwargs)
-    if _torch_ca_disabled():
+    if _in_functorch_transform():
         return real.run_backward(t_outputs, *args, **kwargs)
     if entry.kind == "compiled" and not holds_stoker_node(t_outputs):
         return real.run_backward(t_outputs, *args, **kwargs)
@@ -368,20 +370,13 @@ def _route(real: Any, t_outputs: Sequence[Any], args: Any, kwargs: Any) -> Any:
     return _run_compiled(real, entry, t_outputs, args, kwargs)
 
 
-def _torch_ca_disabled() -> bool:
-    """Inside torch's ``compiled_autograd._disable()`` (functorch transforms,
-    AOTAutograd's joint trace) or torch's own compiled backward.
-
-    This reads two flags of torch's compiled-autograd module, and only if something
-    else already imported it: it neither imports nor calls torch's implementation.
-    Those flags are the one record of "torch's code asked the engine for its plain
-    path" (torch sets them around its transforms and its own compiled backward;
-    there is no public query), and stoker must stay out of the way there."""
-    ca = sys.modules.get("torch._dynamo.compiled_autograd")
-    return ca is not None and bool(
-        getattr(ca, "active_disable_ctx", False)
-        or getattr(ca, "in_compiled_autograd_region", False)
-    )
+def _in_functorch_transform() -> bool:
+    """Inside a functorch transform (``torch.func.grad``, ``vjp``, ``jacrev``, ``vmap``):
+    its backward runs on wrapped tensors at a transform level, which compiled autograd
+    cannot capture; the eager engine runs it, as it does for torch's own compiled
+    autograd. (The other places torch asks the engine for its plain path, AOTAutograd's
+    joint trace and Inductor's compile, trace under a dispatch mode: see `_route`.)"""
+    return torch._C._functorch.maybe_current_level() is not None
 
 
 _NOTED_MODES: set[str] = set()
@@ -504,7 +499,13 @@ def _run_compiled(
                 elif prior[0] is not None:  # another implementation's hook is set now
                     if entry is st.default:  # and stoker was not asked explicitly: theirs
                         _hook.set_autograd_compiler(*prior)
-                        return real.run_backward(t_outputs, *args, **kwargs)
+                        # a backward called inside theirs (a hook's) runs eagerly, as
+                        # torch's own compiled autograd runs its graph (`_route`)
+                        _EAGER_DEPTH[0] += 1
+                        try:
+                            return real.run_backward(t_outputs, *args, **kwargs)
+                        finally:
+                            _EAGER_DEPTH[0] -= 1
                     st.clear_pending = "another compiled-autograd compiler was registered"
                 _prepare_cache(session)
                 return _run_registered(real, session, t_outputs, args, kwargs)
@@ -567,7 +568,7 @@ _not_traced(
     _Router.run_backward,
     _Router.__getattr__,
     _route,
-    _torch_ca_disabled,
+    _in_functorch_transform,
     _eager_under_dispatch_mode,
     holds_stoker_node,
     _run_eager,
