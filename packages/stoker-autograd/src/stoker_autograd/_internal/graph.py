@@ -200,33 +200,23 @@ class _Nodes:
 
 
 def _each_walk_node(a: Any, seen: dict[WalkNode, None]) -> None:
-    if type(a) is WalkNode:
-        seen[a] = None
-    elif isinstance(a, list | tuple):
-        for x in a:
-            _each_walk_node(x, seen)
-    elif isinstance(a, dict):
-        for x in a.values():
-            _each_walk_node(x, seen)
-    elif type(a) is slice:
-        _each_walk_node((a.start, a.stop, a.step), seen)
+    """Add each `WalkNode` in the (nested) argument ``a`` to ``seen``, in order."""
+
+    def add(x: Any) -> Any:
+        if type(x) is WalkNode:
+            seen[x] = None
+        return x
+
+    fx.node.map_aggregate(a, add)
 
 
 def _on_graph(a: Any) -> Any:
     """``a`` with each `WalkNode` replaced by the node made of it."""
-    t = type(a)
-    if t is WalkNode:
-        return a.node
-    if t is list or isinstance(a, list):
-        return [_on_graph(x) for x in a]
-    if isinstance(a, tuple):
-        items = [_on_graph(x) for x in a]
-        return t(*items) if hasattr(a, "_fields") else tuple(items)
-    if isinstance(a, dict):
-        return {k: _on_graph(v) for k, v in a.items()}
-    if t is slice:
-        return slice(_on_graph(a.start), _on_graph(a.stop), _on_graph(a.step))
-    return a
+
+    def made(x: Any) -> Any:
+        return x.node if type(x) is WalkNode else x
+
+    return fx.node.map_aggregate(a, made)
 
 
 def graph_module(root: torch.nn.Module, graph: fx.Graph, name: str) -> fx.GraphModule:
