@@ -12,7 +12,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
+import shutil
+import subprocess
 import sys
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -43,21 +46,47 @@ SUPPORT = Path(__file__).with_name("tests-support")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under Triton's interpreter, its reductions and scans with a combine function of
-    their own run on whole blocks (tests-support/interpreter_reductions.py), not one
-    element at a time: here, and (PYTHONPATH, its `sitecustomize`) in every Python
-    process the tests start."""
-    if os.environ.get("TRITON_INTERPRET") != "1" or os.environ.get(
-        "STOKER_TEST_SLOW_REDUCE", ""
-    ) not in ("", "0"):
-        return
-    if importlib.util.find_spec("triton") is None:
-        return
+    """tests-support/ goes first on the PYTHONPATH of every Python process the tests start,
+    so that its `sitecustomize` runs there:
+
+    - under Triton's interpreter, its reductions and scans with a combine function of their
+      own run on whole blocks (tests-support/interpreter_reductions.py), not one element at
+      a time: here, and in those processes;
+    - those processes are forked from servers that have already imported torch
+      (tests-support/preload.py), started here for the session: the controller's, whose
+      environment the workers and their processes inherit."""
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if str(SUPPORT) not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(SUPPORT), *filter(None, paths)])
     if str(SUPPORT) not in sys.path:
         sys.path.append(str(SUPPORT))
-    import interpreter_reductions
+    if (
+        os.environ.get("TRITON_INTERPRET") == "1"
+        and os.environ.get("STOKER_TEST_SLOW_REDUCE", "") in ("", "0")
+        and importlib.util.find_spec("triton") is not None
+    ):
+        import interpreter_reductions
 
-    interpreter_reductions.install()
+        interpreter_reductions.install()
+    if not hasattr(config, "workerinput") and "STOKER_TEST_PRELOAD" not in os.environ:
+        import preload
+
+        where = tempfile.mkdtemp(prefix="stoker-preload-")
+        config.stash[_PRELOAD] = (where, preload.start_servers(where))
+        os.environ[preload.ENV] = where
+
+
+_PRELOAD = pytest.StashKey[tuple[str, list[subprocess.Popen[bytes]]]]()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    started = config.stash.get(_PRELOAD, None)
+    if started is None:
+        return
+    where, servers = started
+    os.environ.pop("STOKER_TEST_PRELOAD", None)
+    for server in servers:
+        server.terminate()
+    for server in servers:
+        server.wait()
+    shutil.rmtree(where, ignore_errors=True)

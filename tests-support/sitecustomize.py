@@ -1,8 +1,12 @@
 """Loaded at start-up by every Python process the tests start (the root conftest puts
-this folder first on their PYTHONPATH): under Triton's interpreter, the whole-block
-reductions and scans of `interpreter_reductions` are installed as soon as the process
-imports Triton's interpreter, as in the test process itself. Nothing is imported
-before that."""
+this folder first on their PYTHONPATH):
+
+- under Triton's interpreter, the whole-block reductions and scans of
+  `interpreter_reductions` are installed as soon as the process imports Triton's
+  interpreter, as in the test process itself; nothing is imported before that;
+- with `STOKER_TEST_PRELOAD` set (by the root conftest), the process hands its program to
+  a server that has torch imported and exits with its status (`preload`), or, where
+  that could show, goes on and starts for real."""
 
 from __future__ import annotations
 
@@ -47,3 +51,8 @@ if os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("STOKER_TEST_SLO
     "0",
 ):
     sys.meta_path.insert(0, _AfterLoad())
+
+if os.environ.get("STOKER_TEST_PRELOAD", "") not in ("", "0"):
+    import preload
+
+    preload.client()  # exits here if a server ran this process's program

@@ -124,7 +124,13 @@ def test_processes_the_tests_start_install_it_when_they_import_the_interpreter()
         "print(before, getattr(interpreter.ReduceOps.generic_reduce, 'whole_block', False),"
         " getattr(interpreter.ScanOps.generic_scan, 'whole_block', False))\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1", "STOKER_TEST_SLOW_REDUCE": ""}
+    # a fresh interpreter (`before` must be empty), not one forked with torch imported
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "STOKER_TEST_SLOW_REDUCE": "",
+        "STOKER_TEST_FRESH_PROCESS": "1",
+    }
     env["PYTHONPATH"] = os.pathsep.join([str(SUPPORT), env.get("PYTHONPATH", "")])
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300

@@ -146,7 +146,8 @@ def test_the_compile_workers_import_no_torch():
         "assert len(os.listdir('/proc/self/task')) == 1, 'a second thread'\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    # a process that starts as a fresh interpreter, not from the tests' preloaded torch
+    env = {**os.environ, "TRITON_INTERPRET": "0", "STOKER_TEST_FRESH_PROCESS": "1"}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env
     )

@@ -174,8 +174,10 @@ def test_the_zygote_forks_only_single_threaded_without_cuda() -> None:
     import subprocess
     import sys
 
+    # a fresh interpreter, not one forked from the tests' servers with torch imported
+    env = {**os.environ, "STOKER_TEST_FRESH_PROCESS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", _CHECKS], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _CHECKS], capture_output=True, text=True, timeout=300, env=env
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     fresh, threaded, with_torch = proc.stdout.splitlines()[-3:]
