@@ -272,3 +272,17 @@ def test_a_dynamic_backward_keeps_its_sizes_as_products_of_its_symbols() -> None
     vals = [n.meta.get("val") for n in v.gm.graph.nodes]
     assert any(isinstance(x, torch.Tensor) and _has_floor_or_mod(x) is False for x in vals)
     assert not [str(x.shape) for x in vals if _has_floor_or_mod(x)]
+
+
+def test_two_forward_sizes_equal_by_chance_keep_their_own_symbols() -> None:
+    """Batch and T are two symbols of the forward that both hold 4 at the first call.
+    The backward's first compile gives them one symbol per forward symbol, not one per
+    value: one symbol for both would guard them equal, and batch 3 then recompiled the
+    backward.  Gradients equal eager's at each size; one compile."""
+    session, after = _train([(4, 4), (3, 4), (4, 6), (5, 5)], "dynamic")
+    _inlined(session)
+    assert [s["compiles"] for s in after] == [1, 1, 1, 1], after
+    assert after[-1]["recompiles"] == 0 and after[-1]["captures"] == 1, after
+    (g,) = session.graphs
+    held = {g.groups[p] for p in g.dynamic if g.variants[0].values[p] == 4}
+    assert len(held) == 2, held  # batch's and T's

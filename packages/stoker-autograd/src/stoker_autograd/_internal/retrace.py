@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import math
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -345,14 +345,17 @@ def fake_inputs(
     dynamic: frozenset[Position],
     free: frozenset[Position] = frozenset(),
     opaque_only: frozenset[int] = frozenset(),
+    groups: Mapping[Position, Position] | None = None,
 ) -> dict[str, list[Any]]:
     """The graph inputs as ``ctx``'s fakes: ``dynamic`` positions symbolic, positions of
-    one value sharing one symbol; ``free`` positions (not also ``dynamic``) symbolic,
-    each its own symbol, which the trace may tie to another or specialize (its guards
-    then say so); every other size static.  The symbols are named after their sources,
-    so the same call in another process makes the same names (the warm-start cache
-    reads its stored sizes back over them)."""
-    dims: dict[int, Dim] = {}
+    one value sharing one symbol, or of one value and one of ``groups`` (a position's
+    group, named by a position: `ForwardDims.seed`'s forward symbols) where it names
+    one; ``free`` positions (not also ``dynamic``) symbolic, each its own symbol, which
+    the trace may tie to another or specialize (its guards then say so); every other
+    size static.  The symbols are named after their sources, so the same call in
+    another process makes the same names (the warm-start cache reads its stored sizes
+    back over them)."""
+    shared: dict[tuple[int, Position | None], Dim] = {}
 
     def spec(pos: Position, v: int) -> Dim | bool:
         if v < 2:  # 0 and 1 always specialize
@@ -364,9 +367,11 @@ def fake_inputs(
             # [2, oo), as a tensor dim's is.  Unbounded, ``rows == B*T`` never became
             # a replacement (``B*T`` might be negative), and every later size carried it
             return Dim(f"{LISTS[pos[0]]}_{pos[1]}") if pos[2] < 0 else True
-        if v not in dims:
-            dims[v] = Dim(f"v{v}")
-        return dims[v]
+        group = (groups or {}).get(pos)
+        if (v, group) not in shared:
+            at = "" if group is None else "_" + "_".join(str(max(x, 0)) for x in group)
+            shared[(v, group)] = Dim(f"v{v}{at}")
+        return shared[(v, group)]
 
     # A tensor whose strides do not follow from its sizes (a slice such as the ids
     # ``seq[:, :-1]``) is dynamic too: its stride gets its own symbol, bound to the
@@ -429,18 +434,23 @@ def retrace(
     unpack_meta: dict[str, Any],
     dynamic: frozenset[Position] = frozenset(),
     free: frozenset[Position] = frozenset(),
+    groups: Mapping[Position, Position] | None = None,
 ) -> Retraced:
     """Replay ``gm`` (a captured graph) with real input shapes into core aten.
 
     ``dynamic``: the positions that get a symbolic size (those seen to change
     between calls, or held symbolic by the forward); positions holding the same value
-    share one symbol, as the same `Dim` (a guard checks they stay equal).  ``free``:
-    positions that get a symbol each (`fake_inputs`).  Everything else is static.
+    (and in the same of ``groups``, where given) share one symbol, as the same `Dim`
+    (a guard checks they stay equal).  ``free``: positions that get a symbol each
+    (`fake_inputs`).  Everything else is static.  With unpack hooks ``groups`` is
+    not used: their results' sizes take a symbol by value (`_Replayer.unpack_fake`).
     """
+    if unpack_meta:
+        groups = None
     # "auto": every spec below is explicit, so this only words the guards' reasons right
     # (a static size is static until it changes; then the next compile makes it symbolic)
     ctx = ShapeContext(policy="auto")
-    values = fake_inputs(ctx, inputs, sizes, scalars, dynamic, free, opaque_only_inputs(gm))
+    values = fake_inputs(ctx, inputs, sizes, scalars, dynamic, free, opaque_only_inputs(gm), groups)
     rp = _Replayer(ctx, sym_sources, unpack_meta)
     rp.values = values
     rp.source_gm = gm
