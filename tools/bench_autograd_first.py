@@ -1,6 +1,6 @@
 """The first compiled-autograd backward of a model: capture, retrace and the whole call.
 
-    STOKER_CACHE_DIR=$(mktemp -d) python tools/bench_autograd_first.py [--model gpt-m] [--batch 2] [--repeat 3]
+    STOKER_CACHE_DIR=$(mktemp -d) python tools/bench_autograd_first.py [--model gpt-m] [--batch 2] [--repeat 3] [--dynamic]
 
 One `bench --suite gpu` model (default gpt-m, batch 2) through ``stoker.compile``
 with the aten executor (no Triton: the backward's compiler only runs aten ops).
@@ -12,7 +12,9 @@ again: the first repeat is cold, later ones find the warm-start cache
 retrace, and in the whole ``loss.backward()`` (which also runs it), plus the
 counters.  ``--cpu``: CPU seconds of this process (``time.process_time``) instead of
 wall seconds, less disturbed by other jobs; with ``--repeat 1`` on a cache a first
-run filled, the capture of a fresh warm process.
+run filled, the capture of a fresh warm process.  ``--dynamic``: the model compiled
+with ``dynamic=True``, so the retrace runs over symbolic sizes (the forward's batch
+and T, and the sizes of the eager loss around it).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--cpu", action="store_true", help="CPU seconds, not wall seconds")
+    ap.add_argument("--dynamic", action="store_true", help="stoker.compile(dynamic=True)")
     a = ap.parse_args()
     clock = time.process_time if a.cpu else time.perf_counter
 
@@ -70,9 +73,10 @@ def main() -> None:
     torch.manual_seed(0)
     model = entry.build(size)
     args, target = entry.batch(size, torch.Generator().manual_seed(0))
-    compiled = stoker.compile(model, backend="aten")
+    compiled = stoker.compile(model, backend="aten", dynamic=True if a.dynamic else None)
     unit = "CPU seconds" if a.cpu else "seconds"
-    print(f"{a.model} (batch {a.batch}), first backward per capture, {unit}")
+    sizes = ", symbolic sizes" if a.dynamic else ""
+    print(f"{a.model} (batch {a.batch}{sizes}), first backward per capture, {unit}")
     print(f"{'repeat':>6}{'capture':>9}{'retrace':>9}{'backward':>10}  counters")
     for i in range(a.repeat):
         torch._C._dynamo.compiled_autograd.clear_cache()

@@ -17,8 +17,10 @@ import warnings
 from typing import Any
 
 import pytest
+import sympy
 import torch
 import torch.nn as nn
+from torch.utils._sympy.functions import FloorDiv, Mod
 
 import stoker_autograd
 from stoker_autograd._internal import ops
@@ -207,3 +209,80 @@ def test_a_static_width_equal_to_the_batch_stays_static() -> None:
     st = stoker_autograd.stats()
     assert (st["captures"], st["compiles"], st["fallbacks"]) == (1, 1, 0), st
     assert len(session.graphs[0].variants) == 1
+
+
+class TinyLM(nn.Module):
+    """Embedding, `Attention`, a head; the loss views the logits to ``batch x T`` rows
+    outside the AOT-compiled module (eager ``ViewBackward0`` and cross-entropy)."""
+
+    def __init__(self, vocab: int = 12, c: int = 16) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, c)
+        self.att = Attention(c)
+        self.head = nn.Linear(c, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.att(self.emb(ids)))
+        return out
+
+
+def _has_floor_or_mod(v: Any) -> bool:
+    sizes = [*v.shape, *v.stride()] if isinstance(v, torch.Tensor) else [v]
+    return any(
+        isinstance(s, torch.SymInt) and s.node.expr.has(FloorDiv, Mod, sympy.floor) for s in sizes
+    )
+
+
+def test_a_dynamic_backward_keeps_its_sizes_as_products_of_its_symbols() -> None:
+    """One backward graph of a dynamic AOT forward runs batch and T changing alone and
+    together (``(6, 5)`` after ``(2, 8)``), gradients equal eager's at each size, with
+    one compile.  Its retrace relates sizes one at a time where the forward knows them
+    (the gradient entering the AOT backward, the gradients it returns) and a view's
+    input and output dim group by dim group (``rows == B*T``), so every size of the
+    retraced graph is a product of its input symbols: no ``rows // B``, which the trace
+    made (one ``(s3*s7)//s2`` per later size, each evaluated through sympy) while the
+    eager loss's sizes were symbols of their own related only by the numel of a view."""
+    torch.manual_seed(0)
+    model = TinyLM()
+    ref = copy.deepcopy(model)
+    fn = stoker_capture.aot_module(model, dynamic="dynamic")
+    stoker_autograd.reset_stats()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with stoker_autograd.enable() as session:
+            for b, t in [(2, 8), (3, 8), (3, 5), (6, 5), (2, 8)]:
+                seq = torch.randint(0, 12, (b, t + 1))
+                ids, tgt = seq[:, :-1], seq[:, 1:]
+                model.zero_grad()
+                ref.zero_grad()
+                nn.functional.cross_entropy(fn(ids).view(-1, 12), tgt.reshape(-1)).backward()
+                with stoker_autograd.disabled():
+                    out = ref(ids).view(-1, 12)
+                    nn.functional.cross_entropy(out, tgt.reshape(-1)).backward()
+                for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+                    assert p.grad is not None and q.grad is not None, name
+                    torch.testing.assert_close(
+                        p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=f"{name} at {(b, t)}"
+                    )
+    assert not [str(w.message) for w in caught if "stoker-autograd" in str(w.message)]
+    st = stoker_autograd.stats()
+    assert (st["captures"], st["compiles"], st["fallbacks"], st["cache_hits"]) == (1, 1, 0, 4), st
+    _inlined(session)
+    (v,) = session.graphs[0].variants
+    vals = [n.meta.get("val") for n in v.gm.graph.nodes]
+    assert any(isinstance(x, torch.Tensor) and _has_floor_or_mod(x) is False for x in vals)
+    assert not [str(x.shape) for x in vals if _has_floor_or_mod(x)]
+
+
+def test_two_forward_sizes_equal_by_chance_keep_their_own_symbols() -> None:
+    """Batch and T are two symbols of the forward that both hold 4 at the first call.
+    The backward's first compile gives them one symbol per forward symbol, not one per
+    value: one symbol for both would guard them equal, and batch 3 then recompiled the
+    backward.  Gradients equal eager's at each size; one compile."""
+    session, after = _train([(4, 4), (3, 4), (4, 6), (5, 5)], "dynamic")
+    _inlined(session)
+    assert [s["compiles"] for s in after] == [1, 1, 1, 1], after
+    assert after[-1]["recompiles"] == 0 and after[-1]["captures"] == 1, after
+    (g,) = session.graphs
+    held = {g.groups[p] for p in g.dynamic if g.variants[0].values[p] == 4}
+    assert len(held) == 2, held  # batch's and T's

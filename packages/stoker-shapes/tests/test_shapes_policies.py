@@ -84,6 +84,30 @@ def test_shared_dim_is_one_symbol_and_guards_equality() -> None:
     assert "shared by" in why
 
 
+def test_a_dim_shared_by_many_inputs_is_one_symbol_for_all() -> None:
+    """Forty tensors and twenty ints share one Dim: every size is one symbol after the
+    shape env's replacements (the trace then sees them equal), and the guards still
+    check each against the others.  The shape env solves ``Eq(new, first)`` for the
+    higher-named symbol; solving against the first symbol as it was, not as it was
+    replaced, overwrote its replacement each time, and of these sixty sizes 17 stayed
+    different symbols, related only by guards (so every expression over them
+    stayed unsimplified, and slow)."""
+    ctx = ShapeContext()
+    b = Dim("batch")
+    xs = ctx.fakeify([torch.randn(4, 3) for _ in range(40)], Source.arg(0), [{0: b}] * 40)
+    ns = ctx.fakeify([4] * 20, Source.arg(1), [b] * 20)
+    env = ctx.shape_env
+    syms = {env.replace(x.shape[0].node.expr) for x in xs} | {env.replace(n.node.expr) for n in ns}
+    assert len(syms) == 1, syms
+    gs = ctx.produce_guards()
+    good = [torch.randn(6, 3) for _ in range(40)]
+    assert gs.check((good, [6] * 20))
+    for k in (0, 17, 39):  # one tensor's size differs from the others'
+        bad = [*good[:k], torch.randn(5, 3), *good[k + 1 :]]
+        assert not gs.check((bad, [6] * 20)), k
+    assert not gs.check((good, [6] * 19 + [5]))
+
+
 def test_aliasing_inputs_stay_aliased_and_are_guarded() -> None:
     base = torch.randn(8, 4)
     a, b = base[:4], base[4:]

@@ -25,6 +25,7 @@ import operator
 from collections.abc import Sequence
 from typing import Any, Protocol, cast
 
+import sympy
 import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import PythonKeyTracer
@@ -59,15 +60,65 @@ def aot_backward_prologue(
     grads: Sequence[Any],
     tangent_of: Sequence[int | None],
     num_tangents: int,
+    tangent_sizes: Sequence[Sequence[int | str | None] | None] = (),
 ) -> list[Any]:
     """Arrange ``bw_module``'s inputs: ``(*saved_symints, *saved_tensors, *tangents)``,
     each grad of a Function output placed at its tangent index (as the Function's
-    own backward does)."""
+    own backward does).  ``tangent_sizes`` (`tangent_sizes`) is read by the retrace
+    only: what the forward knew of each tangent's sizes."""
     tangents: list[Any] = [None] * num_tangents
     for g, k in zip(grads, tangent_of):
         if k is not None:
             tangents[k] = g.contiguous() if isinstance(g, torch.Tensor) else g
     return [*symints, *saved_tensors, *tangents]
+
+
+def tangent_sizes(
+    bw: fx.GraphModule, num_symints: int, num_saved: int
+) -> tuple[tuple[int | str | None, ...] | None, ...]:
+    """Per tangent of ``bw``, its sizes as the forward knew them: an int where static, an
+    expression over the saved symints (``a0`` is the first) where every symbol of it is
+    one of theirs, None where not known (None for the whole tangent if not a tensor).
+
+    The engine hands a node gradients of exactly its forward outputs' sizes (its
+    ``validate_outputs`` reduces or refuses any other), so the retrace may tie each
+    incoming gradient's sizes to these before the backward's first view reads them:
+    ``rows == batch x T`` as one product of two free symbols is a relation sympy
+    cannot solve, and every size after it drags it along."""
+    phs = [n.meta.get("val") for n in bw.graph.nodes if n.op == "placeholder"]
+    names: dict[Any, str] = {}
+    for j, v in enumerate(phs[:num_symints]):
+        e = _forward_expr(v)
+        if isinstance(e, sympy.Symbol):
+            names.setdefault(e, f"a{j}")
+    out: list[tuple[int | str | None, ...] | None] = []
+    for v in phs[num_symints + num_saved :]:
+        if not isinstance(v, torch.Tensor):
+            out.append(None)
+            continue
+        dims: list[int | str | None] = []
+        for size in v.shape:
+            e = _forward_expr(size)
+            if e is None or e.is_number:
+                dims.append(None if e is None else int(e))
+            elif e.free_symbols <= names.keys():
+                dims.append(str(e.xreplace({s: sympy.Symbol(n) for s, n in names.items()})))
+            else:
+                dims.append(None)
+        out.append(tuple(dims))
+    return tuple(out)
+
+
+def _forward_expr(v: Any) -> Any:
+    """``v`` (a size of the forward's fake values) as a sympy expression after its shape
+    env's replacements; None for what is not a size."""
+    if isinstance(v, int):
+        return sympy.Integer(v)
+    if not isinstance(v, torch.SymInt):
+        return None
+    expr = v.node.expr
+    env = getattr(v.node, "shape_env", None)
+    return env.replace(expr) if env is not None else expr
 
 
 def inline_aot_backward(
@@ -98,7 +149,14 @@ def inline_aot_backward(
     # 1. the prologue, as one call node (traced through at retrace time)
     pro = cap._node(
         aot_backward_prologue,
-        (psaved, psymints, pgrads, tuple(tangent_of), int(info.num_tangents)),
+        (
+            psaved,
+            psymints,
+            pgrads,
+            tuple(tangent_of),
+            int(info.num_tangents),
+            tangent_sizes(bw, int(info.num_saved_symints), int(info.num_saved_tensors)),
+        ),
     )
     aot_id = int(info.aot_id)
     n = cap.aot_counts.get(aot_id, 0)

@@ -105,6 +105,8 @@ class CaptureInstance:
         self.origins = Origins([], self.sym_sources)  # set per capture by begin_capture
         # the sizes an inlined AOT backward's forward held symbolic (set by begin_capture)
         self.forward_dims = ForwardDims([], self.sym_sources)
+        # id(gradient an inlined AOT backward returned) -> (it, the forward's sizes of it)
+        self._forward_grad_sizes: dict[int, tuple[torch.Tensor, list[Any]]] = {}
         self.id = -1
         # the autograd nodes walked, in order (`recapture`: why a capture happened again)
         self.signature: list[str] = []
@@ -141,6 +143,7 @@ class CaptureInstance:
         self.signature = []
         self.origins = Origins(fakes, self.sym_sources)  # for recompile reasons
         self.forward_dims = ForwardDims(fakes, self.sym_sources)
+        self._forward_grad_sizes = {}
         self._sym_anchor = packed_p.node
         for i, f in enumerate(fakes):
             self._track(f, node := self._getitem(args_p.node, i))
@@ -362,6 +365,9 @@ class CaptureInstance:
                 f"tensor {{k}} checked by {node}",
                 f"a size of gradient {k} returned by {node}",
             )
+        if isinstance(metas, list | tuple) and len(metas) == len(outputs):
+            for out, meta in zip(outputs, metas, strict=True):
+                self._note_checked_sizes(out, meta)
         if isinstance(metas, list | tuple) and len(metas) == len(outputs) > 1:
             # One check per gradient (it checks each on its own): then a gradient's
             # accumulate-grad and hooks can move up to it (passes), also out of an
@@ -373,6 +379,16 @@ class CaptureInstance:
             return outputs
         self._track_items(outputs, self._node(op, (outputs, *args)))
         return outputs
+
+    def _note_checked_sizes(self, out: Any, meta: Any) -> None:
+        """The check of a gradient an inlined AOT backward returned lifts its sizes again:
+        they are the sizes the forward knew (`ForwardDims`), as those of the gradient."""
+        forward = self._forward_grad_sizes.get(id(out)) if isinstance(out, torch.Tensor) else None
+        if forward is None or forward[0] is not out or not isinstance(meta, list | tuple):
+            return
+        shape = meta[1] if len(meta) > 1 else None
+        if isinstance(shape, list | tuple) and len(shape) == len(forward[1]):
+            self.forward_dims.sizes(list(shape), forward[1])
 
     def accumulate(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         result = self._dummy()
@@ -448,11 +464,12 @@ class CaptureInstance:
         psaved = self.to_proxy(list(saved_tensors))
         info = stoker_aot_info(ctx)
         nodes: list[Any] | None = None
+        forward_sizes: list[Any] = []
         if info is not None:  # stoker's own AOT backward: inlined where it can be
             proxies = inline_aot_backward(self, info, ctx, pinputs, psaved, output_metadatas)
             if proxies is not None:
                 nodes = [None if p is None else p.node for p in proxies]
-                self._note_forward_dims(info, ctx, saved_tensors, output_metadatas)
+                forward_sizes = self._note_forward_dims(info, ctx, saved_tensors, output_metadatas)
         if nodes is None:
             # Any other Function, torch.compile's CompiledFunction (Inductor, aot_eager)
             # included: an opaque call of its real backward with its real ctx.
@@ -482,6 +499,9 @@ class CaptureInstance:
                     g = torch.empty(size=_hints(size), dtype=dtype, layout=layout, device=device)
             self._track(g, node)
             grads.append(g)
+        for grad, fs in zip(grads, forward_sizes, strict=False):
+            if grad is not None and fs is not None:
+                self._forward_grad_sizes[id(grad)] = (grad, fs)
         return tuple(grads)
 
     def _note_forward_dims(
@@ -490,9 +510,10 @@ class CaptureInstance:
         ctx: Any,
         saved_tensors: Sequence[Any],
         output_metadatas: Sequence[Any],
-    ) -> None:
+    ) -> list[Any]:
         """Which lifted sizes the inlined AOT backward's forward held symbolic: its saved
-        symints and tensors (``bw_module``'s placeholders) and the gradients it returns."""
+        symints and tensors (``bw_module``'s placeholders) and the gradients it returns.
+        Returns, per output metadata, the forward's sizes of that gradient (or None)."""
         bw: fx.GraphModule = info.bw_module
         phs = [n.meta.get("val") for n in bw.graph.nodes if n.op == "placeholder"]
         ns, nt = int(info.num_saved_symints), int(info.num_saved_tensors)
@@ -504,10 +525,15 @@ class CaptureInstance:
         outs = bw.graph.output_node().args[0]
         outs = outs if isinstance(outs, list | tuple) else (outs,)
         vals = [o.meta.get("val") if isinstance(o, fx.Node) else None for o in outs]
-        metas = output_metadatas[len(output_metadatas) - len(vals) :]
-        for m, v in zip(metas, vals):
+        extra = len(output_metadatas) - len(vals)
+        out: list[Any] = [None] * extra
+        for m, v in zip(output_metadatas[extra:], vals):
             if m is not None and isinstance(v, torch.Tensor):
                 self.forward_dims.sizes(list(m[3]), list(v.shape))
+                out.append(list(v.shape))
+            else:
+                out.append(None)
+        return out
 
     def _size_exprs(self, size: Sequence[Any]) -> list[Any]:
         return [s.node.expr if isinstance(s, torch.SymInt) else int(s) for s in size]

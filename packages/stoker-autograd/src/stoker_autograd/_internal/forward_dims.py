@@ -9,15 +9,16 @@ graph's inputs (`graph.Position`), whether the forward held it symbolic (True) o
 static (False); a parameter's sizes (and its ``.grad``'s) are static.
 
 The first compile of the captured graph then makes symbolic the positions the
-forward held symbolic (positions of one value share one symbol, as after a
-recompile), and gives a symbol of its own to each position of no known kind (sizes
-of the eager nodes around the compiled region, such as the loss's
-``MseLossBackward0``, or the gradient checks of the AOT node) that holds a multiple of
-one of their values (``batch x T`` rows, a mean's ``numel``): a batch size flows from
-the compiled forward into the eager loss and back.  The retrace ties such a symbol to the forward's where the
-graph combines them, and specializes it where it meets a static size (an output
-width that equals the batch by chance: the guard says ``== 4``, exactly).  Positions
-the forward held static stay static, so their guards stay exact.
+forward held symbolic (positions that held one symbol of the forward share one
+symbol; two that hold one value by chance do not), and gives a symbol of its own
+to each position of no known kind (sizes of the eager nodes around the compiled
+region, such as the loss's ``MseLossBackward0``, or the gradient checks of the AOT
+node) that holds a multiple of one of their values (``batch x T`` rows, a mean's
+``numel``): a batch size flows from the compiled forward into the eager loss and
+back.  The retrace ties such a symbol to the forward's where the graph combines
+them, and specializes it where it meets a static size (an output width that equals
+the batch by chance: the guard says ``== 4``, exactly).  Positions the forward held
+static stay static, so their guards stay exact.
 """
 
 from __future__ import annotations
@@ -36,16 +37,22 @@ _LIST = {"inputs": 0, "sizes": 1, "scalars": 2}
 def held_symbolic(v: Any) -> bool:
     """``v`` (a size of the forward's fake values) is symbolic after its shape env's
     replacements (a size the forward specialized, such as ``s1 == 16``, is not)."""
+    return forward_symbol(v) is not None
+
+
+def forward_symbol(v: Any) -> tuple[int, Any] | None:
+    """What ``v`` (a size of the forward's fake values) is in the forward: its shape
+    env and its expression after that env's replacements; None where static."""
     if not isinstance(v, torch.SymInt):
-        return False
+        return None
     node = v.node
     expr = node.expr
     if expr.is_number:
-        return False
+        return None
     env = getattr(node, "shape_env", None)
     if env is not None:
         expr = env.replace(expr)
-    return bool(expr.free_symbols)
+    return (id(env), expr) if expr.free_symbols else None
 
 
 class ForwardDims:
@@ -57,16 +64,33 @@ class ForwardDims:
         self._ids = {id(t): i for i, t in enumerate(inputs)}
         self._syms = sym_sources
         self.known: dict[Position, bool] = {}
+        # a symbolic position -> the forward symbol it held (union-find over them: a
+        # position two forwards saved makes their symbols one)
+        self._held: dict[Position, tuple[int, Any]] = {}
+        self._parent: dict[tuple[int, Any], tuple[int, Any]] = {}
 
-    def _set(self, pos: Position, symbolic: bool) -> None:
-        self.known[pos] = self.known.get(pos, False) or symbolic  # symbolic anywhere wins
+    def _set(self, pos: Position, forward: Any) -> None:
+        sym = forward_symbol(forward)
+        self.known[pos] = self.known.get(pos, False) or sym is not None  # symbolic wins
+        if sym is None:
+            return
+        self._parent.setdefault(sym, sym)
+        held = self._held.setdefault(pos, sym)
+        a, b = self._root(held), self._root(sym)
+        if a != b:
+            self._parent[b] = a
+
+    def _root(self, sym: tuple[int, Any]) -> tuple[int, Any]:
+        while self._parent[sym] != sym:
+            sym = self._parent[sym]
+        return sym
 
     def tensor(self, t: Any, forward_sizes: Sequence[Any]) -> None:
         """A lifted tensor ``t`` whose sizes the forward held as ``forward_sizes``."""
         i = self._ids.get(id(t)) if isinstance(t, torch.Tensor) else None
         if i is not None and len(forward_sizes) == t.dim():
             for d, f in enumerate(forward_sizes):
-                self._set((0, i, d), held_symbolic(f))
+                self._set((0, i, d), f)
 
     def parameter(self, t: Any) -> None:
         """A lifted parameter (or its ``.grad``): static."""
@@ -79,14 +103,22 @@ class ForwardDims:
             if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol):
                 src = self._syms.get(s.node.expr)
                 if src is not None:
-                    self._set((_LIST[src[0]], src[1], -1), held_symbolic(f))
+                    self._set((_LIST[src[0]], src[1], -1), f)
 
-    def seed(self, values: Mapping[Position, int]) -> tuple[set[Position], set[Position]]:
-        """``(dynamic, free)`` for the first compile at these ``values``: the positions the
-        forward held symbolic (one symbol per value), and the positions of no known kind
-        holding a multiple of one of their values (a batch, ``batch x T`` rows, a
-        ``numel`` of ``batch x 16``: a symbol each, which the trace ties to the
-        forward's, or specializes where it meets a static size)."""
+    def seed(
+        self, values: Mapping[Position, int]
+    ) -> tuple[set[Position], set[Position], dict[Position, Position]]:
+        """``(dynamic, free, groups)`` for the first compile at these ``values``: the
+        positions the forward held symbolic, and the positions of no known kind holding
+        a multiple of one of their values (a batch, ``batch x T`` rows, a ``numel`` of
+        ``batch x 16``: a symbol each, which the trace ties to the forward's, or
+        specializes where it meets a static size).  ``groups``: each dynamic position's
+        group, named by its first position: those that held one forward symbol (one
+        symbol in the retrace; after a recompile, positions that changed share one
+        symbol per value).  Two
+        symbols of the forward that hold one value by chance (an FSDP block's head
+        count and a batch of 2) stay two: one symbol would guard them equal, and the
+        next batch recompiled the backward."""
         dynamic = {p for p, sym in self.known.items() if sym and values.get(p, 0) >= 2}
         held = {values[p] for p in dynamic}
         free = {
@@ -94,4 +126,8 @@ class ForwardDims:
             for p, v in values.items()
             if p not in self.known and v >= 2 and any(v % h == 0 for h in held)
         }
-        return dynamic, free
+        first: dict[tuple[Any, int], Position] = {}
+        for p in sorted(dynamic):
+            first.setdefault((self._root(self._held[p]), values[p]), p)
+        groups = {p: first[(self._root(self._held[p]), values[p])] for p in dynamic}
+        return dynamic, free, groups

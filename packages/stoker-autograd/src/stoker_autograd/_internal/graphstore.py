@@ -16,7 +16,7 @@ stoker-triton's compiled-graph cache finds its segments.
 |---|---|
 | the captured graph | as captured, before the reordering passes (pure functions of it, and of stoker-autograd's sources, which the key hashes; a hit never runs them), every node: op, target (a functional backward by the engine's name, functions by qualified name), arguments (nodes by position, so an inlined AOT backward is keyed by its content, not by its id), the output metadata a custom backward promised and its Function's qualified name |
 | the inputs | each tensor's sizes, strides, offset, dtype, device, requires_grad, type; the sizes and scalars the engine lifted, by value and type |
-| the shape state | the positions made symbolic (seen to change, or held symbolic by the forward), how capture symbols map to sizes and scalars |
+| the shape state | the positions made symbolic (seen to change, or held symbolic by the forward) and which of them share a symbol (one per forward symbol), how capture symbols map to sizes and scalars |
 | the session | dynamic or not, the compiler's qualified name, grad mode (``create_graph``) |
 | the code | torch, stoker-autograd, stoker-capture and stoker-shapes versions, a hash of stoker-autograd's sources, the entry format and the stored code's (`boxed.CODE_FORMAT`) |
 
@@ -77,7 +77,8 @@ from .retrace import fake_inputs
 
 log = logging.getLogger("stoker.cache")
 
-ENTRY_FORMAT = "3"  # bump when an entry's layout or meaning changes (2: "code", 3: symbolic)
+# bump when an entry's layout or meaning changes (2: "code", 3: symbolic, 4: "groups")
+ENTRY_FORMAT = "4"
 _ENV_OFF = "STOKER_AUTOGRAD_CACHE"  # "0": neither read nor write entries
 
 # The Python calls a retraced graph may hold, by the name an entry stores.
@@ -276,6 +277,7 @@ def key(
     dynamic: frozenset[Position],
     session: Any,
     free: frozenset[Position] = frozenset(),
+    groups: dict[Position, Position] | None = None,
 ) -> str:
     h = hashlib.sha256()
     compiler = session.compiler
@@ -286,7 +288,7 @@ def key(
         "inputs " + ";".join(_value_text(x) for x in inputs),
         "sizes " + ";".join(_value_text(x) for x in sizes),
         "scalars " + ";".join(_value_text(x) for x in scalars),
-        f"dynamic {sorted(dynamic)} free {sorted(free)}",
+        f"dynamic {sorted(dynamic)} free {sorted(free)} groups {sorted((groups or {}).items())}",
         f"session dynamic={session.dynamic} compiler={name}",
         f"grad mode {torch.is_grad_enabled()}",  # create_graph=True backwards differ
     ):
@@ -457,17 +459,19 @@ def entry(
     code: Sequence[dict[str, Any] | None] = (),
     dynamic: frozenset[Position] = frozenset(),
     free: frozenset[Position] = frozenset(),
+    groups: dict[Position, Position] | None = None,
 ) -> bytes:
     """The body of an entry: the graph (`graph_json`), where each input is read from,
     the guards (after the compiler ran: it may add some), the sizes compiled for, and
     the Python code of each part the compiler runs as is (`BoxedGraph.stored`; None:
     not storable), so that a load generates none.  A graph with symbolic sizes keeps
-    them as expressions over the symbols `retrace.fake_inputs` makes for ``dynamic``
-    and ``free``."""
+    them as expressions over the symbols `retrace.fake_inputs` makes for ``dynamic``,
+    ``free`` and ``groups``."""
     body = {
         "graph": nodes,
         "dynamic": [list(p) for p in sorted(dynamic)],
         "free": [list(p) for p in sorted(free)],
+        "groups": [[*p, *g] for p, g in sorted((groups or {}).items())],
         "arg_spec": [list(x) for x in arg_spec],
         "guards": guards.to_json(),
         "values": [[*p, v] for p, v in values.items()],
@@ -492,7 +496,12 @@ def from_json(
         dynamic, free = (
             frozenset((int(w), int(i), int(d)) for w, i, d in body[k]) for k in ("dynamic", "free")
         )
-        fake_inputs(ctx, inputs, sizes, scalars, dynamic, free)  # the retrace's symbols
+        groups = {
+            (int(w), int(i), int(d)): (int(gw), int(gi), int(gd))
+            for w, i, d, gw, gi, gd in body["groups"]
+        }
+        # the retrace's symbols
+        fake_inputs(ctx, inputs, sizes, scalars, dynamic, free, groups=groups)
     reader = _Reader(ctx, symbolic)
     g = fx.Graph()
     root = torch.nn.Module()

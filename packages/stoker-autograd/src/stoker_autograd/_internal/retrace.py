@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ from torch.fx.experimental.proxy_tensor import (
 from stoker_shapes import Dim, GuardSet, Origin, ShapeContext, Source
 
 from . import ops
+from .aot_inline import aot_backward_prologue
 from .graph import PLACEHOLDERS, Position, check_sizes, contiguous_strides, graph_module
 
 LISTS = PLACEHOLDERS  # inputs, sizes, scalars, hooks, packed_data
@@ -343,23 +345,33 @@ def fake_inputs(
     dynamic: frozenset[Position],
     free: frozenset[Position] = frozenset(),
     opaque_only: frozenset[int] = frozenset(),
+    groups: Mapping[Position, Position] | None = None,
 ) -> dict[str, list[Any]]:
     """The graph inputs as ``ctx``'s fakes: ``dynamic`` positions symbolic, positions of
-    one value sharing one symbol; ``free`` positions (not also ``dynamic``) symbolic,
-    each its own symbol, which the trace may tie to another or specialize (its guards
-    then say so); every other size static.  The symbols are named after their sources,
-    so the same call in another process makes the same names (the warm-start cache
-    reads its stored sizes back over them)."""
-    dims: dict[int, Dim] = {}
+    one value sharing one symbol, or of one value and one of ``groups`` (a position's
+    group, named by a position: `ForwardDims.seed`'s forward symbols) where it names
+    one; ``free`` positions (not also ``dynamic``) symbolic, each its own symbol, which
+    the trace may tie to another or specialize (its guards then say so); every other
+    size static.  The symbols are named after their sources, so the same call in
+    another process makes the same names (the warm-start cache reads its stored sizes
+    back over them)."""
+    shared: dict[tuple[int, Position | None], Dim] = {}
 
     def spec(pos: Position, v: int) -> Dim | bool:
         if v < 2:  # 0 and 1 always specialize
             return False
         if pos not in dynamic:
-            return pos in free
-        if v not in dims:
-            dims[v] = Dim(f"v{v}")
-        return dims[v]
+            if pos not in free:
+                return False
+            # a lifted size or int: a Dim of its own, so that its range is a size's,
+            # [2, oo), as a tensor dim's is.  Unbounded, ``rows == B*T`` never became
+            # a replacement (``B*T`` might be negative), and every later size carried it
+            return Dim(f"{LISTS[pos[0]]}_{pos[1]}") if pos[2] < 0 else True
+        group = (groups or {}).get(pos)
+        if (v, group) not in shared:
+            at = "" if group is None else "_" + "_".join(str(max(x, 0)) for x in group)
+            shared[(v, group)] = Dim(f"v{v}{at}")
+        return shared[(v, group)]
 
     # A tensor whose strides do not follow from its sizes (a slice such as the ids
     # ``seq[:, :-1]``) is dynamic too: its stride gets its own symbol, bound to the
@@ -422,18 +434,30 @@ def retrace(
     unpack_meta: dict[str, Any],
     dynamic: frozenset[Position] = frozenset(),
     free: frozenset[Position] = frozenset(),
+    groups: Mapping[Position, Position] | None = None,
 ) -> Retraced:
     """Replay ``gm`` (a captured graph) with real input shapes into core aten.
 
     ``dynamic``: the positions that get a symbolic size (those seen to change
     between calls, or held symbolic by the forward); positions holding the same value
-    share one symbol, as the same `Dim` (a guard checks they stay equal).  ``free``:
-    positions that get a symbol each (`fake_inputs`).  Everything else is static.
+    (and in the same of ``groups``, where given) share one symbol, as the same `Dim`
+    (a guard checks they stay equal).  ``free``: positions that get a symbol each
+    (`fake_inputs`).  Everything else is static.  With unpack hooks ``groups`` is
+    not used: their results' sizes take a symbol by value (`_Replayer.unpack_fake`).
     """
+    if unpack_meta:
+        groups = None
     # "auto": every spec below is explicit, so this only words the guards' reasons right
     # (a static size is static until it changes; then the next compile makes it symbolic)
     ctx = ShapeContext(policy="auto")
-    values = fake_inputs(ctx, inputs, sizes, scalars, dynamic, free, opaque_only_inputs(gm))
+    if dynamic or free:
+        # Fake tensors' dispatch cache lives on the shape env when sizes are symbolic:
+        # this retrace's only.  Its ops rarely repeat with equal metadata (a GPT's: 163
+        # hits, 594 misses), and a miss builds the output a second time to check the
+        # entry (symbolic contiguity through sympy): a third of the retrace.  Static
+        # sizes share the process-wide cache, which does pay (kept).
+        ctx.fake_mode.cache_enabled = False
+    values = fake_inputs(ctx, inputs, sizes, scalars, dynamic, free, opaque_only_inputs(gm), groups)
     rp = _Replayer(ctx, sym_sources, unpack_meta)
     rp.values = values
     rp.source_gm = gm
@@ -451,11 +475,7 @@ def retrace(
         stack.enter_context(ctx.tracing())
         stack.enter_context(enable_python_dispatcher())
         stack.enter_context(rp.mode)
-        # the table stoker-capture materialized once per process (~0.06 s per call), plus
-        # the backwards whose fake kernel rejects symbolic sizes (`symbolic_decomps`)
-        from .symbolic_decomps import retrace_table  # the retrace only: not a warm start
-
-        stack.enter_context(decompose(retrace_table()))
+        stack.enter_context(decompose(_replay_table()))
         for node in gm.graph.nodes:
             try:
                 with _naming_origins(ctx, node):
@@ -573,12 +593,120 @@ def _replay_node(rp: _Replayer, node: fx.Node, placeholders: dict[fx.Node, int])
     leaves = pytree.tree_leaves((args, kwargs))
     if any(isinstance(a, _Opaque) for a in leaves):
         raise RetraceError(f"{node.format_node()} takes a hook or ctx object but is not opaque")
+    if node.target is aot_backward_prologue:
+        _tie_tangents(args)
+    elif node.target is torch.ops.aten.view.default:  # recorded as is: no table on its way
+        _relate_view_sizes(*args, **kwargs)
     if _recorded_as_is(node.target):  # e.g. an inlined AOT backward's core-aten op
         out = _record(rp, node.target, args, kwargs, leaves)  # type: ignore[arg-type]
         if out is not NotImplemented:
             env[node] = out
             return
     env[node] = node.target(*args, **kwargs)  # type: ignore[operator]
+
+
+def _tie_tangents(args: Sequence[Any]) -> None:
+    """Tie each size of the gradients entering an inlined AOT backward (the arguments of
+    its `aot_backward_prologue`) to the forward's size of that tangent
+    (`aot_inline.tangent_sizes`), before the backward's first view multiplies them:
+    ``Eq(s7, s1)`` becomes a replacement, while ``s7*s9 == s1*s2`` (a gradient of free
+    sizes viewed to ``batch x T`` rows) would stay an axiom that every later size
+    drags along.  The engine hands a node gradients of exactly its forward outputs'
+    sizes, so these guards hold wherever the graph runs; a tie whose hints disagree
+    is left out (the trace then relates the sizes where it meets them)."""
+    _saved, symints, grads, tangent_of, _n, *rest = args
+    want_sizes = rest[0] if rest else ()
+    names = {sympy.Symbol(f"a{j}"): v for j, v in enumerate(symints)}
+    with disable_proxy_modes_tracing():
+        for g, k in zip(grads, tangent_of, strict=False):
+            if k is None or not isinstance(g, torch.Tensor) or k >= len(want_sizes):
+                continue
+            want = want_sizes[k]
+            if want is None or len(want) != g.dim():
+                continue
+            for have, w in zip(g.shape, want, strict=True):
+                if w is None or not isinstance(have, torch.SymInt):
+                    continue
+                try:
+                    value = w if isinstance(w, int) else _eval_sym(sympy.sympify(w), names)
+                except (RetraceError, KeyError, TypeError, ValueError, sympy.SympifyError):
+                    continue  # an expression _eval_sym does not rebuild: no tie
+                hint = _hint(have)
+                if hint is not None and hint == _hint(value):
+                    _assume_equal(have, value)
+
+
+def _relate_view_sizes(x: Any, size: Sequence[Any]) -> None:
+    """Relate the sizes of a view's input and output group by group before its meta
+    kernel does: the runs of dims whose products agree (by the sizes' hints), such as
+    ``(rows, V) -> (B, T, V)``: ``rows == B*T`` and ``V == V'``, each solved into a
+    replacement.  The kernel first checks the numels, ``rows*V == B*T*V'`` (no symbol
+    of it can be solved for), then splits ``rows`` by ``B`` into ``rows // B``, and every
+    size after it carries the floor division.  The kernel's own guards (which dims
+    it splits and merges) imply these equalities, so they ask nothing more of a call."""
+    if not isinstance(x, torch.Tensor) or not isinstance(size, list | tuple):
+        return
+    src = [d for d in x.shape if not (isinstance(d, int) and d == 1)]
+    dst = [d for d in size if not (isinstance(d, int) and d == 1)]
+    if all(isinstance(d, int) for d in (*src, *dst)):
+        return
+    hs, hd = [_hint(d) for d in src], [_hint(d) for d in dst]
+    if any(h is None or h < 1 for h in (*hs, *hd)) or math.prod(hs) != math.prod(hd):  # type: ignore[arg-type]
+        return  # -1, zero elements, an error: the kernel says what it says
+    groups: list[tuple[list[Any], list[Any]]] = []
+    i = j = 0
+    while i < len(src) and j < len(dst):
+        a, b = [src[i]], [dst[j]]
+        pa, pb = hs[i], hd[j]
+        i, j = i + 1, j + 1
+        while pa != pb:  # type: ignore[operator]
+            if pa < pb:  # type: ignore[operator]
+                a.append(src[i])
+                pa *= hs[i]  # type: ignore[operator]
+                i += 1
+            else:
+                b.append(dst[j])
+                pb *= hd[j]  # type: ignore[operator]
+                j += 1
+        groups.append((a, b))
+    with disable_proxy_modes_tracing():
+        for a, b in groups:
+            pa, pb = math.prod(a), math.prod(b)
+            if isinstance(pa, int) and isinstance(pb, int):
+                continue
+            if isinstance(pa, torch.SymInt) and isinstance(pb, torch.SymInt):
+                if pa.node.expr == pb.node.expr:
+                    continue
+            _assume_equal(pa, pb)
+
+
+def _view_relating_sizes(x: Any, size: Any) -> Any:
+    """``aten.view`` in the replay's table: `_relate_view_sizes`, then the op as it is."""
+    _relate_view_sizes(x, size)
+    return NotImplemented
+
+
+@functools.cache
+def _replay_table() -> dict[Any, Any]:
+    """The decompositions of the replay: `symbolic_decomps.retrace_table` (stoker-capture
+    materialized it once per process, ~0.06 s per call), plus the backwards whose fake
+    kernel rejects symbolic sizes, plus ``aten.view`` relating its sizes first."""
+    from .symbolic_decomps import retrace_table  # the retrace only: not a warm start
+
+    return {**retrace_table(), torch.ops.aten.view.default: _view_relating_sizes}
+
+
+def _assume_equal(a: Any, b: Any) -> None:
+    """Tell the shape env ``a == b`` (true at the hints): a guard, and a replacement
+    where one side is a symbol it can solve for."""
+    torch._check(a == b)  # type: ignore[no-untyped-call]
+
+
+def _hint(v: Any) -> int | None:
+    if isinstance(v, torch.SymInt):
+        h = v.node.hint
+        return None if h is None else int(h)
+    return int(v) if isinstance(v, int) else None
 
 
 @functools.cache

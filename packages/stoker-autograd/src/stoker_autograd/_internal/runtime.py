@@ -215,6 +215,8 @@ class CompiledBackward:
         self.dynamic: set[Position] = set()
         # positions of the eager nodes around a symbolic forward: a symbol each
         self.free: set[Position] = set()
+        # a dynamic position -> its group (`ForwardDims.seed`: one forward symbol each)
+        self.groups: dict[Position, Position] = {}
         self._graph_text: str | None = None  # the disk-cache key's graph part ("": uncacheable)
         self._key: str | None = None  # the disk-cache key of the compile under way
         self._entry: list[dict[str, Any]] | None = None  # its retraced graph, serialized
@@ -281,7 +283,7 @@ class CompiledBackward:
             if final_callbacks.take_skip_compile():  # the engine will capture another graph
                 return out
             now = concrete_values(inputs, sizes, scalars, rec.unpack_meta, unpack_index(self.gm))
-            self.dynamic, self.free = self._shape_state(now)
+            self.dynamic, self.free, self.groups = self._shape_state(now)
             if mine:
                 why = describe(self.last_miss, self.origins) if self.last_miss else "?"
                 note_recompile(f"backward graph {self.capture_id}", why)
@@ -315,25 +317,28 @@ class CompiledBackward:
         final_callbacks.take_skip_compile()  # nothing is compiled after this run anyway
         return out
 
-    def _shape_state(self, now: dict[Position, int]) -> tuple[set[Position], set[Position]]:
-        """``(dynamic, free)``: the positions the next compile makes symbolic for the
-        sizes ``now`` (`retrace.fake_inputs`).
+    def _shape_state(
+        self, now: dict[Position, int]
+    ) -> tuple[set[Position], set[Position], dict[Position, Position]]:
+        """``(dynamic, free, groups)``: the positions the next compile makes symbolic for
+        the sizes ``now`` (`retrace.fake_inputs`).
 
         Automatic dynamic: a size that changed since the last compile becomes symbolic.
         At the first compile, the sizes an inlined AOT backward's forward already held
-        symbolic are symbolic from the start, and the eager nodes' sizes that may
-        follow them get a symbol each (`forward_dims`): a dynamic forward's backward
-        compiles once, not static and then again."""
-        dynamic, free = set(self.dynamic), set(self.free)
+        symbolic are symbolic from the start, one symbol per forward symbol (``groups``),
+        and the eager nodes' sizes that may follow them get a symbol each
+        (`forward_dims`): a dynamic forward's backward compiles once, not static and
+        then again."""
+        dynamic, free, groups = set(self.dynamic), set(self.free), dict(self.groups)
         if not self.session.dynamic:
-            return dynamic, free
+            return dynamic, free, groups
         if self.variants:
             last = self.variants[-1].values
             dynamic |= {p for p, v in now.items() if p in last and last[p] != v}
         elif self.forward_dims is not None:
-            seed, free = self.forward_dims.seed(now)
+            seed, free, groups = self.forward_dims.seed(now)
             dynamic |= seed
-        return dynamic, free
+        return dynamic, free, groups
 
     def _compile(
         self,
@@ -355,6 +360,7 @@ class CompiledBackward:
                 unpack_meta,
                 frozenset(self.dynamic),
                 frozenset(self.free),
+                self.groups,
             )
         except Exception as e:
             self.failed = str(e)
@@ -411,6 +417,7 @@ class CompiledBackward:
         scalars: list[Any],
         dynamic: set[Position],
         free: set[Position],
+        groups: dict[Position, Position],
     ) -> str | None:
         """The disk-cache key of a compile for these arguments (None: not cached)."""
         if self._graph_text is None:
@@ -436,6 +443,7 @@ class CompiledBackward:
                 frozenset(dynamic),
                 self.session,
                 frozenset(free),
+                groups,
             )
         except graphstore.Uncacheable as e:
             self._uncacheable(str(e))
@@ -455,8 +463,8 @@ class CompiledBackward:
         Sets the key the cold path stores its compile under: the dynamic positions
         are those it will pick after its run (a cacheable graph has no unpack hooks,
         so the run adds no sizes to compare)."""
-        dynamic, free = self._shape_state(concrete_values(inputs, sizes, scalars))
-        self._key = self._warm_key(inputs, sizes, scalars, dynamic, free)
+        dynamic, free, groups = self._shape_state(concrete_values(inputs, sizes, scalars))
+        self._key = self._warm_key(inputs, sizes, scalars, dynamic, free, groups)
         if self._key is None:
             return None
         st = graphstore.store()
@@ -484,7 +492,7 @@ class CompiledBackward:
                     b.load(c)
         variant = Variant(guards, fn, arg_spec, gm, values, torch.is_grad_enabled())
         self.variants.append(variant)
-        self.dynamic, self.free = dynamic, free
+        self.dynamic, self.free, self.groups = dynamic, free, groups
         self.session.stats.disk_hits += 1
         graphstore.count("hit")
         graphstore.log.info(
@@ -521,6 +529,7 @@ class CompiledBackward:
                 code,
                 frozenset(self.dynamic),
                 frozenset(self.free),
+                self.groups,
             )
         except graphstore.Uncacheable as e:
             self._uncacheable(str(e))

@@ -292,10 +292,14 @@ class ShapeContext:
             self._by_dim[dim] = decl
             return
         # The same Dim on two inputs: one symbol.  The equality guard this adds is
-        # exactly the run-time check we need; its origin says why it is there.
+        # exactly the run-time check we need; its origin says why it is there.  Equal to
+        # what the first symbol is now: the shape env solves ``Eq(s9, s5)`` for the higher
+        # name, so ``s5`` may be replaced by an earlier input's ``s3`` already, and solving
+        # the raw ``Eq(s4, s5)`` would overwrite that replacement (``s5 -> s4``): ``s3 ==
+        # s4`` then stays a guard, not a replacement, and the trace never sees them equal.
         note = f"{dim!r} is shared by {first.source.name} and {size_source.name}"
         n_before = len(self.shape_env.guards)
-        self.shape_env.evaluate_expr(sympy.Eq(sym, first.symbol))
+        self.shape_env.evaluate_expr(sympy.Eq(sym, self.shape_env.replace(first.symbol)))
         for i in range(n_before, len(self.shape_env.guards)):
             self.guard_origins[i] = Origin(note=note)
         self.notes[sym] = Origin(note=note)
