@@ -307,11 +307,12 @@ class _Server:
     def __init__(self, address: str) -> None:
         import sysconfig
 
-        self.address = address
+        # what a request must match: its hash seed is the server's own, never compared
         self.env = _import_time_env(dict(os.environ))
         self.env.pop(FRESH, None)
+        self.env.pop("PYTHONHASHSEED", None)
         self.parent = os.getppid()
-        self.state = _process_state()
+        self.state = json.loads(json.dumps(_process_state()))  # as a request carries it
         stdlib = {sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")}
         # top-level modules imported from outside the standard library: a process on
         # whose sys.path one of them resolves elsewhere starts for real
@@ -335,15 +336,14 @@ class _Server:
             return "another interpreter"
         if request["flags"] != _flags():
             return "other interpreter flags"
-        if request["state"] != json.loads(json.dumps(self.state)):
+        if request["state"] != self.state:
             return "other user, capabilities, limits, affinity or priority"
         env = _import_time_env(request["env"])
         env.pop(FRESH, None)
         if "PYTHONHASHSEED" in env:
             return "PYTHONHASHSEED set"
-        mine = {k: v for k, v in self.env.items() if k != "PYTHONHASHSEED"}
-        if env != mine:
-            differ = sorted(k for k in {*env, *mine} if env.get(k) != mine.get(k))
+        if env != self.env:
+            differ = sorted(k for k in {*env, *self.env} if env.get(k) != self.env.get(k))
             return f"environment read at torch's import differs: {', '.join(differ)}"
         if any(s not in request["streams"] for s in ("stdin", "stdout", "stderr")):
             return "a standard stream is closed"
