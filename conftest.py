@@ -10,6 +10,7 @@ whichever worker runs it, and a failure reproduces with `pytest <that test id>`.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import random
 import shutil
@@ -28,6 +29,39 @@ def _seed_from_test_id(request: pytest.FixtureRequest) -> None:
     seed = zlib.crc32(request.node.nodeid.encode())
     torch.manual_seed(seed)
     random.seed(seed)
+
+
+# torch's structured trace (TORCH_TRACE) is formatted only when its logger has a handler:
+# torch's own idle one removes itself on the first record when TORCH_TRACE is unset.
+# pytest's logging plugin attaches its capture handlers to every logger that does not
+# propagate, this one too, so under pytest every trace record of a compile (each symbol
+# and guard with its stack, graphs printed) was built and captured, for nobody: about
+# 7 % of a compile's time.  Each test phase starts without them on this logger.
+_TORCH_TRACE_LOG = logging.getLogger("torch.__trace")
+
+
+def _without_pytest_trace_handlers() -> None:
+    for handler in list(_TORCH_TRACE_LOG.handlers):
+        if type(handler).__module__ == "_pytest.logging":
+            _TORCH_TRACE_LOG.removeHandler(handler)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)  # inside the logging plugin's own wrapper
+def pytest_runtest_setup(item: pytest.Item) -> object:
+    _without_pytest_trace_handlers()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_call(item: pytest.Item) -> object:
+    _without_pytest_trace_handlers()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    _without_pytest_trace_handlers()
+    return (yield)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -205,3 +205,74 @@ def test_a_process_with_other_limits_starts_for_real() -> None:
     assert p.stdout.split() == ["False", str(min(soft, 512) - 1)], p.stderr
     p = _run(["-c", code])
     assert p.stdout.split() == ["True", str(soft)], p.stderr
+
+
+def test_a_forked_process_starts_with_dynamo_imported() -> None:
+    """What every compiling process imports (Dynamo, with symbolic shapes and sympy) is
+    imported once per server, not once per process."""
+    code = STARTED_FORKED + "print(forked, 'torch._dynamo' in sys.modules)"
+    assert _run(["-c", code]).stdout.split() == ["True", "True"]
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        'os.environ["TORCH_LOGS"] = "+dynamo"',
+        "os.environ.setdefault('TORCHDYNAMO_VERBOSE', '1')",
+        'os.putenv("OMP_NUM_THREADS", "1")',
+    ],
+)
+def test_a_program_that_sets_a_variable_read_at_import_starts_for_real(
+    tmp_path: Path, write: str
+) -> None:
+    """A program that sets such a variable itself, before it imports torch (or Triton),
+    gets a fresh interpreter that reads it: as a script, as -c code and as a module."""
+    body = f"import os\n{write}\n" + STARTED_FORKED + "print(forked)\n"
+    env = {k: v for k, v in os.environ.items() if k != "TORCHDYNAMO_VERBOSE"}
+    (tmp_path / "prog.py").write_text(body)
+    for args in (["-c", body], [str(tmp_path / "prog.py")], ["-m", "prog"]):
+        p = _run(args, cwd=tmp_path, env=env)
+        assert p.stdout.strip() == "False", (args, p.stderr)
+    # setting a variable to the value it has is no change
+    same = "import os\nos.environ['TRITON_INTERPRET'] = " + repr(
+        os.environ.get("TRITON_INTERPRET", "")
+    )
+    p = _run(["-c", same + "\n" + STARTED_FORKED + "print(forked)"], env=env)
+    assert p.stdout.strip() == "True", p.stderr
+
+
+def test_switching_triton_s_mode_from_an_imported_module_fails_saying_why(
+    tmp_path: Path,
+) -> None:
+    """A forked process has Triton imported in the server's mode; a helper module (which
+    the server does not read) that switches TRITON_INTERPRET gets an error that says what
+    to do, never a Triton of the other mode."""
+    pytest.importorskip("triton", reason="Triton decides its mode at import; none here")
+    other = "0" if os.environ.get("TRITON_INTERPRET") == "1" else "1"
+    (tmp_path / "helper.py").write_text(f"import os\nos.environ['TRITON_INTERPRET'] = '{other}'\n")
+    p = _run(["-c", STARTED_FORKED + "print(forked, flush=True)\nimport helper"], cwd=tmp_path)
+    assert p.stdout.strip() == "True", p.stderr
+    assert p.returncode == 1
+    assert "STOKER_TEST_FRESH_PROCESS=1" in p.stderr and "TRITON_INTERPRET" in p.stderr
+
+
+def test_a_process_started_while_the_servers_import_waits_for_them(tmp_path: Path) -> None:
+    """pytest-xdist starts its workers as soon as the session starts, while the servers
+    still import: they wait and are forked, rather than import the same beside them."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tests-support"))
+    try:
+        import preload
+    finally:
+        sys.path.pop(0)
+    env = {k: v for k, v in os.environ.items() if k != "STOKER_TEST_PRELOAD"}
+    servers = preload.start_servers(str(tmp_path))
+    try:
+        p = _run(
+            ["-c", STARTED_FORKED + "print(forked)"],
+            env={**env, "STOKER_TEST_PRELOAD": str(tmp_path)},
+        )
+        assert p.stdout.strip() == "True", p.stderr
+    finally:
+        for s in servers:
+            s.terminate()
+            s.wait()

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -46,6 +47,13 @@ from typing import Any
 ENV = "STOKER_TEST_PRELOAD"
 FRESH = "STOKER_TEST_FRESH_PROCESS"
 SERVERS = ("a", "b")
+# What the servers import before they listen: torch, then Dynamo with all it imports
+# (symbolic shapes, sympy, FSDP, Triton where it is installed).  Of the 4 CPU s a process
+# took before it could compile, 2 were Dynamo's import.
+PRELOAD = ("torch", "torch._dynamo")
+# How long a process waits for a server that is still importing (it would start for real
+# instead, and import the same modules on the same cores).
+_WAIT_S = 120.0
 # Read while torch imports: every variable not set in the server's environment that its
 # Python code looks up in `os.environ` then (recorded by `main`), and these, read by its native libraries (OpenMP, MKL, CUDA, the
 # loader, torch's C++), by the interpreter, and by this folder's sitecustomize.  A process
@@ -72,6 +80,11 @@ _IMPORT_TIME_ENV = (
     "STOKER_TEST_SLOW_REDUCE",
 )
 _READ_AT_IMPORT: set[str] = set()  # filled by `main`
+# What the imports themselves set in `os.environ` (Dynamo's import sets
+# TORCHINDUCTOR_CACHE_DIR to its default): a fresh process that imports them has these
+# too, and a process that starts with one of these values is as one that starts without.
+_SET_AT_IMPORT: dict[str, str] = {}  # filled by `main`
+_ENV_BEFORE_IMPORT: dict[str, str] = {}
 # processes of the library that must start without torch: the Triton compile workers and
 # their zygote (it forks only while single-threaded, and torch's import starts a thread)
 LEAN = ("stoker_triton._internal.compile.",)
@@ -214,17 +227,41 @@ def client() -> None:
     if command is None:
         _log(f"not a script, -c or -m: {sys.orig_argv}")
         return
-    for address in _pick(where):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(address)
-        except OSError:
+    import time
+
+    order = _pick(where)
+    deadline = time.monotonic() + _WAIT_S
+    while True:
+        for address in order:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(address)
+            except OSError:
+                sock.close()
+                continue
+            _hand_over(sock, command)  # exits if the server took it
             sock.close()
+            return
+        if not _starting(where) or time.monotonic() > deadline:
+            _log(f"no server listens: {sys.orig_argv[1:3]}")
+            return
+        time.sleep(0.02)
+
+
+def _starting(where: str) -> bool:
+    """Whether a server of this session is still importing (its process is alive and its
+    socket not there yet): the pytest-xdist workers start at once, before the servers
+    listen, and wait for them rather than import the same modules beside them."""
+    for name in SERVERS:
+        try:
+            with open(os.path.join(where, f"{name}.pid"), encoding="ascii") as f:
+                pid = int(f.read())
+            os.kill(pid, 0)
+        except (OSError, ValueError):
             continue
-        _hand_over(sock, command)  # exits if the server took it
-        sock.close()
-        return
-    _log(f"no server listens yet: {sys.orig_argv[1:3]}")
+        if not os.path.exists(os.path.join(where, f"{name}.sock")):
+            return True
+    return False
 
 
 def _hand_over(sock: socket.socket, command: dict[str, Any]) -> None:
@@ -308,7 +345,7 @@ class _Server:
         import sysconfig
 
         # what a request must match: its hash seed is the server's own, never compared
-        self.env = _import_time_env(dict(os.environ))
+        self.env = _import_time_env(_ENV_BEFORE_IMPORT)
         self.env.pop(FRESH, None)
         self.env.pop("PYTHONHASHSEED", None)
         self.parent = os.getppid()
@@ -324,6 +361,9 @@ class _Server:
             if any(origin.startswith(p + os.sep) for p in stdlib):
                 continue
             self.preloaded[name] = origin
+        # a child of a process that has initialized CUDA cannot use it
+        torch = sys.modules["torch"]
+        self.cuda = bool(torch.cuda.is_initialized())
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(address + ".tmp")
         os.rename(address + ".tmp", address)  # clients see it only once it listens
@@ -339,6 +379,9 @@ class _Server:
         if request["state"] != self.state:
             return "other user, capabilities, limits, affinity or priority"
         env = _import_time_env(request["env"])
+        for k, v in _SET_AT_IMPORT.items():  # the value the import would set
+            if env.get(k) == v and k not in self.env:
+                del env[k]
         env.pop(FRESH, None)
         if "PYTHONHASHSEED" in env:
             return "PYTHONHASHSEED set"
@@ -347,6 +390,11 @@ class _Server:
             return f"environment read at torch's import differs: {', '.join(differ)}"
         if any(s not in request["streams"] for s in ("stdin", "stdout", "stderr")):
             return "a standard stream is closed"
+        if self.cuda:
+            return "CUDA was initialized while the server imported"
+        written = _sets_import_time_env(_program_source(request), request["env"])
+        if written:
+            return f"the program sets {written} itself, which is read at import"
         import importlib.machinery
 
         for name, origin in self.preloaded.items():
@@ -447,6 +495,81 @@ class _Server:
             self.kill(pid)
 
 
+# `os.environ[...] = "literal"`, `os.environ.setdefault("NAME", ...)`, `os.putenv("NAME", ...)`
+_ENV_WRITE = re.compile(
+    r"""environ\s*\[\s*["']([A-Za-z_][A-Za-z0-9_]*)["']\s*\]\s*=(?!=)\s*(?:(["'])(.*?)\2)?"""
+    r"""|environ\.setdefault\(\s*["']([A-Za-z_][A-Za-z0-9_]*)["']"""
+    r"""|putenv\(\s*["']([A-Za-z_][A-Za-z0-9_]*)["']"""
+)
+
+
+def _program_source(request: dict[str, Any]) -> str:
+    """The text of what the process runs: its `-c` code, its script, or its `-m` module's
+    file (found on its own `sys.path` without importing anything); "" if unreadable."""
+    kind, target = request["kind"], request["target"]
+    if kind == "-c":
+        return str(target)
+    where: str | None = target
+    if kind == "-m":
+        import importlib.machinery
+
+        path: list[str] | None = [request["cwd"], *request["path"]]
+        where = None
+        for part in target.split("."):
+            spec = importlib.machinery.PathFinder.find_spec(part, path)
+            if spec is None:
+                return ""
+            path = list(spec.submodule_search_locations or []) or None
+            where = spec.origin
+        if path:  # a package runs its __main__
+            spec = importlib.machinery.PathFinder.find_spec("__main__", path)
+            where = spec.origin if spec else None
+    try:
+        with open(str(where), encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _sets_import_time_env(source: str, env: dict[str, str]) -> str | None:
+    """The first variable read at import that the program's own text sets to something
+    other than what it has (a program that sets TRITON_INTERPRET=0 before it imports
+    Triton must not find Triton already imported in interpreter mode)."""
+    for m in _ENV_WRITE.finditer(source):
+        name = m.group(1) or m.group(4) or m.group(5)
+        if not (name in _READ_AT_IMPORT or name.startswith(_IMPORT_TIME_ENV)):
+            continue
+        if m.group(1) and m.group(2) and m.group(3) == env.get(name):
+            continue  # sets the value it already has
+        if m.group(4) and name in env:
+            continue  # setdefault of a variable already set
+        return name
+    return None
+
+
+def _guard_triton_mode() -> None:
+    """Triton decides interpreter or compiler for each `@triton.jit` function when it is
+    defined, its own library's on import: in a child of a server that imported Triton, a
+    program that switches TRITON_INTERPRET itself (from a module `refuse` did not read)
+    would get a Triton of the other mode.  It fails at the switch, saying why."""
+    if "triton" not in sys.modules:
+        return
+    mode = os.environ.get("TRITON_INTERPRET", "") == "1"
+    real = os.putenv  # `os.environ[k] = v` calls the module's `putenv`
+
+    def putenv(key: Any, value: Any) -> None:
+        if os.fsdecode(key) == "TRITON_INTERPRET" and (os.fsdecode(value) == "1") != mode:
+            raise RuntimeError(
+                "stoker test preload: this process was forked from a server that imported "
+                f"Triton with TRITON_INTERPRET={'1' if mode else 'unset'}, and now sets it to "
+                f"{os.fsdecode(value)!r}: set it in the environment the process starts "
+                "with, or STOKER_TEST_FRESH_PROCESS=1 there for a fresh interpreter"
+            )
+        real(key, value)
+
+    os.putenv = putenv
+
+
 def _child(request: dict[str, Any], fds: list[int], conn: socket.socket, server: _Server) -> int:
     """In the forked child: become the process the client would have been, then run it."""
     if request["group_leader"]:
@@ -468,7 +591,17 @@ def _child(request: dict[str, Any], fds: list[int], conn: socket.socket, server:
     os.umask(request["umask"])
     os.environ.clear()
     os.environ.update(request["env"])
+    for k, v in _SET_AT_IMPORT.items():
+        os.environ.setdefault(k, v)
     _reseed()
+    _guard_triton_mode()
+    # The server froze its objects (`main`); a fresh interpreter collects them all as it
+    # ends, so what holds native resources is released as there (Triton's bindings print
+    # "leaked instances" otherwise).  Registered first, this runs after the program's own.
+    import atexit
+    import gc
+
+    atexit.register(gc.unfreeze)
     _streams_from(request["streams"])
     sys.argv[:] = request["argv"]
     sys.orig_argv[:] = request["orig_argv"]
@@ -591,14 +724,19 @@ def main(address: str) -> None:
         return lookup(self, key)  # type: ignore[no-any-return]
 
     present = set(os.environ)
+    _ENV_BEFORE_IMPORT.update(os.environ)
     environ.__getitem__ = recorded  # `get` and `in` go through it too
     try:
-        import torch  # noqa: F401 - what every child starts with
+        import importlib
+
+        for name in PRELOAD:  # what every child starts with
+            importlib.import_module(name)
     finally:
         environ.__getitem__ = lookup
     # a copy of the environment reads every variable set; the lookups that matter are
     # of variables not set here (TORCH_LOGS, ...): one set later would change the import
     _READ_AT_IMPORT.difference_update(present)
+    _SET_AT_IMPORT.update({k: v for k, v in os.environ.items() if _ENV_BEFORE_IMPORT.get(k) != v})
 
     added = len(warnings.filters) - len(_DEFAULT_FILTERS)
     _SERVER_FILTERS[:] = warnings.filters[:added]
@@ -632,14 +770,15 @@ def start_servers(where: str) -> list[Any]:
             FRESH: "1",
         }
         env.pop(ENV, None)
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, __file__, os.path.join(where, f"{name}.sock")],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                cwd=where,
-            )
+        proc = subprocess.Popen(
+            [sys.executable, __file__, os.path.join(where, f"{name}.sock")],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            cwd=where,
         )
+        with open(os.path.join(where, f"{name}.pid"), "w", encoding="ascii") as f:
+            f.write(str(proc.pid))
+        procs.append(proc)
     return procs
 
 

@@ -40,7 +40,11 @@ def test_import_is_light() -> None:
         "bad = [m for m in ('triton', 'torch._dynamo', 'stoker_capture', 'stoker_triton', "
         "'stoker_autograd') if m in sys.modules]; print(','.join(bad))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # a fresh interpreter: the tests' processes are otherwise forked with Dynamo imported
+    env = {**os.environ, "STOKER_TEST_FRESH_PROCESS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
     assert out.stdout.strip() == "", f"import stoker pulled in: {out.stdout.strip()}"
 
 

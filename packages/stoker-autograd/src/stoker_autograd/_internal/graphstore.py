@@ -349,7 +349,14 @@ def _size_json(x: Any) -> int | str:
         return int(x)
     if free_unbacked_symbols(x):
         raise Uncacheable("a size that depends on data (an unbacked symbol)")
-    expr = x.node.expr
+    return _size_text(x.node.expr)
+
+
+@functools.lru_cache(maxsize=4096)
+def _size_text(expr: sympy.Expr) -> str:
+    """`sympy.srepr` of a size expression, checked to read back (`_parse`).  A graph has
+    a few distinct sizes, each met on many nodes: the check (a `sympify`, about 2 ms) runs
+    once per expression.  A sympy expression compares with its symbols' assumptions."""
     text: str = sympy.srepr(expr)
     if _parse(text, {str(s): s for s in expr.free_symbols}) != expr:
         raise Uncacheable(f"the size {text} does not read back")
