@@ -276,3 +276,22 @@ def test_a_process_started_while_the_servers_import_waits_for_them(tmp_path: Pat
         for s in servers:
             s.terminate()
             s.wait()
+
+
+def test_processes_of_another_environment_get_servers_of_their_own() -> None:
+    """Processes whose environment differs in what torch reads at import (the DDP ranks'
+    OMP_NUM_THREADS=1): the first starts for real, the second starts a pair of servers
+    with that environment and is forked from one, and later ones take turns on both."""
+    code = (
+        STARTED_FORKED
+        + "import os, torch\n"
+        + "print(forked, os.environ['OMP_NUM_THREADS'], torch.get_num_threads(), hash('x'))"
+    )
+    # an environment no other test asks for (TORCH_CPP_LOG_LEVEL too is read at import)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    runs = [_run(["-c", code], env=env) for _ in range(4)]
+    got = [p.stdout.split() for p in runs]
+    assert [g[:3] for g in got] == [["False", "1", "1"]] + [["True", "1", "1"]] * 3, [
+        p.stderr for p in runs
+    ]
+    assert got[2][3] != got[3][3], "the variant's two servers have one hash seed"

@@ -1,24 +1,29 @@
 """Python processes the tests start, forked from a server that has already imported torch.
 
 Each Python process a test starts (a second process that loads a cache, a benchmark's
-smoke run, a DDP rank) used to import torch again: about 2.7 CPU s of each, on a machine
-with two cores.  The root conftest starts two servers for the test session
-(`start_servers`); each imports torch once and then forks a child per request.  A
-process started with `sys.executable` finds the servers through `STOKER_TEST_PRELOAD`,
-and its `sitecustomize` (`client`) hands over its whole start: command line, working
-directory, environment, `sys.path`, standard streams and every inherited file
-descriptor.  The server forks; the child takes all of that over and runs the script,
-`-c` code or `-m` module as `__main__`, exactly as the interpreter would; the process
-the test started waits, forwards signals, and exits with the child's status.  From the
-test's side it is the same process: same pid to wait on, same pipes, same exit code,
-and killing it kills the child.
+smoke run, a DDP rank, the pytest-xdist workers) used to import torch and Dynamo again:
+about 4 CPU s of each, on a machine with two cores.  The root conftest starts two
+servers for the test session (`start_servers`); each imports them once (`PRELOAD`) and
+then forks a child per request.  A process started with `sys.executable` finds the
+servers through `STOKER_TEST_PRELOAD`, and its `sitecustomize` (`client`) hands over its
+whole start: command line, working directory, environment, `sys.path`, standard streams
+and every inherited file descriptor (waiting for servers that still import).  The
+server forks; the child takes all of that over and runs the script, `-c` code or `-m`
+module as `__main__`, exactly as the interpreter would; the process the test started
+waits, forwards signals, and exits with the child's status.  From the test's side it is
+the same process: same pid to wait on, same pipes, same exit code, and killing it kills
+the child.
 
-What the child starts with that a fresh interpreter would not: `torch` (and what torch
-imports) already in `sys.modules`, imported under the server's environment.  So a
-process is started for real, not forked, whenever that could show:
-- the environment differs from the server's in a variable read while torch imports
-  (`_IMPORT_TIME_ENV`), or sets `PYTHONHASHSEED` (two runs with two seeds must be two
-  real processes);
+What the child starts with that a fresh interpreter would not: torch, Dynamo and what
+they import (Triton, where installed) already in `sys.modules`, imported under the
+server's environment.  So a process is started for real, not forked, whenever that
+could show:
+- the environment differs from the server's in a variable read while they import
+  (`_IMPORT_TIME_ENV`, and each one looked up then), or sets `PYTHONHASHSEED` (two runs
+  with two seeds must be two real processes);
+- the program's own text sets such a variable (`os.environ["TRITON_INTERPRET"] = "0"`
+  before it imports Triton); one that does so from another module fails at the switch
+  of `TRITON_INTERPRET`, saying why (`_guard_triton_mode`);
 - it runs another interpreter or venv, other interpreter flags, or a `sys.path` on which
   a module the server imported would be found elsewhere;
 - it runs as another user, with other capabilities (`setpriv`), resource limits, CPU
@@ -27,9 +32,13 @@ process is started for real, not forked, whenever that could show:
   is one of the library's processes that must start without torch (`LEAN`);
 - `STOKER_TEST_FRESH_PROCESS=1` is set (for a test that checks what a process imports).
 
-The two servers run with two hash seeds and the requests alternate between them, so
-two processes of one test (one writes a cache, the next loads it) see different string
-hashes, as two real processes would.  `STOKER_TEST_PRELOAD=0` turns all this off.
+Where the environment differs, the second process that asks with that environment has
+the server start a pair of servers with it (`_Server.variant`: the DDP ranks'
+OMP_NUM_THREADS=1, Triton's real launch path's TRITON_INTERPRET=0), and is forked from
+one of those, as later ones are.  Each pair runs with two hash seeds and the requests
+alternate between them, so two processes of one test (one writes a cache, the next
+loads it) see different string hashes, as two real processes would.
+`STOKER_TEST_PRELOAD=0` turns all this off.
 """
 
 from __future__ import annotations
@@ -196,25 +205,32 @@ def _streams() -> dict[str, Any]:
     return out
 
 
-def _pick(where: str) -> list[str]:
-    """The servers' sockets in the order to try, alternating from one process to the next."""
+def _count(path: str) -> int:
+    """Add one to the count kept in the file at `path` (locked: processes race); the
+    count before, 0 for a new file or one that cannot be read."""
     import fcntl
 
-    turn = 0
     try:
-        fd = os.open(os.path.join(where, "turn"), os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            turn = int(os.read(fd, 32) or b"0")
+            n = int(os.read(fd, 32) or b"0")
             os.lseek(fd, 0, 0)
             os.ftruncate(fd, 0)
-            os.write(fd, str(turn + 1).encode())
+            os.write(fd, str(n + 1).encode())
+            return n
         finally:
             os.close(fd)
     except (OSError, ValueError):
-        pass
+        return 0
+
+
+def _pick(prefix: str) -> list[str]:
+    """The sockets of a pair of servers (`<prefix>a.sock`, `<prefix>b.sock`) in the
+    order to try, alternating from one process to the next."""
+    turn = _count(prefix + "turn")
     order = SERVERS[turn % 2 :] + SERVERS[: turn % 2]
-    return [os.path.join(where, f"{name}.sock") for name in order]
+    return [f"{prefix}{name}.sock" for name in order]
 
 
 def client() -> None:
@@ -227,44 +243,51 @@ def client() -> None:
     if command is None:
         _log(f"not a script, -c or -m: {sys.orig_argv}")
         return
+    refused = _try(_pick(os.path.join(where, "")), command)  # exits if one took it
+    if refused and refused.get("variant"):  # servers for this process's environment
+        _try(_pick(refused["variant"]), command)
+
+
+def _try(addresses: list[str], command: dict[str, Any]) -> dict[str, Any] | None:
+    """Hand the process to the first of these servers that listens (exits then), waiting
+    for those still importing; the refusal if one refused, else None."""
     import time
 
-    order = _pick(where)
     deadline = time.monotonic() + _WAIT_S
     while True:
-        for address in order:
+        for address in addresses:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.connect(address)
             except OSError:
                 sock.close()
                 continue
-            _hand_over(sock, command)  # exits if the server took it
+            refused = _hand_over(sock, command)  # exits if the server took it
             sock.close()
-            return
-        if not _starting(where) or time.monotonic() > deadline:
+            return refused
+        if not _starting(addresses) or time.monotonic() > deadline:
             _log(f"no server listens: {sys.orig_argv[1:3]}")
-            return
+            return None
         time.sleep(0.02)
 
 
-def _starting(where: str) -> bool:
-    """Whether a server of this session is still importing (its process is alive and its
+def _starting(addresses: list[str]) -> bool:
+    """Whether one of these servers is still importing (its process is alive and its
     socket not there yet): the pytest-xdist workers start at once, before the servers
     listen, and wait for them rather than import the same modules beside them."""
-    for name in SERVERS:
+    for address in addresses:
         try:
-            with open(os.path.join(where, f"{name}.pid"), encoding="ascii") as f:
+            with open(address.removesuffix(".sock") + ".pid", encoding="ascii") as f:
                 pid = int(f.read())
             os.kill(pid, 0)
         except (OSError, ValueError):
             continue
-        if not os.path.exists(os.path.join(where, f"{name}.sock")):
+        if not os.path.exists(address):
             return True
     return False
 
 
-def _hand_over(sock: socket.socket, command: dict[str, Any]) -> None:
+def _hand_over(sock: socket.socket, command: dict[str, Any]) -> dict[str, Any] | None:
     fds = _inherited_fds()
     request = {
         **command,
@@ -308,7 +331,7 @@ def _hand_over(sock: socket.socket, command: dict[str, Any]) -> None:
             signal.signal(getattr(signal, name), handler)
         for signum in pending:
             os.kill(os.getpid(), signum)
-        return
+        return answer if isinstance(answer, dict) else None
     child.append(answer["pid"])
     for signum in pending:
         forward(signum, None)
@@ -341,8 +364,11 @@ def _umask() -> int:
 
 # --------------------------------------------------------------------------- server
 class _Server:
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, variants: bool) -> None:
         import sysconfig
+
+        self.where = os.path.dirname(address)
+        self.variants = variants  # whether it starts servers for other environments
 
         # what a request must match: its hash seed is the server's own, never compared
         self.env = _import_time_env(_ENV_BEFORE_IMPORT)
@@ -387,6 +413,7 @@ class _Server:
             return "PYTHONHASHSEED set"
         if env != self.env:
             differ = sorted(k for k in {*env, *self.env} if env.get(k) != self.env.get(k))
+            request["overlay"] = {k: env.get(k) for k in differ}
             return f"environment read at torch's import differs: {', '.join(differ)}"
         if any(s not in request["streams"] for s in ("stdin", "stdout", "stderr")):
             return "a standard stream is closed"
@@ -402,6 +429,30 @@ class _Server:
             if spec is None or spec.origin != origin:
                 return f"{name} would be imported from elsewhere"
         return None
+
+    def variant(self, overlay: dict[str, str | None]) -> str | None:
+        """Where the servers for a process whose environment differs from this one's in
+        what is read at import are (`<prefix>a.sock`, `<prefix>b.sock`): the DDP ranks'
+        OMP_NUM_THREADS=1, the TRITON_INTERPRET=0 of Triton's real launch path.  The
+        second process that asks starts them (a one-off starts for real, as before), with
+        this server's environment changed in those variables, and two hash seeds of their
+        own; this server is their parent, and they end with it.  None before that."""
+        import hashlib
+
+        key = hashlib.sha256(json.dumps(sorted(overlay.items())).encode()).hexdigest()[:16]
+        prefix = os.path.join(self.where, f"v-{key}-")
+        asked = _count(prefix + "asked")
+        if asked == 0:
+            return None
+        if asked == 1:
+            env = dict(_ENV_BEFORE_IMPORT)
+            for k, v in overlay.items():
+                if v is None:
+                    env.pop(k, None)
+                else:
+                    env[k] = v
+            start_servers(prefix, env, variants=False)
+        return prefix
 
     def serve(self) -> None:
         import select
@@ -464,8 +515,14 @@ class _Server:
         if why is not None or request is None:
             for fd in fds:
                 os.close(fd)
+            answer: dict[str, Any] = {"why": why}
+            overlay = request.get("overlay") if request else None
+            if overlay is not None and self.variants:
+                variant = self.variant(overlay)
+                if variant:
+                    answer["variant"] = variant
             try:
-                _send(conn, {"why": why})
+                _send(conn, answer)
             except OSError:
                 pass
             conn.close()
@@ -710,7 +767,7 @@ def _run(kind: str, target: str) -> int:
         return 1
 
 
-def main(address: str) -> None:
+def main(address: str, variants: bool = True) -> None:
     """A server: import torch, then fork a child per request until the session ends."""
     import gc
     import warnings
@@ -740,7 +797,7 @@ def main(address: str) -> None:
 
     added = len(warnings.filters) - len(_DEFAULT_FILTERS)
     _SERVER_FILTERS[:] = warnings.filters[:added]
-    server = _Server(address)
+    server = _Server(address, variants)
     gc.collect()
     gc.freeze()  # the children's collections leave the server's objects (and pages) alone
     me = os.getpid()
@@ -753,30 +810,41 @@ def main(address: str) -> None:
                 os.unlink(address)
             except OSError:
                 pass
+    # The session is over (a child returns from `serve` through SystemExit, never here).
+    # Nothing of the server's needs finalizing, and its frozen objects would not be
+    # collected: Triton's bindings would print "leaked instances".
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # --------------------------------------------------------------------------- session
-def start_servers(where: str) -> list[Any]:
-    """Start both servers in the background (they listen once torch is imported: a
-    process started before that starts for real).  Returns their `Popen`s."""
+def start_servers(
+    where: str, env: dict[str, str] | None = None, variants: bool = True
+) -> list[Any]:
+    """Start a pair of servers in the background, with `env` (default: this process's)
+    and a hash seed each; `where`: a folder, or a prefix of their files' paths.  A
+    process started while they import waits for them (`_starting`).  Returns their
+    `Popen`s."""
     import random
     import subprocess
 
+    prefix = os.path.join(where, "") if os.path.isdir(where) else where
     procs = []
     for name in SERVERS:
-        env = {
-            **os.environ,
+        server_env = {
+            **(os.environ if env is None else env),
             "PYTHONHASHSEED": str(random.randrange(1, 2**32)),
             FRESH: "1",
         }
-        env.pop(ENV, None)
+        server_env.pop(ENV, None)
         proc = subprocess.Popen(
-            [sys.executable, __file__, os.path.join(where, f"{name}.sock")],
-            env=env,
+            [sys.executable, __file__, f"{prefix}{name}.sock", *([] if variants else ["-v"])],
+            env=server_env,
             stdin=subprocess.DEVNULL,
-            cwd=where,
+            cwd=os.path.dirname(prefix),
         )
-        with open(os.path.join(where, f"{name}.pid"), "w", encoding="ascii") as f:
+        with open(f"{prefix}{name}.pid", "w", encoding="ascii") as f:
             f.write(str(proc.pid))
         procs.append(proc)
     return procs
@@ -784,4 +852,4 @@ def start_servers(where: str) -> list[Any]:
 
 if __name__ == "__main__":
     os.environ.pop(FRESH, None)
-    main(sys.argv[1])
+    main(sys.argv[1], variants=sys.argv[2:] != ["-v"])
