@@ -652,13 +652,14 @@ def _child(request: dict[str, Any], fds: list[int], conn: socket.socket, server:
         os.environ.setdefault(k, v)
     _reseed()
     _guard_triton_mode()
-    # The server froze its objects (`main`); a fresh interpreter collects them all as it
-    # ends, so what holds native resources is released as there (Triton's bindings print
-    # "leaked instances" otherwise).  Registered first, this runs after the program's own.
-    import atexit
+    # The server froze its objects (`main`: its own loop never collects them); the
+    # program gets them back in the oldest generation, as a fresh interpreter has them
+    # (a program may look: `gc.get_freeze_count()`; stoker's demo freezes its own heap
+    # only where nobody else did), and they are collected as the program ends (Triton's
+    # bindings print "leaked instances" otherwise).
     import gc
 
-    atexit.register(gc.unfreeze)
+    gc.unfreeze()
     _streams_from(request["streams"])
     sys.argv[:] = request["argv"]
     sys.orig_argv[:] = request["orig_argv"]
@@ -799,7 +800,7 @@ def main(address: str, variants: bool = True) -> None:
     _SERVER_FILTERS[:] = warnings.filters[:added]
     server = _Server(address, variants)
     gc.collect()
-    gc.freeze()  # the children's collections leave the server's objects (and pages) alone
+    gc.freeze()  # the server's own collections leave the imported modules alone
     me = os.getpid()
     try:
         server.serve()
