@@ -5,7 +5,7 @@ cached module is corrupted, emptied or left unwritable, and a new process still 
 (with one warning per broken file), matching eager forward and gradients each time.
 Every cache the run fills (stoker-triton's kernels, wrappers and compiled graphs,
 stoker-capture's captured graphs, stoker-autograd's stored backwards) is broken each
-way issue 12 names (random bytes, empty, truncated, another version) and must be
+way a cache can break (random bytes, empty, truncated, another version) and must be
 rewritten by the next run; a read-only cache directory is read and never written.
 """
 

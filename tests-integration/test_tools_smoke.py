@@ -77,7 +77,7 @@ def test_bench_workers_compiles_the_batch_through_forked_workers(tmp_path):
 
 
 def test_bench_capture_pipeline_smoke_times_every_stage(tmp_path):
-    """``tools/bench_capture.py --pipeline``: issue 12's per-stage compile times, here on
+    """``tools/bench_capture.py --pipeline``: the per-stage compile times, here on
     the tiny GPT so the mode cannot rot."""
     import json
 
@@ -224,7 +224,7 @@ def test_bench_warm_cold_smoke_breaks_down_a_cold_first_step(tmp_path):
 
 
 def test_bench_step_cpu_smoke_splits_a_steady_step_by_part(tmp_path):
-    """``tools/bench_step_cpu.py``: issue 11's steady-step CPU cost on Triton's real launch
+    """``tools/bench_step_cpu.py``: the steady step's CPU cost on Triton's real launch
     path (the stand-in sm_90 driver), on the tiny GPT: the timed steps compile nothing,
     and each part of the step (Dynamo, stoker's runtime, wrappers, launches, externs,
     compiled autograd) is reported."""
@@ -257,7 +257,7 @@ def test_bench_step_cpu_smoke_splits_a_steady_step_by_part(tmp_path):
 
 
 def test_bench_demo_start_warm_process_loads_instead_of_compiling(tmp_path):
-    """``tools/bench_demo_start.py`` (issue 12's CPU warm-start target on the demo's GPT):
+    """``tools/bench_demo_start.py`` (the CPU warm-start target on the demo's GPT):
     the warm process loads the captured graph and compiled autograd's stored backward,
     and neither captures the joint graph again nor retraces the backward."""
     import json
@@ -280,7 +280,7 @@ def test_bench_demo_start_warm_process_loads_instead_of_compiling(tmp_path):
 
 
 def test_bench_demo_step_times_eager_and_stoker_side_by_side():
-    """``tools/bench_demo_step.py`` (issue 11's CPU step on the demo's GPT): alternating
+    """``tools/bench_demo_step.py`` (the CPU step on the demo's GPT): alternating
     eager and stoker steps, a per-round row and the best-of line with their ratio."""
     import re
 
@@ -318,7 +318,7 @@ def test_gpu_suite_backends_are_the_five_compared(monkeypatch):
 
 
 def test_bench_launch_smoke_prints_every_row(tmp_path):
-    """``tools/bench_launch.py``: issue 11's launch and per-call targets, measured with the
+    """``tools/bench_launch.py``: the launch and per-call targets, measured with the
     stand-in sm_90 driver (the lean path must be on: the tool exits 1 otherwise) and the
     reduce-overhead wrapper with a stubbed replay (its every timed call must replay)."""
     for mode, rows in (

@@ -510,7 +510,7 @@ def test_a_segment_makes_its_python_code_only_when_it_runs() -> None:
 
 
 # ---------------------------------------------------------------- segment counts per model
-# Issue 11: keep the compiled backward whole; cut only at real Python calls (user hooks,
+# Keep the compiled backward whole; cut only at real Python calls (user hooks,
 # custom Functions). One capture per model below; the count is what a compiler is handed.
 
 

@@ -121,7 +121,7 @@ def _casts() -> list[Sample]:
     out = []
     for dt in CASTS:
         # positive values in range: what a float outside an integer type's range
-        # becomes is the half-precision helper's rule (issue 10, item 2)
+        # becomes is the half-precision helper's rule
         out.append(sample(aten._to_copy.default, P, dtype=dt, dtypes=ALL, tag=_name(dt)))
     out += [
         sample(aten._to_copy.default, X, dtype=torch.int32, dtypes=FI, tag="negative-int32"),

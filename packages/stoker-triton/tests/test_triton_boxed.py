@@ -1,5 +1,5 @@
 """A boxed call frees each input after its last reader (a backward's saved tensors,
-as eager's engine frees them), not when the compiled graph returns (issue 11)."""
+as eager's engine frees them), not when the compiled graph returns."""
 
 import weakref
 

@@ -194,7 +194,7 @@ def test_batch_norm_backward():
 
 
 def test_pointwise_epilogue_of_a_reduction_is_in_its_kernel():
-    """Issue 11 item 5: pointwise ops on a reduction's result (an RMS scale, a loss's
+    """Pointwise ops on a reduction's result (an RMS scale, a loss's
     mean and scaling) run in the reduction's kernel, not a kernel of their own."""
     x, w = torch.randn(8, 40), torch.randn(8)
     check(lambda x, w: ((x * x).mean(1).add(1e-6).rsqrt() * w + 1,), x, w, kernels=1, rtol=1e-4)

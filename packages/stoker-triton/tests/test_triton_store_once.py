@@ -1,5 +1,5 @@
 """A value an extern reads that is also a graph output is stored once: the
-output is the buffer made for the extern when the layouts agree (issue 11),
+output is the buffer made for the extern when the layouts agree,
 never a buffer another output or an input already is."""
 
 import torch

@@ -1,6 +1,6 @@
 """How the generated wrapper allocates: buffers from a per-dtype prototype, and
 freed extern results and extern arguments handed to a later allocation of the
-same layout when the extern op returns fresh memory (issue 11)."""
+same layout when the extern op returns fresh memory."""
 
 import re
 from types import SimpleNamespace
@@ -140,7 +140,7 @@ def _ends_ok(line: str) -> bool:
 
 @pytest.mark.parametrize("case", ["matmul", "cumsum"])
 def test_every_buffer_is_deleted_right_after_its_last_reader(case: str) -> None:
-    """Issue 11 item 4: a buffer (an input included) lives from its allocation to its
+    """A buffer (an input included) lives from its allocation to its
     last reader and not one launch or allocation longer; only the outputs outlive the
     call."""
     a, b = torch.randn(8, 8, device=device()), torch.randn(8, 8, device=device())

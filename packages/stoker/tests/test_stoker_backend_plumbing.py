@@ -226,7 +226,7 @@ def test_unknown_mode_is_a_clear_error() -> None:
 
 
 def test_report_lists_the_backward_segments_kernels_per_call() -> None:
-    """Issue 11 item 5: kernels in the report. The compiled-autograd backward's segments
+    """Kernels in the report. The compiled-autograd backward's segments
     (no Dynamo graph) are listed beside the forward, each graph with its kernels and
     extern calls per call; the summary counts the backward's kernels."""
     torch.manual_seed(0)

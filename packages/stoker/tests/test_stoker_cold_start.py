@@ -1,4 +1,4 @@
-"""What a cold first step compiles (issue 12: a cold first step <= 0.5x Inductor's).
+"""What a cold first step compiles (the target: a cold first step <= 0.5x Inductor's).
 
 With compiled autograd on (`stoker.compile`'s default), the first ``backward()``
 inlines stoker-capture's AOT backward *graph* into the graph it captures and

@@ -840,7 +840,7 @@ def _peak_training_mib(model: nn.Module, mode: str, steps: int = 6) -> tuple[flo
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_reduce_overhead_peak_memory_is_close_to_plain() -> None:
-    """Issue 11: reduce-overhead's peak within plain stoker's plus the static gradients
+    """Reduce-overhead's peak within plain stoker's plus the static gradients
     (the backward's outputs stay in the pool and are copied into ``.grad``: one
     parameter-sized copy, the known remaining cost) and 2 MiB."""
     cfg = GPTConfig(vocab_size=512, block_size=32, n_layer=2, n_head=4, n_embd=128)

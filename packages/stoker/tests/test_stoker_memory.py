@@ -1,4 +1,4 @@
-"""Peak memory of a compiled training step against eager's, on the CPU (issue 11).
+"""Peak memory of a compiled training step against eager's, on the CPU.
 
 Measured by allocation events (`stoker._internal.report.memprobe.peak_live_bytes`), not
 by timing: the same program allocates the same bytes in the same order, so the
@@ -171,7 +171,7 @@ def _held_without_gc(step: Callable[[], object]) -> int | None:
 def test_forward_holds_only_its_outputs_and_what_the_partition_saved(
     backend: str, partitioner: str, compiled_autograd: bool
 ) -> None:
-    """Issue 11 item 4: after the compiled forward returns, the memory it allocated and
+    """After the compiled forward returns, the memory it allocated and
     still holds is its output and the tensors the partition saved for the backward (the
     report's Partition section), never an intermediate the partitioner did not save;
     eager's autograd keeps every activation its nodes saved."""

@@ -395,7 +395,7 @@ def test_forward_wrapper_patches_dynamos_ddp_config_only_with_a_process_group(
 ) -> None:
     """`stoker.compile`'s forward turns Dynamo's DDPOptimizer off around the call only
     where a DDP can run (a process group is up): the patch costs more per call than a
-    small model's whole compiled forward (issue 11)."""
+    small model's whole compiled forward."""
     import torch._dynamo
 
     from stoker._internal.distributed import distributed

@@ -157,7 +157,7 @@ def test_the_report_counts_hits_and_misses() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (native Triton)")
 def test_a_second_gpu_process_skips_capture_partition_and_codegen(tmp_path: Path) -> None:
-    """The warm start on a GPU: every capture and every compiled graph loaded (issue 12)."""
+    """The warm start on a GPU: every capture and every compiled graph loaded."""
     runs, logs = _cold_and_warm(
         tmp_path, TRAIN_DEVICE="cuda", TRAIN_BACKEND="triton", TRITON_INTERPRET="0"
     )

@@ -268,7 +268,7 @@ def _constant_checks(guards: Sequence[Guard], containers: Sequence[Guard]) -> li
     """The lines checking `guards` in order, where a run of ints guarded by value at
     consecutive indices of one list or tuple (compiled autograd's sizes: one per size
     the engine passes) is one comparison of a slice with the values and of its items'
-    types with ``int`` (C loops, not a Python line per value; issue 11). Equivalent:
+    types with ``int`` (C loops, not a Python line per value). Equivalent:
     the container's type and length are checked before, so the slice has every item."""
     seqs = _sequence_lengths(containers)
     lines: list[str] = []

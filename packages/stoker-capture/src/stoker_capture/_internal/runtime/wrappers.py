@@ -111,7 +111,7 @@ class Runtime:
         kids = spec.children() if callable(getattr(spec, "children", None)) else spec.children_specs
         flat_tuple = spec.type is tuple and all(c.is_leaf() for c in kids)
         self._out_kind = 1 if spec.is_leaf() else 2 if flat_tuple else 0
-        # The steady cases, decided once (issue 11): the Function returns the forward
+        # The steady cases, decided once: the Function returns the forward
         # outputs in order (`_direct`); no input is mutated and every output is a fresh
         # tensor of the graph (`_plain`: returned as they are, no layout to evaluate)
         self._direct = (

@@ -1,5 +1,5 @@
 """Which freed buffer a later allocation of the generated wrapper takes, so that a
-graph call allocates less (issue 11) without raising its peak memory.
+graph call allocates less without raising its peak memory.
 
 The wrapper's buffers live from their allocation to their last reader
 (`Schedule.last_use`). A buffer freed there may instead be kept and handed to a

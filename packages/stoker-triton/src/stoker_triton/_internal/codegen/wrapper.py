@@ -96,7 +96,7 @@ class WrapperCodegen:
     def alloc(self, buf: Buffer) -> str:
         """The line allocating `buf` (uninitialized, its size and stride). On a device
         with an index (or the CPU), through its dtype's prototype: half the CPU cost of
-        `empty_strided(size, stride, dtype=, device=)` (issue 11); else the current device's."""
+        `empty_strided(size, stride, dtype=, device=)`; else the current device's."""
         size, stride = _tuple(buf.size), _tuple(buf.stride)
         dev = self.p.device
         if dev.type != "cpu" and dev.index is None:

@@ -68,7 +68,7 @@ __all__ = [
 def launch_target(launchers: dict[str, Launcher]) -> Callable[[], tuple[Any, ...] | None]:
     """What a generated wrapper calls once per graph call and passes to each launch
     (`Launcher.go`): the current device and stream and the launch hooks, read once
-    (issue 11); `no_target` where no launcher launches lean (the interpreter)."""
+    `no_target` where no launcher launches lean (the interpreter)."""
     for lau in launchers.values():
         if lau.fast is not None:
             return lau.fast.target

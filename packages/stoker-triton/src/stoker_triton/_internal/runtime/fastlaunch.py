@@ -105,7 +105,7 @@ class Abi:
 def _device_getter(get: Callable[[], int]) -> Callable[[], int]:
     """The current-device getter a launch calls: Triton's, or for torch's
     ``torch.cuda.current_device`` (a Python function: lazy-init check, then the C
-    call) the C call itself. Called per launch (issue 11); the lazy init has run
+    call) the C call itself. Called per launch; the lazy init has run
     by then (`abi` read the target through this very getter)."""
     import torch
 
@@ -210,7 +210,7 @@ def lean_function(
     n_args: int, n_ptrs: int
 ) -> Callable[[FastPath, Callable[..., None]], Callable[..., bool | None]]:
     """A maker of one kernel's whole lean launch as one straight-line function (the
-    steady path, issue 11): `make(fast, slow)(target, *args)` keys the arguments as
+    steady path): `make(fast, slow)(target, *args)` keys the arguments as
     `key_function` does and launches the kept binary as `FastPath.launch` does, with
     `target` = (device, stream, enter hook, exit hook) as `FastPath.target` read them
     once for the whole graph call; it returns True when it launched, else what
@@ -245,7 +245,7 @@ def lean_function(
 
 
 def target_function(adapter: Abi) -> Callable[[], tuple[Any, ...] | None]:
-    """What a graph call reads once for all its launches (issue 11): the current device
+    """What a graph call reads once for all its launches: the current device
     and its stream, and the launch hooks as `JITFunction.run` passes them; None while a
     launch hook is set (`Abi.hooks_off`: every launch then takes Triton's binder)."""
     knobs, device, stream = adapter.runtime_knobs, adapter.device, adapter.stream

@@ -189,7 +189,7 @@ def wrap_forward(compiled: torch.nn.Module, compiled_autograd: bool) -> None:
     def forward(*args: Any, **kwargs: Any) -> Any:
         # No process group, no DDP: nothing to take over, and Dynamo's DDPOptimizer (on
         # only while a DDP forward runs) cannot apply; the config patch would cost more
-        # than the rest of a small model's call (issue 11: ~100 µs per step on our CPU bench)
+        # than the rest of a small model's call (~100 µs per step on our CPU bench)
         if not (dist.is_available() and dist.is_initialized()):
             return inner(*args, **kwargs)
         collectives.install()  # the report's collectives per step
