@@ -60,6 +60,11 @@ SERVERS = ("a", "b")
 # (symbolic shapes, sympy, FSDP, Triton where it is installed).  Of the 4 CPU s a process
 # took before it could compile, 2 were Dynamo's import.
 PRELOAD = ("torch", "torch._dynamo")
+# Variables whose other values get servers of their own (`_Server.variant`), for the
+# processes that set them again and again: the DDP ranks' thread count, Triton's real
+# launch path.  (Inductor's compile checks, with their own LD_LIBRARY_PATH, import
+# nothing: a pair of servers for them was only cost.)
+_VARIANT_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TRITON_INTERPRET")
 # How long a process waits for a server that is still importing (it would start for real
 # instead, and import the same modules on the same cores).
 _WAIT_S = 120.0
@@ -413,7 +418,8 @@ class _Server:
             return "PYTHONHASHSEED set"
         if env != self.env:
             differ = sorted(k for k in {*env, *self.env} if env.get(k) != self.env.get(k))
-            request["overlay"] = {k: env.get(k) for k in differ}
+            if set(differ) <= set(_VARIANT_ENV):
+                request["overlay"] = {k: env.get(k) for k in differ}
             return f"environment read at torch's import differs: {', '.join(differ)}"
         if any(s not in request["streams"] for s in ("stdin", "stdout", "stderr")):
             return "a standard stream is closed"
