@@ -207,14 +207,25 @@ def test_a_process_with_other_limits_starts_for_real() -> None:
     assert p.stdout.split() == ["True", str(soft)], p.stderr
 
 
-def test_a_forked_process_starts_with_dynamo_imported() -> None:
+def test_a_forked_process_starts_with_dynamo_imported(tmp_path: Path) -> None:
     """What every compiling process imports (Dynamo, with symbolic shapes and sympy) is
     imported once per server, not once per process."""
     code = STARTED_FORKED + (
-        "import gc; print(forked, 'torch._dynamo' in sys.modules, gc.get_freeze_count())"
+        "import gc, os\n"
+        "from torch._dynamo.package import DynamoCache\n"
+        "print(forked, 'torch._dynamo' in sys.modules, gc.get_freeze_count())\n"
+        "print(os.environ['TORCHINDUCTOR_CACHE_DIR'], DynamoCache.path_prefix())"
     )
     # nothing frozen, as in a fresh interpreter (the server froze what it imported)
-    assert _run(["-c", code]).stdout.split() == ["True", "True", "0"]
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    out = _run(["-c", code], env=env).stdout.splitlines()
+    assert out[0].split() == ["True", "True", "0"]
+    default = out[1].split()[0]
+    assert out[1].split() == [default, os.path.join(default, "dynamo")]  # as the import sets
+    # a cache folder of its own: forked, and Dynamo's store is there
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path)
+    out = _run(["-c", code], env=env).stdout.splitlines()
+    assert out == ["True True 0", f"{tmp_path} {tmp_path / 'dynamo'}"]
 
 
 @pytest.mark.parametrize(
@@ -290,11 +301,15 @@ def test_processes_of_another_environment_get_servers_of_their_own() -> None:
         + "import os, torch\n"
         + "print(forked, os.environ['OMP_NUM_THREADS'], torch.get_num_threads(), hash('x'))"
     )
-    # an environment no other test asks for (TORCH_CPP_LOG_LEVEL too is read at import)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    # an environment no other test asks for
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     runs = [_run(["-c", code], env=env) for _ in range(4)]
     got = [p.stdout.split() for p in runs]
     assert [g[:3] for g in got] == [["False", "1", "1"]] + [["True", "1", "1"]] * 3, [
         p.stderr for p in runs
     ]
     assert got[2][3] != got[3][3], "the variant's two servers have one hash seed"
+    # other variables read at import: no servers of their own (each starts for real)
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    code = STARTED_FORKED + "print(forked)"
+    assert [_run(["-c", code], env=env).stdout.strip() for _ in range(3)] == ["False"] * 3

@@ -32,10 +32,10 @@ could show:
   is one of the library's processes that must start without torch (`LEAN`);
 - `STOKER_TEST_FRESH_PROCESS=1` is set (for a test that checks what a process imports).
 
-Where the environment differs, the second process that asks with that environment has
-the server start a pair of servers with it (`_Server.variant`: the DDP ranks'
-OMP_NUM_THREADS=1, Triton's real launch path's TRITON_INTERPRET=0), and is forked from
-one of those, as later ones are.  Each pair runs with two hash seeds and the requests
+Where the environment differs in the thread count or Triton's mode (`_VARIANT_ENV`: the
+DDP ranks' OMP_NUM_THREADS=1, Triton's real launch path's TRITON_INTERPRET=0), the second
+process that asks with that environment has the server start a pair of servers with it
+(`_Server.variant`), and is forked from one of those, as later ones are.  Each pair runs with two hash seeds and the requests
 alternate between them, so two processes of one test (one writes a cache, the next
 loads it) see different string hashes, as two real processes would.
 `STOKER_TEST_PRELOAD=0` turns all this off.
@@ -98,6 +98,7 @@ _READ_AT_IMPORT: set[str] = set()  # filled by `main`
 # TORCHINDUCTOR_CACHE_DIR to its default): a fresh process that imports them has these
 # too, and a process that starts with one of these values is as one that starts without.
 _SET_AT_IMPORT: dict[str, str] = {}  # filled by `main`
+_READ_AGAIN_AT_USE = ("TORCHINDUCTOR_CACHE_DIR",)
 _ENV_BEFORE_IMPORT: dict[str, str] = {}
 # processes of the library that must start without torch: the Triton compile workers and
 # their zygote (it forks only while single-threaded, and torch's import starts a thread)
@@ -800,6 +801,10 @@ def main(address: str, variants: bool = True) -> None:
     # a copy of the environment reads every variable set; the lookups that matter are
     # of variables not set here (TORCH_LOGS, ...): one set later would change the import
     _READ_AT_IMPORT.difference_update(present)
+    # read while Dynamo imports only to name the store of its precompile cache, whose
+    # path it reads again at each use (torch/_dynamo/package.py, `DiskDynamoCache`): a
+    # process with a cache folder of its own (each benchmark run) is forked all the same
+    _READ_AT_IMPORT.difference_update(_READ_AGAIN_AT_USE)
     _SET_AT_IMPORT.update({k: v for k, v in os.environ.items() if _ENV_BEFORE_IMPORT.get(k) != v})
 
     added = len(warnings.filters) - len(_DEFAULT_FILTERS)
