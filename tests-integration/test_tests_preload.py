@@ -312,4 +312,4 @@ def test_processes_of_another_environment_get_servers_of_their_own() -> None:
     # other variables read at import: no servers of their own (each starts for real)
     env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
     code = STARTED_FORKED + "print(forked)"
-    assert [_run(["-c", code], env=env).stdout.strip() for _ in range(3)] == ["False"] * 3
+    assert [_run(["-c", code], env=env).stdout.strip() for _ in range(2)] == ["False"] * 2

@@ -233,8 +233,9 @@ def _count(path: str) -> int:
 
 def _pick(prefix: str) -> list[str]:
     """The sockets of a pair of servers (`<prefix>a.sock`, `<prefix>b.sock`) in the
-    order to try, alternating from one process to the next."""
-    turn = _count(prefix + "turn")
+    order to try, alternating from one process to the next that the same process starts
+    (a test's: the processes of other tests, on other workers, do not take its turns)."""
+    turn = _count(f"{prefix}turn-{os.getppid()}")
     order = SERVERS[turn % 2 :] + SERVERS[: turn % 2]
     return [f"{prefix}{name}.sock" for name in order]
 
