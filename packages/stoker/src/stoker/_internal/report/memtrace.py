@@ -104,13 +104,13 @@ def _trace_cpu(got: list[MemoryRecord]) -> Iterator[None]:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        p0 = time.perf_counter_ns()
         with record_function(_BEGIN):
             pass
+        p0 = time.perf_counter_ns()  # inside the marks: the phases fall within the record
         yield
+        p1 = time.perf_counter_ns()
         with record_function(_END):
             pass
-        p1 = time.perf_counter_ns()
     alloc = torch._C._profiler._EventType.Allocation
     marks: dict[str, int] = {}
     raw: list[tuple[int, int]] = []
@@ -126,14 +126,18 @@ def _trace_cpu(got: list[MemoryRecord]) -> Iterator[None]:
     t0 = marks.get(_BEGIN, min((t for t, _ in raw), default=0))
     t1 = marks.get(_END, max((t for t, _ in raw), default=t0))
     ts, live = curve(((t - t0) / 1e6, n) for t, n in raw if t0 <= t <= t1)
+    duration = (t1 - t0) / 1e6
+    # the phases are timed on this process's clock, the record on the profiler's: a
+    # phase that ends with the step may end a few microseconds past the last mark
+    phases = [(n, min(a, duration), min(b, duration)) for n, a, b in _phases(p0, p1)]
     got.append(
         MemoryRecord(
             device="cpu",
             source="CPU allocator events, torch.profiler(profile_memory=True)",
             t_ms=ts,
             live=live,
-            phases=_phases(p0, p1),
-            duration_ms=(t1 - t0) / 1e6,
+            phases=phases,
+            duration_ms=duration,
             start_ns=p0,
         )
     )
