@@ -660,14 +660,6 @@ def _child(request: dict[str, Any], fds: list[int], conn: socket.socket, server:
         os.environ.setdefault(k, v)
     _reseed()
     _guard_triton_mode()
-    # The server froze its objects (`main`: its own loop never collects them); the
-    # program gets them back in the oldest generation, as a fresh interpreter has them
-    # (a program may look: `gc.get_freeze_count()`; stoker's demo freezes its own heap
-    # only where nobody else did), and they are collected as the program ends (Triton's
-    # bindings print "leaked instances" otherwise).
-    import gc
-
-    gc.unfreeze()
     _streams_from(request["streams"])
     sys.argv[:] = request["argv"]
     sys.orig_argv[:] = request["orig_argv"]
@@ -810,9 +802,12 @@ def main(address: str, variants: bool = True) -> None:
 
     added = len(warnings.filters) - len(_DEFAULT_FILTERS)
     _SERVER_FILTERS[:] = warnings.filters[:added]
+    # Nothing is frozen (`gc.freeze`): a child starts with the collector's state a fresh
+    # interpreter has (a program may look, `gc.get_freeze_count()`: stoker's demo freezes
+    # its own heap only where nobody else did), and collects everything as it ends
+    # (Triton's bindings print "leaked instances" for objects left frozen).
     server = _Server(address, variants)
     gc.collect()
-    gc.freeze()  # the server's own collections leave the imported modules alone
     me = os.getpid()
     try:
         server.serve()
@@ -824,8 +819,7 @@ def main(address: str, variants: bool = True) -> None:
             except OSError:
                 pass
     # The session is over (a child returns from `serve` through SystemExit, never here).
-    # Nothing of the server's needs finalizing, and its frozen objects would not be
-    # collected: Triton's bindings would print "leaked instances".
+    # Nothing of the server's needs finalizing: it ends without tearing down its modules.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
