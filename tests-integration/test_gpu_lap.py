@@ -143,7 +143,10 @@ def _lap(tmp_path: Path, budget: float) -> gpu_lap.Lap:
     )
 
 
-def test_a_job_past_its_limit_is_killed_and_one_without_time_is_skipped(tmp_path):
+def test_a_job_past_its_limit_is_killed_and_one_without_time_is_skipped(tmp_path, monkeypatch):
+    # jobs of a few seconds here (the tool skips those under 10 s): the test waits
+    # out the hanging job's limit
+    monkeypatch.setattr(gpu_lap, "MIN_JOB_S", 1.0)
     lap = _lap(tmp_path, budget=60)
     seen: dict[str, tuple[int | None, str]] = {}
 
@@ -156,14 +159,14 @@ def test_a_job_past_its_limit_is_killed_and_one_without_time_is_skipped(tmp_path
 
     t0 = time.monotonic()
     gpu_lap.run_jobs(
-        [job("hangs", "import time; time.sleep(600)", 12), job("quick", "print('{}')", 30)],
+        [job("hangs", "import time; time.sleep(600)", 2), job("quick", "print('{}')", 30)],
         lap,
         parallel=2,
     )
     assert time.monotonic() - t0 < 40
     assert seen["hangs"][0] is None and "killed" in seen["hangs"][1]
     assert seen["quick"] == (0, "{}\n")
-    late = _lap(tmp_path, budget=8)
+    late = _lap(tmp_path, budget=gpu_lap.RESERVE_S + gpu_lap.MIN_JOB_S / 2)
     gpu_lap.run_jobs([job("late", "print(1)", 30)], late, parallel=1)
     assert seen["late"][0] is None and "skipped" in seen["late"][1]
 

@@ -213,9 +213,15 @@ class Job:
     out_f: Any = None
 
 
+# A job runs at most until RESERVE_S before the lap's deadline (the summary is still to
+# be written); one that would get less than MIN_JOB_S is skipped, not started.
+RESERVE_S = 5.0
+MIN_JOB_S = 10.0
+
+
 def _start(job: Job, lap: Lap) -> bool:
-    limit = min(job.cap, lap.left() - 5)
-    if limit < 10:
+    limit = min(job.cap, lap.left() - RESERVE_S)
+    if limit < MIN_JOB_S:
         job.on_done(None, f"skipped: {lap.left():.0f} s of the budget left")
         return False
     job.cap = limit
