@@ -208,15 +208,17 @@ def test_a_process_with_other_limits_starts_for_real() -> None:
 
 
 def test_a_forked_process_starts_with_dynamo_imported(tmp_path: Path) -> None:
-    """What every compiling process imports (Dynamo, with symbolic shapes and sympy) is
-    imported once per server, not once per process."""
+    """What every compiling process imports (Dynamo, with symbolic shapes and sympy; AOT
+    autograd's partitioner, with networkx) is imported once per server, not once per
+    process."""
     code = STARTED_FORKED + (
         "import gc, os\n"
         "from torch._dynamo.package import DynamoCache\n"
-        "print(forked, 'torch._dynamo' in sys.modules, gc.get_freeze_count())\n"
+        "first = ('torch._dynamo', 'torch._functorch.partitioners', 'networkx')\n"
+        "print(forked, all(m in sys.modules for m in first), gc.get_freeze_count())\n"
         "print(os.environ['TORCHINDUCTOR_CACHE_DIR'], DynamoCache.path_prefix())"
     )
-    # nothing frozen, as in a fresh interpreter (the server froze what it imported)
+    # nothing frozen, as in a fresh interpreter
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
     out = _run(["-c", code], env=env).stdout.splitlines()
     assert out[0].split() == ["True", "True", "0"]

@@ -3,8 +3,9 @@
 Each Python process a test starts (a second process that loads a cache, a benchmark's
 smoke run, a DDP rank, the pytest-xdist workers) used to import torch and Dynamo again:
 about 4 CPU s of each, on a machine with two cores.  The root conftest starts two
-servers for the test session (`start_servers`); each imports them once (`PRELOAD`) and
-then forks a child per request.  A process started with `sys.executable` finds the
+servers for the test session (`start_servers`); each imports them once (`PRELOAD`, and
+what a first compile imports besides, `PRELOAD_IF_PRESENT`) and then forks a child per
+request.  A process started with `sys.executable` finds the
 servers through `STOKER_TEST_PRELOAD`, and its `sitecustomize` (`client`) hands over its
 whole start: command line, working directory, environment, `sys.path`, standard streams
 and every inherited file descriptor (waiting for servers that still import).  The
@@ -14,9 +15,9 @@ waits, forwards signals, and exits with the child's status.  From the test's sid
 the same process: same pid to wait on, same pipes, same exit code, and killing it kills
 the child.
 
-What the child starts with that a fresh interpreter would not: torch, Dynamo and what
-they import (Triton, where installed) already in `sys.modules`, imported under the
-server's environment.  So a process is started for real, not forked, whenever that
+What the child starts with that a fresh interpreter would not: torch, Dynamo, AOT
+autograd and what they import (Triton, where installed) already in `sys.modules`,
+imported under the server's environment.  So a process is started for real, not forked, whenever that
 could show:
 - the environment differs from the server's in a variable read while they import
   (`_IMPORT_TIME_ENV`, and each one looked up then), or sets `PYTHONHASHSEED` (two runs
@@ -60,6 +61,24 @@ SERVERS = ("a", "b")
 # (symbolic shapes, sympy, FSDP, Triton where it is installed).  Of the 4 CPU s a process
 # took before it could compile, 2 were Dynamo's import.
 PRELOAD = ("torch", "torch._dynamo")
+# And, where they import, the torch modules (and networkx) that the first stoker compile
+# of a process imports: AOT autograd and its partitioner, Inductor's cache keys, export's
+# tracer, Dynamo's backend registry.  A forked child that compiles a small model then
+# takes 0.55 CPU s instead of 0.8, and most of the processes the tests start compile.
+PRELOAD_IF_PRESENT = (
+    "networkx",
+    "torch._functorch.aot_autograd",
+    "torch._functorch.partitioners",
+    "torch._inductor.codecache",
+    "torch._inductor.sizevars",
+    "torch.export._trace",
+    "torch.fx.experimental.validator",
+    "torch.nn.attention.flex_attention",
+    "torch._dynamo.testing",
+    "torch._dynamo.backends.cudagraphs",
+    "torch._dynamo.backends.distributed",
+    "torch._dynamo.backends.inductor",
+)
 # Variables whose other values get servers of their own (`_Server.variant`), for the
 # processes that set them again and again: the DDP ranks' thread count, Triton's real
 # launch path.  (Inductor's compile checks, with their own LD_LIBRARY_PATH, import
@@ -789,6 +808,11 @@ def main(address: str, variants: bool = True) -> None:
 
         for name in PRELOAD:  # what every child starts with
             importlib.import_module(name)
+        for name in PRELOAD_IF_PRESENT:
+            try:
+                importlib.import_module(name)
+            except ImportError:  # this torch has no such module: its children import less
+                pass
     finally:
         environ.__getitem__ = lookup
     # a copy of the environment reads every variable set; the lookups that matter are
