@@ -275,10 +275,11 @@ def run_jobs(jobs: list[Job], lap: Lap, parallel: int) -> None:
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     P = os.path.join(ROOT, "packages")
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
+    env["PYTHONPATH"] = os.pathsep.join(  # this checkout first, then the caller's path
         [os.path.join(P, p, "src") for p in ("stoker-shapes", "stoker-capture", "stoker-autograd")]
         + [os.path.join(P, "stoker-triton", "src"), os.path.join(P, "stoker", "src")]
         + [os.path.join(ROOT, "tools")]
+        + list(filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)))
     )
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("STOKER_REPORT", None)
@@ -312,9 +313,9 @@ def row_job(
         "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
         "TRITON_CACHE_DIR": os.path.join(cache, "triton"),
         "STOKER_CACHE_DIR": os.path.join(cache, "stoker"),
-        # Inductor's estimate of each kernel's bytes, read by the profile
-        "TORCHINDUCTOR_BENCHMARK_KERNEL": "1",
     }
+    if backend == "inductor":  # Inductor's estimate of each kernel's bytes, for the profile
+        extra["TORCHINDUCTOR_BENCHMARK_KERNEL"] = "1"
     if lap.dry_run:
         extra.update({"TRITON_INTERPRET": "1", "STOKER_BACKEND": "interpret"})
         extra["STOKER_TRITON_CHECK_TARGETS"] = ""
