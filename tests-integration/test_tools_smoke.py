@@ -55,14 +55,13 @@ def test_bench_triton_smoke_prints_every_case(tmp_path):
     assert 2 <= kernels["layernorm backward"] <= 3, stdout
 
 
-def test_bench_workers_compiles_the_batch_through_forked_workers(tmp_path):
+def test_bench_workers_compiles_the_batch_through_forked_workers():
     # the compile workers' benchmark (docs/benchmarks.md): every kernel of its batch
     # compiles for sm_90 through the zygote's forks, and the cold start reaches its launches
     for extra in ([], ["--cold-start"]):
         stdout = _tool(
             "bench_workers.py",
             *("--n", "2", "--mode", "fork", "--cache", "pyc", *extra),
-            TMPDIR=str(tmp_path),
         )
         row = [ln for ln in stdout.splitlines() if ln.startswith("| fork | 2 | pyc |")]
         assert len(row) == 1, stdout

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -71,9 +72,17 @@ def _block(x: Any, w: Any, b: Any, w1: Any, w2: Any) -> Any:
     return out, out.sum(0), (out * out).mean(-1), torch.log_softmax(out, -1)
 
 
+def _mode_is(interpret: str) -> None:
+    """The measuring process gets Triton's mode from the table's environment, set before
+    the interpreter starts: the kernels are generated under the interpreter, the cold
+    start runs Triton's real launch path."""
+    if os.environ.get("TRITON_INTERPRET", "") != interpret:
+        raise SystemExit(f"--one expects TRITON_INTERPRET={interpret} in its environment")
+
+
 def _jobs() -> list[tuple[str, list[Any], list[tuple[int, int, int]]]]:
     """The precompile work of `_block` and its gradient graph, generated under the interpreter."""
-    os.environ["TRITON_INTERPRET"] = "1"
+    _mode_is("1")
     os.environ["STOKER_TRITON_CHECK_TARGETS"] = ""
     import torch
     from torch._decomp import core_aten_decompositions
@@ -114,7 +123,8 @@ def _mode(pool: Any) -> str:
 def one(n: int) -> dict[str, Any]:
     """In a new process: the pool's start and a cold batch compile (see the module doc)."""
     work = _jobs()
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-bench-workers-")
+    if "TRITON_CACHE_DIR" not in os.environ:  # run alone: an empty Triton cache of its own
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-bench-workers-")
     from stoker_triton._internal.compile import xcompile
     from stoker_triton._internal.compile.workers import Pool
 
@@ -161,7 +171,7 @@ def cold_start(n: int) -> dict[str, Any]:
     gradient graph compiled, then the forward's and the gradient's launches.
     Seconds since the start at each point, and CPU summed over processes."""
     t0, cpu0 = time.perf_counter(), _tree_cpu()
-    os.environ["TRITON_INTERPRET"] = "0"
+    _mode_is("0")
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     import torch
     from torch._decomp import core_aten_decompositions
@@ -253,14 +263,28 @@ def _table(args: Any, cold: bool) -> int:
         cols = "ready s | ready CPU s | first s | batch s | batch CPU s"
         print(f"| start | N | bytecode | kernels | {cols} |")
         print("|---" * 9 + "|")
+    # each run's caches (stoker's, Triton's, the empty bytecode cache) in one folder,
+    # removed at the end
+    root = tempfile.mkdtemp(prefix="stoker-bench-workers-")
+    try:
+        _rows(args, cold, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+def _rows(args: Any, cold: bool, root: str) -> None:
     for cache in args.cache or ["pyc", "no-pyc"]:
         for n in args.n or [2, 16]:
             for mode in args.mode or ["subprocess", "fork"]:
+                run = tempfile.mkdtemp(dir=root)
                 env = {**os.environ, "STOKER_TRITON_WORKERS": mode}
-                env["STOKER_CACHE_DIR"] = tempfile.mkdtemp(prefix="stoker-bench-workers-")
+                env["STOKER_CACHE_DIR"] = os.path.join(run, "stoker")
+                env["TRITON_CACHE_DIR"] = os.path.join(run, "triton")  # cold for each run
+                env["TRITON_INTERPRET"] = "0" if cold else "1"
                 if cache == "no-pyc":
                     env["PYTHONDONTWRITEBYTECODE"] = "1"
-                    env["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="empty-pycache-")
+                    env["PYTHONPYCACHEPREFIX"] = os.path.join(run, "empty-pycache")
                 if args.tree:
                     env["PYTHONPATH"] = os.pathsep.join(
                         os.path.join(args.tree, "packages", p, "src")
@@ -295,7 +319,6 @@ def _table(args: Any, cold: bool) -> int:
                     f"| {r['batch_s']} | {r['batch_cpu_s']} |",
                     flush=True,
                 )
-    return 0
 
 
 if __name__ == "__main__":
