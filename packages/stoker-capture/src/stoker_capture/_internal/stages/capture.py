@@ -223,8 +223,16 @@ def aot_stage1_graph_capture(state: AOTState) -> CapturedGraph:
             ]
             grads: list[Any] = [None] * len(primals)
             if diff and want:
-                # the backward as eager runs it outside autocast (see autocast.py)
-                with backward_meta(), eager_autograd_engine(), autocast_off():
+                # the backward as eager runs it outside autocast (see autocast.py); and
+                # outside anomaly mode, whose NaN check of each node's outputs would branch
+                # on tracing tensors' values (the compiled backward's outputs are checked
+                # at run time by the engine, under the caller's anomaly mode)
+                with (
+                    backward_meta(),
+                    eager_autograd_engine(),
+                    autocast_off(),
+                    torch.autograd.set_detect_anomaly(False),
+                ):
                     got = torch.autograd.grad(
                         [v for v, _ in diff],
                         [fp[i] for i in want],
