@@ -22,6 +22,7 @@ from stoker_shapes import GuardedCache, ShapeContext, timing
 from .autocast import autocast_state
 from .capcache import CaptureCache
 from .config import AOTConfig, Compiler
+from .module_hooks import ModuleBackwardHooks
 from .stages.capture import aot_stage1_graph_capture
 from .stages.compile import CompiledFn, aot_stage2_compile
 from .stages.state import DynamicShapes, create_aot_state
@@ -183,6 +184,12 @@ class AOTCompiled:
         # one cache per grad mode, autocast state, and module state no input guard can read
         # but that changes the graph: train/eval flags (dropout, BatchNorm), forward hooks
         self._submodules = list(self.module.modules()) if self.module is not None else []
+        # backward hooks: the module's own run around each call, others raise (module_hooks.py)
+        self._hooks = (
+            ModuleBackwardHooks(self.module, f"aot_module({name})")
+            if self.module is not None
+            else None
+        )
         self.caches: dict[tuple[Any, ...], GuardedCache[CompiledFn]] = {}
         if self.module is not None:
             functools.update_wrapper(self, self.module.forward)  # type: ignore[arg-type]
@@ -192,7 +199,12 @@ class AOTCompiled:
     def _compile(
         self, grad: bool, ctx: ShapeContext, args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> CompiledFn:
-        with torch.set_grad_enabled(grad):
+        hidden: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if self._hooks is not None:
+            if grad:
+                self._hooks.check()
+            hidden = self._hooks.hidden()
+        with torch.set_grad_enabled(grad), hidden:
             compiled = compile_pipeline(self.fn, args, kwargs, self.config, self.compiler, ctx=ctx)
         compiled.check_guards = False  # the cache checks them before every call
         return compiled
@@ -216,9 +228,14 @@ class AOTCompiled:
         return cache
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        compiled = self._cache(torch.is_grad_enabled()).lookup(args, kwargs, self.module)
+        grad = torch.is_grad_enabled()
+        around = self._hooks.around() if grad and self._hooks is not None else None
+        if around is not None:  # the module's backward hooks, as nn.Module.__call__ sets them
+            args = tuple(around.setup_input_hook(args))  # type: ignore[no-untyped-call]
+        compiled = self._cache(grad).lookup(args, kwargs, self.module)
         assert compiled is not None  # no fallback: a miss compiles or raises
-        return compiled(*args, **kwargs)
+        out = compiled(*args, **kwargs)
+        return out if around is None else around.setup_output_hook(out)  # type: ignore[no-untyped-call]
 
     def cache_stats(self, grad: bool = True) -> dict[str, Any]:
         """Hits, misses, recompile reasons of the cache for this grad mode (and the
@@ -227,12 +244,25 @@ class AOTCompiled:
 
 
 def _module_state(mods: list[torch.nn.Module]) -> tuple[Any, ...]:
-    """Train flags and forward-hook counts of every submodule (and the global hooks)."""
+    """Train flags and hook counts of every submodule (and the global hooks): forward
+    hooks are traced into the graph; a new backward hook is checked by a new compile
+    (module_hooks.py)."""
     g = torch.nn.modules.module
     return (
         len(g._global_forward_hooks),
         len(g._global_forward_pre_hooks),
-        *((m.training, len(m._forward_hooks), len(m._forward_pre_hooks)) for m in mods),
+        len(g._global_backward_hooks),
+        len(g._global_backward_pre_hooks),
+        *(
+            (
+                m.training,
+                len(m._forward_hooks),
+                len(m._forward_pre_hooks),
+                len(m._backward_hooks),
+                len(m._backward_pre_hooks),
+            )
+            for m in mods
+        ),
     )
 
 
@@ -281,7 +311,10 @@ def aot_module(
     """Compile ``module`` with its parameters and buffers lifted as inputs.
 
     Guards name parameters ``self.<path>``; replacing a parameter by one of
-    another shape recompiles.  Options as in `aot_function`.
+    another shape recompiles.  Options as in `aot_function`.  The module's own
+    full backward hooks and backward pre-hooks run at every backward, around the
+    compiled call; a backward hook on a submodule raises `UnsupportedError`
+    (the traced backward would run it once, at trace time).
     """
     return aot_function(
         module,
