@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import operator
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,9 +22,10 @@ from typing import Any
 import pytest
 import torch
 import torch.nn as nn
+from torch import fx
 
 import stoker_autograd
-from stoker_autograd._internal import ops
+from stoker_autograd._internal import ops, retrace
 
 
 def _segmented(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -303,3 +305,19 @@ def test_sparse_grad_existing_is_not_in_the_guards() -> None:
     # .grad None, then sparse: one capture and one compile each, never again
     assert st["captures"] == 2 and st["compiles"] == 2 and st["recompiles"] == 0, st
     assert st["fallbacks"] == 0, st
+
+
+def test_the_inputs_no_traced_op_reads_are_kept_out_of_the_shape_context() -> None:
+    """A sparse ``.grad`` in the graph's inputs gets no guard when nothing traced reads
+    it: only its accumulate-grad (torch 2.13 passes it there), or nothing at all (torch
+    2.11 collects it as an input and its accumulate-grad reads ``.grad`` at run time)."""
+    g = fx.Graph()
+    inputs = g.placeholder("inputs")
+    a, grad, _unread = (g.call_function(operator.getitem, (inputs, i)) for i in (0, 1, 3))
+    total = g.call_function(torch.add, (a, a))
+    g.call_function(ops.accumulate_grad, (a, grad, total, False))
+    g.output(None)
+    # 0 is read by add; 1 only by the accumulate-grad; 2 and 4 by no node; 3 by nothing
+    assert retrace.opaque_only_inputs(g, 5) == {1, 2, 3, 4}
+    g.call_function(len, (inputs,))  # the list read whole: every input may be traced
+    assert retrace.opaque_only_inputs(g, 5) == frozenset()

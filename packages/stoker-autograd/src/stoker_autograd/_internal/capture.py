@@ -406,14 +406,21 @@ class CaptureInstance:
             grad, has_post_hooks = rest
             variable_grad, returns = None, False
         shape = tuple(variable.shape)
-        name = recapture.parameter_name(self._real.get(id(variable)))
+        real = self._real.get(id(variable))
+        name = recapture.parameter_name(real)
         what = f"the parameter {name}" if name else "the parameter"
         self.origins.tensor(variable, f"{what} of shape {shape} (AccumulateGrad)")
         self.origins.tensor(variable_grad, f"the .grad of {what} of shape {shape}")
         if self.signature:
             param = name if name else f"a parameter of shape {shape}"
-            # torch 2.11's engine does not pass .grad: its state is not in the key
-            held = "" if not returns else f" [.grad {'None' if variable_grad is None else 'set'}]"
+            # Whether .grad is set is in the engine's key either way (torch 2.11 collects
+            # it without passing it here): read it off the engine's own tensor there.
+            if returns:
+                held = f" [.grad {'None' if variable_grad is None else 'set'}]"
+            elif real is not None:
+                held = f" [.grad {'None' if real.grad is None else 'set'}]"
+            else:
+                held = ""
             self.signature[-1] += f" of {param}{held}"
         self.forward_dims.parameter(variable)
         self.forward_dims.parameter(variable_grad)

@@ -322,19 +322,24 @@ def concrete_values(
     return out
 
 
-def opaque_only_inputs(gm: fx.GraphModule | fx.Graph) -> frozenset[int]:
-    """The indices of ``inputs`` that only opaque calls read (a parameter's ``.grad``,
-    which only its accumulate-grad reads): nothing traced depends on their metadata."""
+def opaque_only_inputs(gm: fx.GraphModule | fx.Graph, count: int) -> frozenset[int]:
+    """The indices of the ``count`` inputs that no traced op reads: those only opaque
+    calls read (a parameter's ``.grad``, which only its accumulate-grad reads under
+    torch 2.13) and those nothing reads (torch 2.11 collects that ``.grad`` as an input
+    without passing it to the accumulate-grad, which reads it at run time). Nothing
+    traced depends on their metadata."""
     graph = gm if isinstance(gm, fx.Graph) else gm.graph
     ph = next((n for n in graph.nodes if n.op == "placeholder"), None)
     if ph is None:
         return frozenset()
-    out = set()
+    read = set()
     for u in ph.users:
         i = u.args[1] if u.target is operator.getitem else None
-        if isinstance(i, int) and u.users and all(ops.is_opaque(c.target) for c in u.users):
-            out.add(i)
-    return frozenset(out)
+        if not isinstance(i, int):
+            return frozenset()  # the list is read whole: every input may be traced
+        if not all(ops.is_opaque(c.target) for c in u.users):
+            read.add(i)
+    return frozenset(range(count)) - read
 
 
 def fake_inputs(
@@ -457,7 +462,9 @@ def retrace(
         # entry (symbolic contiguity through sympy): a third of the retrace.  Static
         # sizes share the process-wide cache, which does pay (kept).
         ctx.fake_mode.cache_enabled = False
-    values = fake_inputs(ctx, inputs, sizes, scalars, dynamic, free, opaque_only_inputs(gm), groups)
+    values = fake_inputs(
+        ctx, inputs, sizes, scalars, dynamic, free, opaque_only_inputs(gm, len(inputs)), groups
+    )
     rp = _Replayer(ctx, sym_sources, unpack_meta)
     rp.values = values
     rp.source_gm = gm
