@@ -255,6 +255,7 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> None:
     os.environ["TRITON_INTERPRET"] = "0"
     from stoker_triton._internal.compile import xcompile
 
+    xcompile.keep_torch_out()
     xcompile.import_compiler()  # before the hello: a started pool is ready sooner
     send_msg(out, (True, os.getpid()))
     while True:

@@ -197,6 +197,7 @@ def _main(fd: int) -> None:
 
         from stoker_triton._internal.compile import xcompile
 
+        xcompile.keep_torch_out()
         xcompile.import_compiler()
         gc.freeze()  # what the imports built stays shared with the workers, never copied
         why = fork_refused()
