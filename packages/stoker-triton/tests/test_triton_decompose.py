@@ -96,3 +96,69 @@ def test_ops_the_module_sweep_saw_fall_back_compile_to_kernels(name: str) -> Non
     fn = check(f, *args)
     assert not fn.report.fallback_ops, fn.report.fallback_ops
     assert fn.report.n_kernels >= 1
+
+
+_POOLS = ["max_pool2d", "max_pool2d_backward", "max_pool3d"]
+
+
+@pytest.mark.parametrize("name", _POOLS)
+def test_stokers_own_max_pool_decompositions_compile_to_kernels(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decompositions used where torch has none (before torch 2.12, as on the GPU
+    machine's torch 2.11): the table with stoker's in place of torch's."""
+    from stoker_triton._internal import pool_decomp
+
+    table = {**pipeline.decomposition_table(), **pool_decomp.OWN}
+    monkeypatch.setattr(pipeline, "_table", table)
+    f, *args = _DECOMPOSED_NOW[name]
+    fn = check(f, *args)
+    assert not fn.report.fallback_ops, fn.report.fallback_ops
+    assert fn.report.n_kernels >= 1
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+@pytest.mark.parametrize(
+    "kernel,stride,padding,dilation,ceil",
+    [
+        ([2], [2], [1], [1], True),
+        ([3], [1], [1], [1], False),
+        ([3], [2], [1], [2], True),
+        ([2], [], [0], [1], False),
+        ([3], [3], [1], [1], True),
+    ],
+)
+def test_stokers_own_max_pool_matches_aten(
+    n: int,
+    dtype: torch.dtype,
+    kernel: list[int],
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    ceil: bool,
+) -> None:
+    """Values and indices as aten's (every window, ceil mode, dilation, padding, an
+    unbatched input, integers), and the backward's scatter as aten's."""
+    from stoker_triton._internal import pool_decomp
+
+    torch.manual_seed(0)
+    for shape in ((2, 3, 7, 6, 5)[: 2 + n], (3, 7, 6, 5)[: 1 + n]):
+        x = (
+            torch.randint(-50, 50, shape, dtype=dtype)
+            if dtype == torch.int32
+            else torch.randn(shape)
+        )
+        op = aten.max_pool2d_with_indices if n == 2 else aten.max_pool3d_with_indices
+        want = op(x.float(), kernel, stride, padding, dilation, ceil)  # aten has no int pool
+        got = pool_decomp.max_pool_nd_with_indices(x, kernel, stride, padding, dilation, ceil, n)
+        assert got[0].dtype == dtype
+        torch.testing.assert_close(got[0].float(), want[0], rtol=0, atol=0)
+        torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
+        if n == 2 and dtype == torch.float32:
+            g = torch.randn_like(want[0])
+            args = (kernel, stride, padding, dilation, ceil, want[1])
+            torch.testing.assert_close(
+                pool_decomp.max_pool2d_with_indices_backward(g, x, *args),
+                aten.max_pool2d_with_indices_backward(g, x, *args),
+            )

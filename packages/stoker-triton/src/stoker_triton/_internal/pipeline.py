@@ -460,8 +460,12 @@ def decomposition_table() -> dict[Any, Any]:
     if _table is None:
         from torch._decomp import get_decompositions
 
+        from .pool_decomp import OWN
+
         ops = [getattr(aten, n) for n in _DECOMPOSE if hasattr(aten, n)]
         _table = get_decompositions(ops)
+        for op, fn in OWN.items():  # max pooling, where this torch has no decomposition
+            _table.setdefault(op, fn)
     return _table
 
 

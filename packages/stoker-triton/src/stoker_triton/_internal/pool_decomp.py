@@ -1,0 +1,159 @@
+"""Max pooling in ops the rule table lowers, for torches whose decomposition table
+lacks it (torch 2.11, the GPU machine's, has none for ``max_pool{2,3}d_with_indices``
+or ``max_pool2d_with_indices_backward``; torch 2.13 has its own, which
+`pipeline.decomposition_table` prefers).
+
+The forward pads with a value below every input, gathers each window with
+broadcast ``arange`` indices (one ``index``), and takes ``max`` over the window:
+the first maximum in the window's row-major order, as aten's kernels pick it.
+The index is the flat position in the unpadded input plane, as aten returns it.
+The backward scatter-adds each output gradient at its index (float32
+accumulation for half types, since overlapping windows add up).
+
+This room imports torch only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+aten = torch.ops.aten
+
+
+def _per_dim(v: int | Sequence[int], n: int, default: Sequence[int] | None = None) -> list[int]:
+    if isinstance(v, int):
+        return [v] * n
+    if not v:
+        assert default is not None, "an empty size needs a default"
+        return list(default)
+    return list(v) * n if len(v) == 1 else list(v)
+
+
+def _output_size(size: int, k: int, pad: int, stride: int, dilation: int, ceil: bool) -> int:
+    """aten's pooling output size (``pooling_output_shape``)."""
+    span = size + 2 * pad - dilation * (k - 1) - 1
+    out = (span + (stride - 1 if ceil else 0)) // stride + 1
+    if ceil and (out - 1) * stride >= size + pad:
+        out -= 1  # the last window must start inside the input or its left padding
+    return out
+
+
+def _lowest(x: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """``x`` in a dtype with a value below all of its own, and that value."""
+    if x.dtype.is_floating_point:
+        return x, -math.inf
+    if x.dtype == torch.bool:
+        return x.to(torch.int32), -1.0
+    info = torch.iinfo(x.dtype)
+    if info.bits < 64:
+        return x.to(torch.int64), float(info.min - 1)
+    return x, float(info.min)  # int64: a tie with the fill can only pick a padded place
+
+
+def max_pool_nd_with_indices(
+    x: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    ceil_mode: bool,
+    n: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    ks = _per_dim(kernel_size, n)
+    st = _per_dim(stride, n, ks)
+    pa = _per_dim(padding, n)
+    di = _per_dim(dilation, n)
+    batched = x.ndim == n + 2
+    if not batched:
+        x = x.unsqueeze(0)
+    sizes = [int(s) for s in x.shape[-n:]]
+    outs = [_output_size(sizes[d], ks[d], pa[d], st[d], di[d], ceil_mode) for d in range(n)]
+    work, fill = _lowest(x)
+    pads: list[int] = []
+    for d in reversed(range(n)):  # F.pad: last dim first
+        reach = (outs[d] - 1) * st[d] + (ks[d] - 1) * di[d] + 1
+        pads += [pa[d], max(reach - sizes[d] - pa[d], 0)]
+    padded = F.pad(work, pads, value=fill)
+    # window element (o, k) of dim d sits at o * stride + k * dilation of the padded dim;
+    # the index of dim d spans positions 2d (outputs) and 2d + 1 (kernel) of 2n
+    index: list[torch.Tensor] = []
+    for d in range(n):
+        at = torch.arange(outs[d], device=x.device).unsqueeze(1) * st[d]
+        at = at + torch.arange(ks[d], device=x.device).unsqueeze(0) * di[d]
+        shape = [1] * (2 * n)
+        shape[2 * d], shape[2 * d + 1] = outs[d], ks[d]
+        index.append(at.reshape(shape))
+    where: tuple[Any, ...] = (..., *index)
+    windows = padded[where]  # (N, C, o0, k0, o1, k1, ...)
+    order = [0, 1, *(2 + 2 * d for d in range(n)), *(3 + 2 * d for d in range(n))]
+    windows = windows.permute(order).reshape(*windows.shape[:2], *outs, -1)
+    values, local = windows.max(dim=-1)
+    # the window's flat position -> each dim's offset -> the unpadded input's flat index
+    flat: torch.Tensor | None = None
+    rest = local
+    for d in range(n):
+        inner = math.prod(ks[d + 1 :])
+        k = rest // inner
+        rest = rest - k * inner
+        shape = [1] * (2 + n)
+        shape[2 + d] = outs[d]
+        o = torch.arange(outs[d], device=x.device).reshape(shape)
+        coord = o * st[d] + k * di[d] - pa[d]
+        flat = coord if flat is None else flat * sizes[d] + coord
+    assert flat is not None
+    values = values.to(x.dtype)
+    if not batched:
+        return values.squeeze(0), flat.squeeze(0)
+    return values, flat
+
+
+def max_pool2d_with_indices(
+    x: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int] = (),
+    padding: Sequence[int] = (0,),
+    dilation: Sequence[int] = (1,),
+    ceil_mode: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return max_pool_nd_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, 2)
+
+
+def max_pool3d_with_indices(
+    x: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int] = (),
+    padding: Sequence[int] = (0,),
+    dilation: Sequence[int] = (1,),
+    ceil_mode: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return max_pool_nd_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, 3)
+
+
+def max_pool2d_with_indices_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    kernel_size: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    ceil_mode: bool,
+    indices: torch.Tensor,
+) -> torch.Tensor:
+    plane = math.prod(int(s) for s in x.shape[-2:])
+    rows = math.prod(int(s) for s in x.shape[:-2])
+    acc = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
+    out = torch.zeros(rows, plane, dtype=acc, device=grad.device)
+    out = out.scatter_add(1, indices.reshape(rows, -1), grad.reshape(rows, -1).to(acc))
+    return out.reshape(x.shape).to(grad.dtype)
+
+
+OWN: dict[Any, Callable[..., Any]] = {
+    aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
+    aten.max_pool3d_with_indices.default: max_pool3d_with_indices,
+    aten.max_pool2d_with_indices_backward.default: max_pool2d_with_indices_backward,
+}
