@@ -21,7 +21,13 @@ whole slices of the block:
 * a scan keeps the element loop's order exactly: one call per position along
   the axis, on the whole slice across the other dimensions.
 
-The kernels are the same; only how the interpreter evaluates these two ops
+`install` also gives an older interpreter (Triton 3.6, the GPU machine's, as
+``nox -s compat`` runs it) two builder methods later Tritons fixed: bfloat16
+constants (``get_bf16``, missing there: every ``tl.full`` in bfloat16 failed)
+and an unsigned type's all-ones value (it built ``-1``, which NumPy 2 refuses
+in an unsigned array: every ``~x`` on uint8 failed).
+
+The kernels are the same; only how the interpreter evaluates these ops
 changes. The root conftest installs it when the tests run kernels under the
 interpreter (``TRITON_INTERPRET=1``), in the test processes and, through
 this folder's `sitecustomize`, in every Python process they start;
@@ -110,12 +116,40 @@ _generic_scan.whole_block = True  # type: ignore[attr-defined]
 ORIGINAL: dict[str, Any] = {}  # Triton's own loops, once `install` replaced them
 
 
+def _backport_builder(interpreter: Any) -> None:
+    """The two builder methods of later Tritons' interpreters (module docstring)."""
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    handle = getattr(interpreter, "TensorHandle", None)
+    np_dtype = getattr(interpreter, "_get_np_dtype", None)
+    if builder is None or handle is None or np_dtype is None:
+        return
+    if not hasattr(builder, "get_bf16"):
+        import triton.language as tl
+
+        def get_bf16(self: Any, value: float) -> Any:
+            return self.create_fp_trunc(self.get_fp32(value), tl.bfloat16)
+
+        builder.get_bf16 = get_bf16
+    ones = builder.get_all_ones_value
+    if not getattr(ones, "unsigned_max", False):
+
+        def get_all_ones_value(self: Any, type: Any) -> Any:
+            np_type = np_dtype(type)
+            if np.issubdtype(np_type, np.unsignedinteger):
+                return handle(np.full(1, np.iinfo(np_type).max, dtype=np_type), type.scalar)
+            return ones(self, type)
+
+        get_all_ones_value.unsigned_max = True  # type: ignore[attr-defined]
+        builder.get_all_ones_value = get_all_ones_value
+
+
 def install() -> bool:
     """Patch Triton's interpreter (if this Triton has the loops it replaces)."""
     try:
         from triton.runtime import interpreter
     except ImportError:
         return False
+    _backport_builder(interpreter)
     reduce_ops = getattr(interpreter, "ReduceOps", None)
     scan_ops = getattr(interpreter, "ScanOps", None)
     if not hasattr(reduce_ops, "generic_reduce") or not hasattr(scan_ops, "generic_scan"):
