@@ -56,3 +56,53 @@ def test_specialization_in_the_backend_recompiles_when_violated() -> None:
     for n in (4, 4, 8):
         check_fn(f, compiled, lambda n=n: [torch.randn(n, 3, requires_grad=True), w])
     assert 4 in seen and 8 in seen, seen  # the violated specialization recompiled
+
+
+def test_an_input_compiled_without_grad_that_requires_it_now_runs_uncompiled() -> None:
+    """Dynamo before torch 2.12 does not guard requires_grad of parameters: a graph
+    compiled while a parameter was frozen is called after it is unfrozen. The backend's
+    function then runs the graph uncompiled (correct gradients) and warns once; with
+    the parameter frozen again it runs compiled."""
+    import warnings
+
+    import pytest
+
+    from stoker_capture._internal.dynamo import RequiresGradCheck
+
+    def f(w: torch.Tensor, b: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (torch.tanh(x @ w.t() + b),)
+
+    gm = torch.fx.symbolic_trace(f)
+    w, b = torch.randn(3, 4), torch.randn(3, requires_grad=True)
+    compiled = dynamo_backend()(gm, [w, b, torch.randn(5, 4)])
+    assert isinstance(compiled, RequiresGradCheck) and compiled.frozen == [0, 2]
+    assert compiled.cache_outcome is not None  # attributes read through
+    runs = []
+    real = compiled.compiled
+    compiled.compiled = lambda *a: runs.append(1) or real(*a)  # type: ignore[method-assign]
+    for step, flag in enumerate((True, True, False)):
+        w.requires_grad_(flag)
+        w.grad = b.grad = None
+        x = torch.randn(5, 4)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            compiled(w, b, x)[0].pow(2).sum().backward()
+        assert len(seen) == (1 if step == 0 else 0), [str(s.message) for s in seen]
+        if step == 0:
+            assert "w requires grad now" in str(seen[0].message)
+        wr = w.detach().requires_grad_(flag)
+        br = b.detach().requires_grad_()
+        f(wr, br, x)[0].pow(2).sum().backward()
+        torch.testing.assert_close(b.grad, br.grad)
+        if flag:
+            torch.testing.assert_close(w.grad, wr.grad)
+        else:
+            assert w.grad is None
+    assert runs == [1]  # compiled only once frozen again
+    real.check_guards = False  # as under Dynamo, which checks the guards itself
+    with torch.no_grad():
+        w.requires_grad_(True)
+        compiled(w, b, torch.randn(5, 4))  # no backward: compiled, no warning
+    assert runs == [1, 1]
+    with pytest.raises(AttributeError):
+        compiled.no_such_attribute  # noqa: B018

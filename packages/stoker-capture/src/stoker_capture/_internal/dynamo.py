@@ -8,6 +8,7 @@ violating one recompiles, never silently reuses a wrong graph.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -57,7 +58,7 @@ def dynamo_backend(
         tc = torch._guards.TracingContext.try_get()
         if tc is None or tc.fake_mode is None:
             # called outside Dynamo (e.g. directly): our own shape context, static shapes
-            return compile_pipeline(gm, list(example_inputs), {}, cfg)
+            return _checked(compile_pipeline(gm, list(example_inputs), {}, cfg), gm, example_inputs)
         ctx = ShapeContext.adopt(tc.fake_mode)
         fakes = _dynamo_fakes(gm, example_inputs, tc)
         use_cache = capcache.enabled() if cache is None else cache
@@ -70,9 +71,68 @@ def dynamo_backend(
         )
         compiled.check_guards = False  # Dynamo installs and checks the guards
         compiled.cache_outcome = store.outcome if store is not None else ""
-        return compiled
+        return _checked(compiled, gm, example_inputs)
 
     return backend
+
+
+def _checked(
+    compiled: Callable[..., Any], gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
+) -> Callable[..., Any]:
+    """``compiled``, behind `RequiresGradCheck` where a tensor input did not require grad."""
+    frozen = [
+        i
+        for i, x in enumerate(example_inputs)
+        if isinstance(x, torch.Tensor) and not x.requires_grad and x.dtype.is_floating_point
+    ]
+    return RequiresGradCheck(compiled, gm, frozen) if frozen else compiled
+
+
+class RequiresGradCheck:
+    """A compiled graph that runs uncompiled, with a warning, when an input it was
+    compiled for without a gradient requires one now.
+
+    Dynamo before torch 2.12 (torch 2.11 is the GPU machine's) does not guard whether
+    a parameter requires grad: unfreezing one (``p.requires_grad_(True)`` between steps)
+    reused the graph compiled while it was frozen, whose backward gives it no gradient,
+    silently (Inductor and aot_eager too). Later torches recompile before the call
+    reaches here. The check reads only the inputs that did not require grad (buffers,
+    data, frozen parameters). Attribute reads go to the compiled function."""
+
+    def __init__(
+        self, compiled: Callable[..., Any], gm: torch.fx.GraphModule, frozen: list[int]
+    ) -> None:
+        self.compiled = compiled
+        self.gm = gm
+        self.frozen = frozen
+        self.warned = False
+
+    def __call__(self, *args: Any) -> Any:
+        if torch.is_grad_enabled():
+            for i in self.frozen:
+                if args[i].requires_grad:
+                    return self._uncompiled(i, args)
+        return self.compiled(*args)
+
+    def _uncompiled(self, i: int, args: tuple[Any, ...]) -> Any:
+        if not self.warned:
+            self.warned = True
+            ph = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+            name = ph[i].name if i < len(ph) else f"input {i}"
+            warnings.warn(
+                f"stoker: {name} requires grad now but the graph was compiled while it did "
+                f"not, and this torch ({torch.__version__}) did not recompile for it (Dynamo "
+                "before torch 2.12 does not guard requires_grad of parameters): the graph "
+                "runs uncompiled while it does, for correct gradients. Call "
+                "torch._dynamo.reset() after changing requires_grad, or use torch >= 2.12.",
+                stacklevel=2,
+            )
+        return self.gm(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "compiled":  # not set yet (a copy being made)
+            raise AttributeError(name)
+        return getattr(self.compiled, name)
 
 
 def _dynamo_fakes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], tc: Any) -> list[Any]:

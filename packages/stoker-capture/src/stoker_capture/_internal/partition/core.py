@@ -70,14 +70,13 @@ def hint_int(x: int | torch.SymInt) -> int:
     """A concrete value for a (possibly symbolic) size: its hint, for estimates only."""
     if isinstance(x, int):
         return x
-    # torch 2.13 has `optimization_hint` (no guard added); torch 2.11 has
-    # `hint_int` with the same meaning.  Branch on what exists.
-    opt = getattr(symbolic_shapes, "optimization_hint", None)
-    if opt is not None:
-        return int(opt(x, fallback=_UNBACKED_FALLBACK))
-    old = getattr(symbolic_shapes, "hint_int", None)
-    if old is not None:
-        return int(old(x, fallback=_UNBACKED_FALLBACK))
+    # torch 2.13 has `optimization_hint` (no guard added); torch 2.11 has `size_hint`
+    # with the same meaning (its `hint_int` warns that it is deprecated for it); older
+    # torches have `hint_int`.  Branch on what exists.
+    for name in ("optimization_hint", "size_hint", "hint_int"):
+        fn = getattr(symbolic_shapes, name, None)
+        if fn is not None:
+            return int(fn(x, fallback=_UNBACKED_FALLBACK))
     hint = getattr(x.node, "hint", None)  # older SymNode attribute
     return int(hint) if hint is not None else _UNBACKED_FALLBACK
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -87,6 +88,8 @@ def compile(
     target = getattr(torch._dynamo.eval_frame, "_optimize", torch._dynamo.optimize)
     if "recompile_limit" in inspect.signature(target).parameters:
         kwargs["recompile_limit"] = opts.recompile_limit
+    else:
+        _process_wide_recompile_limit(opts.recompile_limit)
     compiled: Any = torch._dynamo.optimize(be, **kwargs)(model_or_fn)
     if isinstance(compiled, torch.nn.Module) and torch.distributed.is_available():
         from ..distributed import distributed as ddp
@@ -109,6 +112,29 @@ def compile(
     except AttributeError:  # pragma: no cover - a callable that refuses attributes
         pass
     return compiled  # type: ignore[no-any-return]
+
+
+def _process_wide_recompile_limit(limit: int) -> None:
+    """Torches before 2.13 take no recompile limit per compiled function: Dynamo reads
+    ``torch._dynamo.config.recompile_limit`` at every frame. A limit other than the
+    config's is set there, for every compiled function of the process, with a warning
+    that says so."""
+    import torch
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    now = getattr(config, name)
+    if now == limit:
+        return
+    warnings.warn(
+        f"stoker.compile(recompile_limit={limit}): torch {torch.__version__} takes no "
+        f"limit per compiled function, so torch._dynamo.config.{name} is set from "
+        f"{now} to {limit}, for every compiled function in this process (torch 2.13 "
+        "keeps it per function).",
+        stacklevel=3,
+    )
+    setattr(config, name, limit)
 
 
 def current_reports() -> list[Report]:
