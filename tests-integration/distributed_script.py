@@ -227,8 +227,12 @@ def compare(eager: dict[str, Any], comp: dict[str, Any]) -> dict[str, Any]:
 
 
 def _record_collectives() -> None:
-    """Log every collective FSDP2 issues (by kind and element count), in call order."""
-    for name in ("all_gather_single", "reduce_scatter_single", "all_reduce"):
+    """Log every collective FSDP2 issues (by kind and element count), in call order.
+    FSDP2 calls `all_gather_single` / `reduce_scatter_single` on torch 2.13, and
+    `all_gather_into_tensor` / `reduce_scatter_tensor` on torch 2.11."""
+    names = ("all_gather_single", "reduce_scatter_single", "all_reduce")
+    names += ("all_gather_into_tensor", "reduce_scatter_tensor")
+    for name in names:
         real = getattr(dist, name, None)
         if real is None or getattr(real, "_logged", False):
             continue
