@@ -112,26 +112,20 @@ def max_pool_nd_with_indices(
     return values, flat
 
 
-def max_pool2d_with_indices(
-    x: torch.Tensor,
-    kernel_size: Sequence[int],
-    stride: Sequence[int] = (),
-    padding: Sequence[int] = (0,),
-    dilation: Sequence[int] = (1,),
-    ceil_mode: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return max_pool_nd_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, 2)
+def _with_indices(n: int) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """``aten.max_pool{n}d_with_indices`` with aten's defaults."""
 
+    def decomposition(
+        x: torch.Tensor,
+        kernel_size: Sequence[int],
+        stride: Sequence[int] = (),
+        padding: Sequence[int] = (0,),
+        dilation: Sequence[int] = (1,),
+        ceil_mode: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return max_pool_nd_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, n)
 
-def max_pool3d_with_indices(
-    x: torch.Tensor,
-    kernel_size: Sequence[int],
-    stride: Sequence[int] = (),
-    padding: Sequence[int] = (0,),
-    dilation: Sequence[int] = (1,),
-    ceil_mode: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return max_pool_nd_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, 3)
+    return decomposition
 
 
 def max_pool2d_with_indices_backward(
@@ -153,7 +147,7 @@ def max_pool2d_with_indices_backward(
 
 
 OWN: dict[Any, Callable[..., Any]] = {
-    aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
-    aten.max_pool3d_with_indices.default: max_pool3d_with_indices,
+    aten.max_pool2d_with_indices.default: _with_indices(2),
+    aten.max_pool3d_with_indices.default: _with_indices(3),
     aten.max_pool2d_with_indices_backward.default: max_pool2d_with_indices_backward,
 }
