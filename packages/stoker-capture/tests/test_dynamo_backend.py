@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch._dynamo
 from capture_compare import check_fn
@@ -58,7 +60,9 @@ def test_specialization_in_the_backend_recompiles_when_violated() -> None:
     assert 4 in seen and 8 in seen, seen  # the violated specialization recompiled
 
 
-def test_an_input_compiled_without_grad_that_requires_it_now_runs_uncompiled() -> None:
+def test_an_input_compiled_without_grad_that_requires_it_now_runs_uncompiled(
+    monkeypatch: Any,
+) -> None:
     """Dynamo before torch 2.12 does not guard requires_grad of parameters: a graph
     compiled while a parameter was frozen is called after it is unfrozen. The backend's
     function then runs the graph uncompiled (correct gradients) and warns once; with
@@ -67,7 +71,11 @@ def test_an_input_compiled_without_grad_that_requires_it_now_runs_uncompiled() -
 
     import pytest
 
+    from stoker_capture._internal import dynamo
     from stoker_capture._internal.dynamo import RequiresGradCheck
+
+    # the torches whose Dynamo does not guard requires_grad (before 2.12) get the check
+    monkeypatch.setattr(dynamo, "DYNAMO_GUARDS_REQUIRES_GRAD", False)
 
     def f(w: torch.Tensor, b: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor]:
         return (torch.tanh(x @ w.t() + b),)

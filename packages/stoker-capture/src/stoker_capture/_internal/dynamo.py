@@ -76,10 +76,18 @@ def dynamo_backend(
     return backend
 
 
+# Dynamo guards requires_grad of parameters from torch 2.12 on: there a call never
+# reaches a graph compiled for another requires_grad, and no per-call check is needed.
+DYNAMO_GUARDS_REQUIRES_GRAD = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 12)
+
+
 def _checked(
     compiled: Callable[..., Any], gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
 ) -> Callable[..., Any]:
-    """``compiled``, behind `RequiresGradCheck` where a tensor input did not require grad."""
+    """``compiled``, behind `RequiresGradCheck` where a tensor input did not require grad
+    (on torches whose Dynamo does not guard that)."""
+    if DYNAMO_GUARDS_REQUIRES_GRAD:
+        return compiled
     frozen = [
         i
         for i, x in enumerate(example_inputs)
