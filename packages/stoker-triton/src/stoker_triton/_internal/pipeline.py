@@ -85,10 +85,11 @@ def compile_graph_impl(
     options = dict(options or {})
     persistent_opt = options.pop("persistent_rnumel_max", None)  # None: the scheduler's default
     autotune = bool(options.pop("max_autotune", False))
+    target_opt = options.pop("target", None)
     if options:
         raise TypeError(
             f"compile_graph: unknown options {sorted(options)}; "
-            "known: persistent_rnumel_max, max_autotune"
+            "known: persistent_rnumel_max, max_autotune, target"
         )
     if debug is None:
         debug = os.environ.get("STOKER_TRITON_DEBUG", "0") == "1"
@@ -97,14 +98,19 @@ def compile_graph_impl(
     with report.stage("prepare"):
         fake_mode, shape_env, fake_inputs = prepare_inputs(example_inputs)
         n_guards = len(shape_env.guards) if shape_env is not None else 0
+        target = choose_target(target_opt, fake_inputs)
+    report.target = target
     # a graph compiled before (in any process): load it, skip every stage below
     key = None
     if graphcache.enabled() and not debug:  # debug prints the IR: compile it
         with report.stage("cache"):
-            key = graphcache.graph_key(
-                gm, fake_inputs, shape_env, {"prm": persistent_opt, "at": autotune}, debug
-            )
-            hit = _load_cached(key, gm, shape_env, n_guards, autotune, report)
+            opts = {"prm": persistent_opt, "at": autotune, "tg": target}
+            if target == "c":
+                from .compile.ccompile import identity
+
+                opts["cc"] = identity()  # the compiler, its flags, the CPU
+            key = graphcache.graph_key(gm, fake_inputs, shape_env, opts, debug)
+            hit = _load_cached(key, gm, shape_env, n_guards, autotune, report, target)
         if hit is not None:
             return hit
     caller_gm = gm  # get_attr constants are read from the caller's module on a hit
@@ -114,9 +120,12 @@ def compile_graph_impl(
     from .verify import verify_program, verify_schedule
 
     persistent_max = int(PERSISTENT_RNUMEL_MAX if persistent_opt is None else persistent_opt)
+    from .devices import CPU
+
+    spec = CPU if target == "c" else None
     with report.stage("prepare"):
         device = _device(fake_inputs)
-        if native_target(device) is not None:  # a GPU: workers start while we lower
+        if target == "triton" and native_target(device) is not None:  # workers start now
             from .compile.xcompile import start_workers
 
             start_workers()
@@ -128,7 +137,7 @@ def compile_graph_impl(
         return _aten_graph(gm, report, "sizes that depend on tensor data (unbacked symbols)")
     # 1. lowering: each aten op -> loop-level IR by the rule table
     with report.stage("lower"):
-        program, ctx = _lower(gm, fake_inputs, shape_env, device, persistent_max)
+        program, ctx = _lower(gm, fake_inputs, shape_env, device, persistent_max, spec)
         if debug:
             verify_program(program)
     # 2. scheduling and fusion: IR nodes -> kernels; buffer lifetimes
@@ -139,9 +148,34 @@ def compile_graph_impl(
     # 3. codegen: one Triton kernel source per fused group, then the wrapper
     with report.stage("codegen"):
         # each distinct kernel generated once (a model's repeated blocks: codegen/kernelmemo.py)
-        kernels = generate_kernels(sched.steps, sched, program.buffers)
+        kernels = generate_kernels(sched.steps, sched, program.buffers, spec)
         out_kind, out_spec = _output_kind(gm)
-        wrapper_src, consts = generate_wrapper(program, sched, kernels, out_kind)
+        launch = "c" if target == "c" else "triton"
+        wrapper_src, consts = generate_wrapper(program, sched, kernels, out_kind, launch)
+
+    if target == "c":  # the CPU: C kernels built side by side, loaded with ctypes
+        from .codegen.c_kernel import kernel_file_source
+        from .runtime.cload import load_c_files
+
+        with report.stage("load"):
+            files = {n: kernel_file_source(ks, kernel_fn_name(ks)) for n, ks in kernels.items()}
+            fns, paths, c_ms = load_c_files(files, _graph_name(gm))
+            mod, wpath = load_module("wrappers", wrapper_src)
+            call = mod.make_call(fns, consts)
+        report.timings_ms["c compile"] = c_ms
+        _fill_report(report, program, sched, kernels, paths, str(wpath), ctx, shape_env, n_guards)
+        if key is not None:
+            from .modcache.modules import store_module
+
+            added = list(shape_env.guards[n_guards:]) if shape_env is not None else []
+            shas = {n: store_module("kernels", src)[0] for n, src in files.items()}
+            with timing.timed("cache write", "compiled-graph cache write"):
+                _save_cached(
+                    key, caller_gm, report, kernels, shas, wrapper_src, consts, out_spec, added
+                )
+        if debug:
+            print(_debug_text(report, wrapper_src), file=sys.stderr)
+        return CompiledGraph(call, report, wrapper_src, out_spec)
 
     # 4. load: kernel modules and wrapper from the on-disk cache, launchers; on a GPU
     #    each kernel's compiles (each configuration its launch will use) are queued in
@@ -159,8 +193,9 @@ def compile_graph_impl(
     if key is not None:
         added = list(shape_env.guards[n_guards:]) if shape_env is not None else []
         with timing.timed("cache write", "compiled-graph cache write"):
+            shas = {n: lau.sha for n, lau in launchers.items()}
             _save_cached(
-                key, caller_gm, report, kernels, launchers, wrapper_src, consts, out_spec, added
+                key, caller_gm, report, kernels, shas, wrapper_src, consts, out_spec, added
             )
     if debug:
         print(_debug_text(report, wrapper_src), file=sys.stderr)
@@ -177,12 +212,28 @@ def regions_enabled() -> bool:
 region_stats: dict[str, int] = {"graphs": 0, "reused nodes": 0, "mismatches": 0}
 
 
+def choose_target(requested: Any, inputs: Sequence[Any]) -> str:
+    """Which emitter compiles the graph: ``"triton"`` (CUDA inputs, or CPU inputs under
+    Triton's interpreter, `TRITON_INTERPRET=1`) or ``"c"`` (CPU inputs otherwise);
+    `options={"target": ...}` chooses."""
+    if requested is not None:
+        if requested not in ("c", "triton"):
+            raise TypeError(f"compile_graph: target={requested!r}; use 'c' or 'triton'")
+        return str(requested)
+    return "c" if _device(inputs).type == "cpu" and not interpreting() else "triton"
+
+
+def _graph_name(gm: torch.fx.GraphModule) -> str:
+    return type(gm).__name__ if type(gm).__name__ != "GraphModule" else "graph"
+
+
 def _lower(
     gm: torch.fx.GraphModule,
     fake_inputs: Sequence[Any],
     shape_env: Any,
     device: torch.device,
     persistent_max: int,
+    spec: Any = None,
 ) -> tuple[Any, Any]:
     """`lower_graph`, each repeated region lowered once (see `lowering/regions.py`)."""
     from .lowering import lower_graph
@@ -191,7 +242,7 @@ def _lower(
     if regions_enabled():
         try:
             program, ctx = lower_graph(
-                gm, fake_inputs, shape_env, device, persistent_max, regions=True
+                gm, fake_inputs, shape_env, device, persistent_max, regions=True, spec=spec
             )
         except RegionMismatch as e:
             log.info("stoker-triton: repeated regions not reused (%s); lowering each node", e)
@@ -201,7 +252,7 @@ def _lower(
                 region_stats["graphs"] += 1
                 region_stats["reused nodes"] += program.reused_nodes
             return program, ctx
-    return lower_graph(gm, fake_inputs, shape_env, device, persistent_max)
+    return lower_graph(gm, fake_inputs, shape_env, device, persistent_max, spec=spec)
 
 
 def _load_cached(
@@ -211,6 +262,7 @@ def _load_cached(
     n_guards: int,
     autotune: bool,
     report: CompileReport,
+    target: str = "triton",
 ) -> CompiledGraph | None:
     """The compiled graph from the cache, or None (`report.cache` says why not)."""
     got = graphcache.load(key, gm, shape_env)
@@ -220,6 +272,21 @@ def _load_cached(
         report.cache = got
         return None
     entry = got.entry
+    if target == "c":  # the objects by their sources' keys: built before, loaded
+        from .runtime.cload import load_c_files
+
+        fns, _, c_ms = load_c_files(
+            {n: src for n, (src, _) in got.kernels.items()}, _graph_name(gm)
+        )
+        report.timings_ms["c compile"] = c_ms
+        call = got.wrapper.make_call(fns, got.consts)
+        added = [str(g.expr) for g in shape_env.guards[n_guards:]] if shape_env is not None else []
+        graphcache.report_of(got, report, added)
+        register_kernels(report)
+        graphcache.count("hits")
+        report.cache = "hit"
+        log_cache.info("compiled-graph cache hit: %s (%d C kernels)", key, len(fns))
+        return CompiledGraph(call, report, _source_of(got.wrapper_path), entry.out_spec)
     launchers = {
         name: _launcher(
             _importer(k.sha, path, src),
@@ -267,16 +334,17 @@ def _save_cached(
     gm: torch.fx.GraphModule,
     report: CompileReport,
     kernels: dict[str, KernelSource],
-    launchers: dict[str, Launcher],
+    shas: dict[str, str],
     wrapper_src: str,
     consts: dict[str, Any],
     out_spec: Any,
     guards: list[Any],
 ) -> None:
-    """Store what `_load_cached` needs to rebuild this compiled graph."""
+    """Store what `_load_cached` needs to rebuild this compiled graph (`shas`: each
+    kernel's module key in the cache)."""
     try:
         packed = {k: graphcache.pack_const(c, gm) for k, c in consts.items()}
-        _store_entry(key, packed, report, kernels, launchers, wrapper_src, out_spec, guards)
+        _store_entry(key, packed, report, kernels, shas, wrapper_src, out_spec, guards)
     except graphcache.Uncacheable as e:
         log_cache.info("compiled graph not cached: %s", e)
         report.cache = f"uncacheable: {e}"
@@ -289,7 +357,7 @@ def _store_entry(
     packed: dict[str, tuple[str, Any]],
     report: CompileReport,
     kernels: dict[str, KernelSource],
-    launchers: dict[str, Launcher],
+    shas: dict[str, str],
     wrapper_src: str,
     out_spec: Any,
     guards: list[Any],
@@ -300,7 +368,7 @@ def _store_entry(
         wrapper=hashlib.sha256(wrapper_src.encode()).hexdigest()[:24],
         kernels={
             n: graphcache.KernelEntry(
-                launchers[n].sha,
+                shas[n],
                 ks.is_reduction,
                 ks.persistent,
                 ks.has_atomics,

@@ -37,6 +37,7 @@ class CompileReport:
     """Kernels, fusion groups, extern/fallback ops, guards and per-stage timings."""
 
     kernels: list[KernelInfo] = dataclasses.field(default_factory=list)
+    target: str = ""  # the emitter: "triton" (a GPU, or Triton's interpreter) or "c" (the CPU)
     extern_calls: list[str] = dataclasses.field(
         default_factory=list
     )  # every aten call the wrapper makes

@@ -259,7 +259,7 @@ class SizeGuards(Protocol):
     conditions decided, symbolic ones guarded, and the persistent-row limit."""
 
     @property
-    def persistent_rnumel_max(self) -> int: ...
+    def persistent_rnumel_max(self) -> int | None: ...
 
     def guard_true(self, cond: sympy.Basic, why: str) -> bool: ...
 
@@ -275,7 +275,8 @@ def schedule(program: Program, ctx: SizeGuards) -> Schedule:
         nonlocal nk
         if isinstance(node, ReductionNode):
             x, r = product(node.size), product(node.reduce_size)
-            persistent = ctx.guard_true(
+            # (None: a device that walks every row with loops, the CPU: no row is too long)
+            persistent = ctx.persistent_rnumel_max is None or ctx.guard_true(
                 sympy.Le(r, ctx.persistent_rnumel_max),
                 "a reduction row fits one block (persistent reduction)",
             )
@@ -344,7 +345,7 @@ def schedule(program: Program, ctx: SizeGuards) -> Schedule:
             steps.append(k)
             writer[node.name] = len(steps) - 1
 
-    for step in steps:
+    for step in steps if ctx.persistent_rnumel_max is not None else ():
         if isinstance(step, Kernel) and step.persistent and step.is_reduction:
             small = ctx.statically_known(sympy.Le(step.rnumel, LOOP_SINGLE_PASS_ABOVE))
             if (not small or kernel_is_outer(step)) and _single_pass(step):
@@ -468,11 +469,14 @@ def store_index_of_reduction(m: ReductionNode, p: Placement) -> Expr:
     return canonical_index(flat.xreplace(p.varmap))
 
 
-def loop_segments(kernel: Kernel) -> list[list[PointwiseNode | ReductionNode | ScatterNode]]:
+def loop_segments(
+    kernel: Kernel, online: bool = True
+) -> list[list[PointwiseNode | ReductionNode | ScatterNode]]:
     """A looped kernel's nodes in the order it runs them: each segment of
     reduced-space nodes is one loop over the row (a node that reads a reduction
-    finished in the current loop starts the next; the sum of an online softmax
-    does not); a kept-space node is a segment of its own, outside any loop."""
+    finished in the current loop starts the next; with `online`, the sum of an
+    online softmax does not); a kept-space node is a segment of its own, outside
+    any loop."""
     segments: list[list[PointwiseNode | ReductionNode | ScatterNode]] = []
     cur: list[PointwiseNode | ReductionNode | ScatterNode] = []
     cur_red: set[str] = set()
@@ -484,7 +488,7 @@ def loop_segments(kernel: Kernel) -> list[list[PointwiseNode | ReductionNode | S
             cur, cur_red = [], set()
             continue
         reads = {ld.buf for ld in _all_loads(n)}
-        m = online_softmax_max(kernel, n)
+        m = online_softmax_max(kernel, n) if online else None
         if m is not None and m.name in cur_red:
             reads -= {m.name}
         if reads & cur_red:

@@ -75,10 +75,22 @@ def canonical_key(
     return key, order
 
 
-def generate_kernels(steps: list[Any], sched: Any, buffers: dict[str, Buffer]) -> dict[str, Any]:
-    """`generate_kernel` of every kernel step, each distinct kernel generated once."""
+def generate_kernels(
+    steps: list[Any], sched: Any, buffers: dict[str, Buffer], spec: Any = None
+) -> dict[str, Any]:
+    """`generate_kernel` of every kernel step, each distinct kernel generated once;
+    with a CPU's `spec` (`devices.py`), the C emitter's `generate_c_kernel`."""
     from ..scheduler import Kernel
     from .kernel import generate_kernel
+
+    def emit(k: Any, s: Any, b: dict[str, Buffer]) -> Any:
+        if spec is not None and spec.name == "cpu":
+            from .c_kernel import generate_c_kernel
+
+            return generate_c_kernel(k, s, b, spec)
+        return generate_kernel(k, s, b)
+
+    prefix = "void " if spec is not None and spec.name == "cpu" else "def "
 
     out: dict[str, Any] = {}
     for s in steps:
@@ -88,8 +100,9 @@ def generate_kernels(steps: list[Any], sched: Any, buffers: dict[str, Buffer]) -
             key, order = canonical_key(s, sched.internal, buffers)
             hash(key)
         except TypeError:  # something unhashable: generate it
-            out[s.name] = generate_kernel(s, sched, buffers)
+            out[s.name] = emit(s, sched, buffers)
             continue
+        key = (prefix, key)
         hit = _MEMO.get(key)
         if hit is not None:
             src, ptrs = hit
@@ -97,11 +110,11 @@ def generate_kernels(steps: list[Any], sched: Any, buffers: dict[str, Buffer]) -
             out[s.name] = dataclasses.replace(
                 src,
                 name=s.name,
-                source=src.source.replace(f"def {src.name}(", f"def {s.name}(", 1),
+                source=src.source.replace(f"{prefix}{src.name}(", f"{prefix}{s.name}(", 1),
                 pointer_args=[order[i] for i in ptrs],
             )
             continue
-        ks = generate_kernel(s, sched, buffers)
+        ks = emit(s, sched, buffers)
         stats["generated"] += 1
         pos = {b: i for i, b in enumerate(order)}
         if all(b in pos for b in ks.pointer_args):

@@ -63,9 +63,17 @@ def _tuple_memo(xs: tuple[tuple[type, Any], ...]) -> str:
 
 class WrapperCodegen:
     def __init__(
-        self, program: Program, sched: Schedule, kernels: dict[str, KernelSource], output_kind: str
+        self,
+        program: Program,
+        sched: Schedule,
+        kernels: dict[str, KernelSource],
+        output_kind: str,
+        launch: str = "triton",
     ) -> None:
         self.p = program
+        # "triton": `kernel.go(target, tensors...)` through a `Launcher`; "c": the kernel
+        # is a C function called with its buffers' data pointers (`runtime/cload.py`)
+        self.launch = launch
         self.s = sched
         self.kernels = kernels
         self.output_kind = output_kind  # "tuple" | "list" | "single"
@@ -160,7 +168,7 @@ class WrapperCodegen:
         ]
         for name in self.kernels:
             out.append(f"    {name} = launchers[{name!r}]")
-        if self.kernels:  # the device, stream and launch hooks: read once per call
+        if self.kernels and self.launch == "triton":  # device, stream, hooks: once per call
             out.append("    target = launch_target(launchers)")
         body_start = len(out)
         self.emit("def call(args):", 1)
@@ -178,7 +186,7 @@ class WrapperCodegen:
                 self.emit(f"{sym} = {names[i]}.stride({d})")
             else:
                 self.emit(f"{sym} = {names[i]}.storage_offset()")
-        if self.kernels:
+        if self.kernels and self.launch == "triton":
             self.emit("tgt = target()")
         if names:
             # the wrapper now holds every input: a caller that passed its own list
@@ -238,15 +246,21 @@ class WrapperCodegen:
                         self.emit(f"del {taken[node.name]}")
                     else:
                         self.emit(self.alloc(p.buffers[node.name]))
+                ptrs = ks.pointer_args
+                if self.launch == "c":
+                    ptrs = [f"{b}.data_ptr()" for b in ptrs]
                 call_args = [
-                    *ks.pointer_args,
+                    *ptrs,
                     py(ks.xnumel),
                     py(ks.rnumel),
                     *[str(x) for x in ks.size_args],
                 ]
                 if ks.uses_seed:
                     call_args.append("seed")
-                self.emit(f"{step.name}.go(tgt, {', '.join(call_args)})")
+                if self.launch == "c":
+                    self.emit(f"{step.name}({', '.join(call_args)})")
+                else:
+                    self.emit(f"{step.name}.go(tgt, {', '.join(call_args)})")
             else:
                 op = self.const(step.op)
                 args = ", ".join(self.arg(a) for a in step.args)
@@ -371,9 +385,13 @@ def check_bound(src: str, program: Program) -> None:
 
 
 def generate_wrapper(
-    program: Program, sched: Schedule, kernels: dict[str, KernelSource], output_kind: str
+    program: Program,
+    sched: Schedule,
+    kernels: dict[str, KernelSource],
+    output_kind: str,
+    launch: str = "triton",
 ) -> tuple[str, dict[str, Any]]:
-    g = WrapperCodegen(program, sched, kernels, output_kind)
+    g = WrapperCodegen(program, sched, kernels, output_kind, launch)
     src = g.generate()
     check_bound(src, program)
     consts = {f"C{i}": c for i, c in enumerate(g.consts)}

@@ -15,6 +15,7 @@ import sympy
 import torch
 import torch.fx
 
+from ..devices import DeviceSpec
 from ..ir import BufferRef, Expr, Program, SymRef, contiguous_strides, product
 from . import extern, indexing, pointwise, random, reduction, views  # register the rules
 from .core import LOWERINGS, REUSE_BODY_LIMIT, LoweringContext, TensorValue, recompute_bytes
@@ -47,12 +48,15 @@ def lower_graph(
     device: torch.device,
     persistent_rnumel_max: int = 8192,
     regions: bool = False,
+    spec: DeviceSpec | None = None,
 ) -> tuple[Program, LoweringContext]:
     """Lower every node of `gm` by the rule table; ops with no rule (or whose
     rule declines) become extern aten calls. `regions`: lower each repeated
     region once and the other copies by renaming (`regions.py`; may raise
-    `RegionMismatch`, then lower again without)."""
-    ctx = LoweringContext(shape_env, device, persistent_rnumel_max=persistent_rnumel_max)
+    `RegionMismatch`, then lower again without). `spec`: the device's choices
+    (`devices.py`; None: a GPU's)."""
+    pmax = persistent_rnumel_max if spec is None or spec.persistent_rnumel_max else None
+    ctx = LoweringContext(shape_env, device, persistent_rnumel_max=pmax, spec=spec)
     env: dict[torch.fx.Node, Any] = {}
     in_names: list[str | SymRef | None] = []
     symbols: dict[sympy.Symbol, tuple[int, str, int]] = {}

@@ -19,6 +19,7 @@ import sympy
 import torch
 
 from .. import tiling
+from ..devices import DeviceSpec
 from ..ir import (
     Buffer,
     BufferRef,
@@ -136,7 +137,9 @@ class LoweringContext:
     # buffer -> the lazy views realize() gave a view of it (for in-place writes too)
     realized_views: dict[str, list[TensorValue]] = dataclasses.field(default_factory=dict)
     random_streams: int = 0
-    persistent_rnumel_max: int = 8192  # see scheduler.PERSISTENT_RNUMEL_MAX
+    # see scheduler.PERSISTENT_RNUMEL_MAX; None: rows are always looped (a CPU), never guarded
+    persistent_rnumel_max: int | None = 8192
+    spec: DeviceSpec | None = None  # the device's choices (devices.py); None: a GPU's
     _counter: int = 0
     _ind_counter: int = 0
 
@@ -297,7 +300,7 @@ class LoweringContext:
             return [node]
         xr = {**tiling.flat_vars("x", node.size, XI), **tiling.flat_vars("r", node.reduce_size, RI)}
         outer = tiling.is_outer((ld.index.xreplace(xr) for ld in loads_of(node.body)), XI, RI)
-        s = tiling.split_factor(x, r, outer)
+        s = (self.spec.split if self.spec is not None else tiling.split_factor)(x, r, outer)
         if s == 1:
             return [node]
         chunk = r // s

@@ -1,0 +1,666 @@
+"""C source for one fused kernel (see scheduler.Kernel): the CPU's emitter.
+
+The kernel is the scheduler's, the same one the Triton emitter writes: its
+nodes, their placements in the (x, r) space, the buffers kept in registers. The
+loops are the CPU's (the device description, `devices.py`, gives their sizes):
+
+- a pointwise kernel is two loops, `xo` over the outer part of x and `xi` over
+  its innermost extent (the last dims of its first node), so index arithmetic
+  splits into a per-row part and a unit-stride part; the outer loop runs on
+  OpenMP's threads past `parallel_min_work` elements, the inner one is
+  `#pragma omp simd`;
+- an *inner* reduction (`x.sum(-1)`) runs one row per iteration of the parallel
+  x loop, and each segment of the row (`scheduler.loop_segments`) is one
+  `simd` loop over r with the reductions as OpenMP `reduction` clauses;
+- an *outer* reduction (`x.sum(0)`, `tiling.is_outer`) walks `outer_tile`
+  neighbouring outputs side by side: for each r, a `simd` loop over the tile,
+  one accumulator per output, so its loads run along contiguous memory.
+
+A value a kernel produces is a C local: a reduction's result and a kept-space
+node's value per row (per tile element in an outer reduction); a reduced-space
+pointwise value is computed again where it is read (the Triton kernel keeps it
+in registers; here that is the same expression at the same point). Reductions
+run in a fixed order (the simd lanes' partial results combined in one order), so
+a run repeats bit for bit whatever the thread count. Float16 and bfloat16 are
+stored as 16 bits and computed in float32 (`c_ops.py`).
+
+Kernel arguments: pointers (buffers read, then written, named by first use as
+the Triton emitter names them, so a repeated kernel has one source), `xnumel`,
+`rnumel`, size symbols (int64, float symbols as double), the random seed.
+"""
+
+from __future__ import annotations
+
+import sympy
+import torch
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+from ..devices import DeviceSpec
+from ..ir import (
+    Buffer,
+    Const,
+    Expr,
+    IndexValue,
+    Load,
+    Op,
+    PointwiseNode,
+    Rand,
+    ReductionNode,
+    ScatterNode,
+    Value,
+)
+from ..scheduler import (
+    RINDEX,
+    XINDEX,
+    Kernel,
+    Placement,
+    Schedule,
+    canonical_index,
+    kernel_is_outer,
+    loop_segments,
+    store_index,
+)
+from .c_ops import C_OPS, CTYPE, HALF, PRELUDE, STORAGE, c_float, c_index, cast, literal
+from .kernel import KernelSource
+
+XO = sympy.Symbol("xo", integer=True, nonnegative=True)
+XI = sympy.Symbol("xi", integer=True, nonnegative=True)
+XV = sympy.Symbol("x", integer=True, nonnegative=True)
+RV = sympy.Symbol("r", integer=True, nonnegative=True)
+LOOP_NAMES = {"xo", "xi", "x", "r", "x0", "xn", "xb", "xnumel", "rnumel", "seed", "XI"}
+
+Node = PointwiseNode | ReductionNode | ScatterNode
+
+
+def _is_int(e: Expr) -> bool:
+    return bool(sympy.sympify(e).is_integer) and bool(sympy.sympify(e).is_nonnegative)
+
+
+def split_index(e: Expr, inner: Expr) -> Expr:
+    """`e` (in XINDEX) with XINDEX = xo * inner + xi, 0 <= xi < inner: a FloorDiv or
+    ModularIndexing of XINDEX that falls on the split becomes one of xo or of xi."""
+
+    def go(u: Expr) -> Expr:
+        if isinstance(u, FloorDiv | ModularIndexing) and u.args[0] == XINDEX:
+            d = u.args[1]
+            m = u.args[2] if isinstance(u, ModularIndexing) else None
+            q = sympy.simplify(d / inner)
+            if _is_int(q) and q != 0:
+                if m is None:
+                    return XO if q == 1 else FloorDiv(XO, q)
+                return ModularIndexing(XO, q, m)
+            q2 = sympy.simplify(inner / d)
+            if _is_int(q2) and q2 != 0:
+                lo = XI if d == 1 else FloorDiv(XI, d)
+                if m is None:
+                    return XO * q2 + lo
+                if q2 == m:  # xi // d < inner // d == m
+                    return lo
+                if _is_int(sympy.simplify(q2 / m)):
+                    return ModularIndexing(XI, d, m)
+                k = sympy.simplify(m / q2)
+                if _is_int(k):
+                    return ModularIndexing(XO, 1, k) * q2 + lo
+        if not u.args:
+            return u
+        args = [go(a) for a in u.args]
+        if all(a is b for a, b in zip(args, u.args)):
+            return u
+        return u.func(*args)
+
+    out = go(canonical_index(e))
+    return out.xreplace({XINDEX: XO * inner + XI})
+
+
+class _Scope:
+    """Common subexpressions of one loop body (a child sees its parents')."""
+
+    def __init__(self, parent: _Scope | None) -> None:
+        self.parent = parent
+        self.cache: dict[object, str] = {}
+
+    def get(self, key: object) -> str | None:
+        s: _Scope | None = self
+        while s is not None:
+            if key in s.cache:
+                return s.cache[key]
+            s = s.parent
+        return None
+
+
+class CKernelCodegen:
+    def __init__(
+        self, kernel: Kernel, sched: Schedule, buffers: dict[str, Buffer], spec: DeviceSpec
+    ) -> None:
+        self.k = kernel
+        self.sched = sched
+        self.buffers = buffers
+        self.spec = spec
+        self.lines: list[str] = []
+        self.indent = 1
+        self.tmp = 0
+        self.ptr_args: dict[str, str] = {}
+        self.produced = {n.name: n for n in kernel.nodes}
+        self.registers: dict[str, str] = {}  # produced buffer -> its C variable (per row)
+        self.scope = _Scope(None)
+        self.symbols: set[sympy.Symbol] = set()
+        self.local_names: set[str] = set()
+        self.uses_seed = False
+        self.has_atomics = False
+        # how the kernel's index variables print: XINDEX / RINDEX -> C expressions
+        self.x_of: Expr = XV
+        self.split_inner: Expr | None = None
+        self.tile = False  # an outer reduction's tile: row variables are arrays [xi]
+
+    # -- emission helpers --------------------------------------------------
+    def line(self, s: str) -> None:
+        self.lines.append("    " * self.indent + s)
+
+    def new_var(self, prefix: str = "t") -> str:
+        self.tmp += 1
+        return f"{prefix}{self.tmp}"
+
+    def assign(self, ctype: str, code: str, key: object = None) -> str:
+        ckey = ("code", ctype, code)
+        hit = self.scope.get(ckey)
+        if hit is not None:
+            if key is not None:
+                self.scope.cache[key] = hit
+            return hit
+        v = self.new_var()
+        self.line(f"{ctype} {v} = {code};")
+        self.scope.cache[ckey] = v
+        if key is not None:
+            self.scope.cache[key] = v
+        return v
+
+    def push(self) -> None:
+        self.scope = _Scope(self.scope)
+
+    def pop(self) -> None:
+        assert self.scope.parent is not None
+        self.scope = self.scope.parent
+
+    def ptr(self, buf: str) -> str:
+        if buf not in self.ptr_args:
+            out = buf in self.produced
+            kind = "out" if out else "in"
+            n = sum(1 for b in self.ptr_args if (b in self.produced) == out)
+            self.ptr_args[buf] = f"{kind}_ptr{n}"
+        return self.ptr_args[buf]
+
+    def index(self, e: Expr) -> str:
+        """C text of index `e` (in XINDEX, RINDEX and the kernel's symbols)."""
+        e = canonical_index(e)
+        if self.split_inner is not None:
+            e = split_index(e, self.split_inner)
+        else:
+            e = e.xreplace({XINDEX: self.x_of, RINDEX: RV})
+        for s in e.free_symbols:
+            if str(s) not in LOOP_NAMES and str(s) not in self.local_names:
+                self.symbols.add(s)
+        return c_index(e)
+
+    def row(self, var: str) -> str:
+        """A per-row variable as the current loop reads it."""
+        return f"{var}[xi]" if self.tile else var
+
+    # -- values ------------------------------------------------------------
+    def value(self, v: Value, p: Placement, mask: str | None) -> str:
+        key = (v, p.key(), mask)
+        hit = self.scope.get(key)
+        if hit is not None:
+            return hit
+        if isinstance(v, Const):
+            return literal(v)
+        ct = CTYPE[v.dtype]
+        if isinstance(v, IndexValue):
+            e = v.expr.xreplace(self._bind(v.indirect, p, mask))
+            if v.dtype.is_floating_point and not _is_int(e):
+                code = c_float(e.xreplace({XINDEX: self.x_of}))
+                for s in e.free_symbols:
+                    if str(s) not in LOOP_NAMES and str(s) not in self.local_names:
+                        self.symbols.add(s)
+            else:
+                code = self.index(e)
+            return self.assign(ct, cast(f"({code})", torch.int64, v.dtype), key)
+        if isinstance(v, Load):
+            return self.load(v, p, mask, key)
+        if isinstance(v, Rand):
+            self.uses_seed = True
+            off = self.index(v.offset.xreplace(p.varmap))
+            fn = "st_rand" if v.kind == "rand" else "st_randn"
+            code = f"{fn}(seed + {v.stream * 1000003}ULL, (uint32_t)({off}))"
+            return self.assign(ct, cast(code, torch.float32, v.dtype), key)
+        assert isinstance(v, Op)
+        if v.name == "masked":
+            cond = self.value(v.args[0], p, mask)
+            inner_mask = cond if mask is None else f"({mask} && {cond})"
+            inner = self.value(v.args[1], p, inner_mask)
+            other = self.value(v.args[2], p, mask)
+            return self.assign(ct, f"({cond} ? {inner} : {other})", key)
+        args = [self.value(a, p, mask) for a in v.args]
+        code = C_OPS[v.name](args, [a.dtype for a in v.args], v.dtype)
+        if v.dtype in HALF and v.name != "to":  # half math rounds as eager stores it
+            code = cast(code, torch.float32, v.dtype)
+        return self.assign(ct, code, key)
+
+    def _bind(
+        self, indirect: tuple[tuple[sympy.Symbol, Value], ...], p: Placement, mask: str | None
+    ) -> dict[sympy.Symbol, Expr]:
+        subs: dict[sympy.Symbol, Expr] = dict(p.varmap)
+        for sym, iv in indirect:
+            code = self.value(iv, p, mask)
+            var = self.assign("int64_t", f"(int64_t)({code})", ("ind", code))
+            self.local_names.add(var)
+            subs[sym] = sympy.Symbol(var, integer=True)
+        return subs
+
+    def load(self, v: Load, p: Placement, mask: str | None, key: object) -> str:
+        prod = self.produced.get(v.buf)
+        if prod is not None and not isinstance(prod, ScatterNode):
+            reg = self.registers.get(v.buf)
+            if reg is not None:
+                return self.row(reg)
+            # a reduced-space value of this kernel: the same expression at this point
+            return self.value(prod.body, self.k.placements[prod.name], mask)
+        e = v.index.xreplace(self._bind(v.indirect, p, mask))
+        idx = self.index(e)
+        ptr = self.ptr(v.buf)
+        raw = f"{ptr}[{idx}]"
+        dt = self.buffers[v.buf].dtype
+        code = (
+            f"st_bf16_to_f32({raw})"
+            if dt == torch.bfloat16
+            else f"(float)({raw})"
+            if dt == torch.float16
+            else raw
+        )
+        if mask is not None:
+            code = f"({mask} ? {code} : ({CTYPE[dt]})0)"
+        return self.assign(CTYPE[v.dtype], cast(code, dt, v.dtype), key)
+
+    def store(self, n: Node, p: Placement, val: str) -> None:
+        if n.name in self.sched.internal:
+            return
+        buf = self.buffers[n.name]
+        idx = self.index(store_index(buf, n, p))  # type: ignore[arg-type]
+        self.line(f"{self.ptr(n.name)}[{idx}] = {self._to_storage(val, buf.dtype)};")
+
+    def _to_storage(self, val: str, dt: torch.dtype) -> str:
+        if dt == torch.bfloat16:
+            return f"st_f32_to_bf16({val})"
+        return f"({STORAGE[dt]})({val})"
+
+    # -- pointwise kernels -------------------------------------------------
+    def pointwise(self) -> None:
+        k = self.k
+        first = k.nodes[0]
+        inner = _inner_extent(first.size)
+        scatter = isinstance(first, ScatterNode)
+        self.line("if (xnumel <= 0) return;")
+        if inner is not None and inner != k.xnumel and not scatter:
+            self.split_inner = inner
+            self.line(f"const int64_t XI = {c_index(inner)};")
+            self._note_symbols(inner)
+            self.line(f"#pragma omp parallel for if (xnumel >= {self.spec.parallel_min_work})")
+            self.line("for (int64_t xo = 0; xo < xnumel / XI; xo++) {")
+            self.indent += 1
+            self.line("#pragma omp simd")
+            self.line("for (int64_t xi = 0; xi < XI; xi++) {")
+        elif scatter:
+            # serial: an accumulating scatter adds in one fixed order (bit for bit)
+            self.line("for (int64_t x = 0; x < xnumel; x++) {")
+        else:
+            self.line(f"#pragma omp parallel for simd if (xnumel >= {self.spec.parallel_min_work})")
+            self.line("for (int64_t x = 0; x < xnumel; x++) {")
+        self.indent += 1
+        self.push()
+        for n in k.nodes:
+            p = k.placements[n.name]
+            if isinstance(n, ScatterNode):
+                self.scatter(n, p)
+                continue
+            val = self.value(n.body, p, None)
+            self.registers[n.name] = val
+            self.store(n, p, val)
+        self.pop()
+        self.indent -= 1
+        self.line("}")
+        if self.split_inner is not None:
+            self.indent -= 1
+            self.line("}")
+
+    def scatter(self, n: ScatterNode, p: Placement) -> None:
+        val = self.value(n.body, p, None)
+        e = n.index.xreplace(self._bind(n.indirect, p, None))
+        idx = self.index(e)
+        ptr = self.ptr(n.name)
+        dt = self.buffers[n.name].dtype
+        if n.mode == "add":
+            cur = f"{ptr}[{idx}]"
+            if dt == torch.bfloat16:
+                cur = f"st_bf16_to_f32({cur})"
+            total = cast(f"({cur} + {val})", torch.float32 if dt in HALF else dt, dt)
+            self.line(f"{ptr}[{idx}] = {self._to_storage(total, dt)};")
+        else:
+            self.line(f"{ptr}[{idx}] = {self._to_storage(val, dt)};")
+
+    def _note_symbols(self, e: Expr) -> None:
+        for s in sympy.sympify(e).free_symbols:
+            if str(s) not in LOOP_NAMES:
+                self.symbols.add(s)
+
+    # -- reduction kernels -------------------------------------------------
+    def reduction(self) -> None:
+        k = self.k
+        outer = kernel_is_outer(k) and k.xnumel != 1
+        work = f"xnumel * rnumel >= {self.spec.parallel_min_work}"
+        if outer:
+            t = self.spec.outer_tile
+            self.tile = True
+            self.x_of = sympy.Symbol("x0", integer=True, nonnegative=True) + XI
+            self.line(f"#pragma omp parallel for if ({work})")
+            self.line(f"for (int64_t xb = 0; xb < (xnumel + {t - 1}) / {t}; xb++) {{")
+            self.indent += 1
+            self.line(f"const int64_t x0 = xb * {t};")
+            self.line(f"const int64_t xn = ST_MIN({t}, xnumel - x0);")
+        else:
+            self.line(f"#pragma omp parallel for if ({work})")
+            self.line("for (int64_t x = 0; x < xnumel; x++) {")
+            self.indent += 1
+        self.push()
+        for seg in loop_segments(k, online=False):
+            if not k.placements[seg[0].name].reduced_space:
+                self.kept(seg[0])
+            else:
+                self.segment(seg)
+        self.pop()
+        self.indent -= 1
+        self.line("}")
+
+    def _row_loop(self) -> None:
+        """Open a loop over the tile's outputs (an outer reduction only)."""
+        self.line("#pragma omp simd")
+        self.line("for (int64_t xi = 0; xi < xn; xi++) {")
+        self.indent += 1
+
+    def kept(self, n: Node) -> None:
+        """A node of the kept space: one value per row."""
+        p = self.k.placements[n.name]
+        var = self.new_var("row")
+        if self.tile:
+            self.line(f"{CTYPE[n.body.dtype]} {var}[{self.spec.outer_tile}];")
+            self._row_loop()
+        self.push()
+        val = self.value(n.body, p, None)
+        if self.tile:
+            self.line(f"{var}[xi] = {val};")
+        else:
+            self.line(f"const {CTYPE[n.body.dtype]} {var} = {val};")
+        self.registers[n.name] = var
+        self.store(n, p, self.row(var))
+        self.pop()
+        if self.tile:
+            self.indent -= 1
+            self.line("}")
+
+    def segment(self, seg: list[Node]) -> None:
+        """One loop over the row: its pointwise nodes stored, its reductions accumulated."""
+        reds = [n for n in seg if isinstance(n, ReductionNode)]
+        accs = {n.name: _Acc(self, n) for n in reds}
+        for a in accs.values():
+            a.declare()
+        if self.tile:
+            self.line("for (int64_t r = 0; r < rnumel; r++) {")
+            self.indent += 1
+            self._row_loop()
+        else:
+            clauses = " ".join(c for a in accs.values() for c in a.clauses())
+            simd = all(a.vectorizes for a in accs.values())
+            if simd:
+                self.line(f"#pragma omp simd {clauses}".rstrip())
+            self.line("for (int64_t r = 0; r < rnumel; r++) {")
+            self.indent += 1
+        self.push()
+        for n in seg:
+            p = self.k.placements[n.name]
+            if isinstance(n, ReductionNode):
+                accs[n.name].update(self.value(n.body, p, None))
+            else:
+                val = self.value(n.body, p, None)
+                self.store(n, p, val)
+        self.pop()
+        self.indent -= 1
+        self.line("}")
+        if self.tile:
+            self.indent -= 1
+            self.line("}")
+        for n in reds:
+            accs[n.name].finish()
+
+    def finish(self) -> KernelSource:
+        k = self.k
+        reads = [b for b in self.ptr_args if b not in self.produced]
+        writes = [b for b in self.ptr_args if b in self.produced]
+        syms = sorted(self.symbols - {XINDEX, RINDEX}, key=str)
+        for e in (k.xnumel, k.rnumel):
+            for s in sympy.sympify(e).free_symbols:
+                if s not in syms:
+                    syms.append(s)
+        params = [
+            f"{'const ' if b in reads else ''}{STORAGE[self.buffers[b].dtype]}* {self.ptr_args[b]}"
+            for b in reads + writes
+        ]
+        params += ["int64_t xnumel", "int64_t rnumel"]
+        params += [f"{'int64_t' if s.is_integer else 'double'} {s}" for s in syms]
+        if self.uses_seed:
+            params.append("uint64_t seed")
+        head = f"void {k.name}({', '.join(params)}) {{"
+        src = "\n".join([head, *self.lines, "}"]) + "\n"
+        return KernelSource(
+            name=k.name,
+            source=src,
+            pointer_args=reads + writes,
+            size_args=syms,
+            uses_seed=self.uses_seed,
+            xnumel=k.xnumel,
+            rnumel=k.rnumel,
+            persistent=k.persistent,
+            is_reduction=k.is_reduction,
+            has_atomics=self.has_atomics,
+            outer=k.is_reduction and kernel_is_outer(k),
+        )
+
+
+def _inner_extent(size: tuple[Expr, ...]) -> Expr | None:
+    """The innermost extent a pointwise kernel's xi loop walks: the last dim of its
+    first node, or the last few when those are short (a loop of at least 16 when the
+    sizes are static). None: one flat loop."""
+    inner: Expr = sympy.Integer(1)
+    for s in reversed(size):
+        inner = inner * s
+        if not inner.is_number or int(inner) >= 16:
+            break
+    if inner == 1:
+        return None
+    return inner
+
+
+class _Acc:
+    """One reduction's accumulator in a segment loop: its declaration, its update per
+    element, and its result per row (`CKernelCodegen.registers`)."""
+
+    def __init__(self, g: CKernelCodegen, n: ReductionNode) -> None:
+        self.g, self.n = g, n
+        self.t = n.reduce_type
+        self.dt = n.body.dtype
+        self.ct = CTYPE[self.dt] if self.t not in ("any", "all") else "int"
+        self.var = g.new_var("acc")
+        self.vectorizes = self.t not in ("argmax", "argmin")
+
+    def _ident(self) -> str:
+        t, dt = self.t, self.dt
+        if t in ("sum", "welford_mean", "welford_m2", "any"):
+            return "0"
+        if t in ("prod", "all"):
+            return "1"
+        big = "INFINITY" if dt.is_floating_point else None
+        if t in ("max", "argmax"):
+            lo = (
+                f"(-({self.ct}){big})"
+                if big
+                else str(torch.iinfo(dt).min if dt != torch.bool else 0)
+            )
+            return lo if lo != str(-(2**63)) else "INT64_MIN"
+        if t in ("min", "argmin"):
+            return (
+                f"(({self.ct}){big})"
+                if big
+                else str(torch.iinfo(dt).max if dt != torch.bool else 1)
+            )
+        raise ValueError(t)
+
+    def _decl(self, name: str, ct: str, init: str) -> None:
+        g = self.g
+        if g.tile:
+            t = g.spec.outer_tile
+            g.line(f"{ct} {name}[{t}];")
+            g.line(f"for (int64_t xi = 0; xi < {t}; xi++) {name}[xi] = {init};")
+        else:
+            g.line(f"{ct} {name} = {init};")
+
+    def declare(self) -> None:
+        self._decl(self.var, self.ct, self._ident())
+        if self.t in ("max", "min") and self.dt.is_floating_point:
+            self._decl(self.var + "_nan", "int", "0")
+        if self.t in ("argmax", "argmin"):
+            self._decl(self.var + "_idx", "int64_t", "-1")
+
+    def clauses(self) -> list[str]:
+        t, v = self.t, self.var
+        op = {"sum": "+", "welford_mean": "+", "welford_m2": "+", "prod": "*", "any": "|"}
+        op |= {"all": "&", "max": "max", "min": "min"}
+        if t not in op:
+            return []
+        out = [f"reduction({op[t]}:{v})"]
+        if t in ("max", "min") and self.dt.is_floating_point:
+            out.append(f"reduction(|:{v}_nan)")
+        return out
+
+    def update(self, val: str) -> None:
+        g, t = self.g, self.t
+        a = g.row(self.var)
+        if t in ("sum", "welford_mean", "welford_m2"):
+            g.line(f"{a} = {a} + {val};")
+        elif t == "prod":
+            g.line(f"{a} = {a} * {val};")
+        elif t == "any":
+            g.line(f"{a} = {a} | (({val}) != 0);")
+        elif t == "all":
+            g.line(f"{a} = {a} & (({val}) != 0);")
+        elif t in ("max", "min"):
+            cmp = ">" if t == "max" else "<"
+            g.line(f"{a} = ({val}) {cmp} {a} ? ({val}) : {a};")
+            if self.dt.is_floating_point:
+                nan = g.row(self.var + "_nan")
+                g.line(f"{nan} = {nan} | (({val}) != ({val}));")
+        else:  # argmax / argmin: the first best, the first NaN wins
+            cmp = ">" if t == "argmax" else "<"
+            i = g.row(self.var + "_idx")
+            better = f"({val}) {cmp} {a} || {i} < 0"
+            if self.dt.is_floating_point:
+                better += f" || (({val}) != ({val}) && {a} == {a})"
+            take = g.assign("bool", f"{better}")
+            g.line(f"{a} = {take} ? ({val}) : {a};")
+            g.line(f"{i} = {take} ? r : {i};")
+
+    def finish(self) -> None:
+        """The row's result: a per-row variable, stored unless it stays in the kernel."""
+        g, n, t = self.g, self.n, self.t
+        res = g.new_var("red")
+        rct = CTYPE[n.dtype]
+        p = g.k.placements[n.name]
+        kept = Placement({k: e for k, e in p.varmap.items() if str(k).startswith("x")}, False)
+        if g.tile:
+            g.line(f"{rct} {res}[{g.spec.outer_tile}];")
+            g._row_loop()
+        a = g.row(self.var)
+        if t == "welford_m2":
+            mean = g.new_var("mean")
+            g.line(f"const {self.ct} {mean} = {a} / ({self.ct})rnumel;")
+            if g.tile:  # the deviations: a second pass over the row
+                g.indent -= 1
+                g.line("}")
+                m2 = g.new_var("m2")
+                self._decl(m2, self.ct, "0")
+                g.line(f"{self.ct} {mean}s[{g.spec.outer_tile}];")
+                g._row_loop()
+                g.line(f"{mean}s[xi] = {a} / ({self.ct})rnumel;")
+                g.indent -= 1
+                g.line("}")
+                g.line("for (int64_t r = 0; r < rnumel; r++) {")
+                g.indent += 1
+                g._row_loop()
+                g.push()
+                v = g.value(n.body, p, None)
+                g.line(f"const {self.ct} d = {v} - {mean}s[xi];")
+                g.line(f"{m2}[xi] = {m2}[xi] + d * d;")
+                g.pop()
+                g.indent -= 1
+                g.line("}")
+                g.indent -= 1
+                g.line("}")
+                g._row_loop()
+                code = f"{m2}[xi]"
+            else:
+                m2 = g.new_var("m2")
+                g.line(f"{self.ct} {m2} = 0;")
+                g.line(f"#pragma omp simd reduction(+:{m2})")
+                g.line("for (int64_t r = 0; r < rnumel; r++) {")
+                g.indent += 1
+                g.push()
+                v = g.value(n.body, p, None)
+                g.line(f"const {self.ct} d = {v} - {mean};")
+                g.line(f"{m2} = {m2} + d * d;")
+                g.pop()
+                g.indent -= 1
+                g.line("}")
+                code = m2
+        elif t == "welford_mean":
+            code = f"{a} / ({self.ct})rnumel"
+        elif t in ("max", "min") and self.dt.is_floating_point:
+            code = f"{g.row(self.var + '_nan')} ? ({self.ct})NAN : {a}"
+        elif t in ("argmax", "argmin"):
+            i = g.row(self.var + "_idx")
+            code = f"{i} < 0 ? 0 : {i}"
+        elif t in ("any", "all"):
+            code = f"({a} != 0)"
+        else:
+            code = a
+        if g.tile:
+            g.line(f"{res}[xi] = {cast(code, self.dt, n.dtype)};")
+        else:
+            g.line(f"const {rct} {res} = {cast(code, self.dt, n.dtype)};")
+        g.registers[n.name] = res
+        g.store(n, kept, g.row(res))
+        if g.tile:
+            g.indent -= 1
+            g.line("}")
+
+
+def generate_c_kernel(
+    kernel: Kernel, sched: Schedule, buffers: dict[str, Buffer], spec: DeviceSpec
+) -> KernelSource:
+    g = CKernelCodegen(kernel, sched, buffers, spec)
+    if kernel.is_reduction:
+        g.reduction()
+    else:
+        g.pointwise()
+    return g.finish()
+
+
+def kernel_file_source(ks: KernelSource, fn_name: str) -> str:
+    """A kernel's C file: the prelude and the kernel, exported as `fn_name`."""
+    body = ks.source.replace(f"void {ks.name}(", f"void {fn_name}(", 1)
+    return PRELUDE + "\n" + body

@@ -1,0 +1,218 @@
+"""Building generated C kernels with the system's compiler (the CPU's compiler step).
+
+The compiler is found at run time: ``$STOKER_CC`` (a path or a name on ``PATH``),
+else ``cc``, ``gcc``, ``clang``. Flags: ``$STOKER_CFLAGS`` replaces `DEFAULT_FLAGS`
+(``-O3 -march=native`` and what every build needs: OpenMP, position-independent
+code, no FMA contraction, so a sum is rounded where eager rounds it).
+
+Each kernel is one shared object, stored under ``$STOKER_CACHE_DIR/c/`` by the hash
+of its source, the compiler's identity and the flags (`object_key`): a warm start
+finds every object built and compiles nothing. Objects are written through a
+temporary file and a rename, so a half-written one is never loaded. The compiler
+is its own process, so builds run side by side from a thread pool (`build_all`),
+one per core; nothing here imports torch.
+
+The objects link against ``libgomp.so.1`` by name; loaded into a process that has
+imported torch, whose wheel brings its own ``libgomp.so.1``, the loader finds that
+name loaded and shares torch's OpenMP runtime (one thread pool, set by
+``torch.set_num_threads``), as `runtime/cload.py` checks.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+DEFAULT_FLAGS = "-O3 -march=native"
+# what every build needs, whatever STOKER_CFLAGS says
+REQUIRED_FLAGS = (
+    "-shared -fPIC -fopenmp -std=gnu11 -ffp-contract=off -fno-math-errno -fno-trapping-math"
+)
+CANDIDATES = ("cc", "gcc", "clang")
+FORMAT = "1"  # bump when the objects' calling convention changes
+
+
+class CCompilerMissing(RuntimeError):
+    """No C compiler was found."""
+
+
+class CCompileError(RuntimeError):
+    """A generated kernel did not compile."""
+
+
+def find_compiler() -> str | None:
+    """The C compiler's path (``$STOKER_CC``, else the first of `CANDIDATES` on PATH)."""
+    env = os.environ.get("STOKER_CC")
+    if env:
+        return shutil.which(env) or (env if os.access(env, os.X_OK) else None)
+    for name in CANDIDATES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def compiler_or_raise() -> str:
+    cc = find_compiler()
+    if cc is None:
+        env = os.environ.get("STOKER_CC")
+        what = f"STOKER_CC={env!r} is not an executable" if env else "no cc, gcc or clang on PATH"
+        raise CCompilerMissing(
+            f"stoker's CPU backend needs a C compiler with OpenMP: {what}. Install one "
+            "(Debian/Ubuntu: `apt-get install gcc`), or set STOKER_CC to its path."
+        )
+    return cc
+
+
+def flags() -> list[str]:
+    return shlex.split(os.environ.get("STOKER_CFLAGS", DEFAULT_FLAGS)) + REQUIRED_FLAGS.split()
+
+
+# libm's functions that glibc's libmvec has vector forms of (float and double): declared
+# `omp declare simd` for the kernels, so a loop that calls them still vectorizes
+VECTOR_MATH = (
+    *"exp exp2 expm1 log log2 log10 log1p sin cos tan sinh cosh tanh erf erfc".split(),
+    "hypot:2",
+    "pow:2",
+)
+_ISAS = (("b", 4, 2), ("c", 8, 4), ("d", 8, 4), ("e", 16, 8))  # SSE, AVX, AVX2, AVX-512
+
+
+@functools.cache
+def vector_math_header() -> str:
+    """C declarations of the libm functions whose every vector form (SSE to AVX-512)
+    this machine's libmvec exports; empty where there is no libmvec (not glibc, or
+    glibc before 2.22): the loops that call them then run scalar."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("mvec") or "libmvec.so.1")
+    except OSError:
+        return ""
+    lines = ["#include <math.h>"]
+    for item in VECTOR_MATH:
+        name, _, arity = item.partition(":")
+        n = int(arity or 1)
+        for fn, ctype, lane in ((f"{name}f", "float", 1), (name, "double", 2)):
+            v = "v" * n
+            if all(hasattr(lib, f"_ZGV{isa}N{w // lane}{v}_{fn}") for isa, w, _ in _ISAS):
+                args = ", ".join([ctype] * n)
+                lines.append(f"#pragma omp declare simd notinbranch\nextern {ctype} {fn}({args});")
+    return "\n".join(lines) + "\n" if len(lines) > 1 else ""
+
+
+def _vector_flags(root: Path) -> list[str]:
+    """`-include` of `vector_math_header` (written once under `root`) and libmvec."""
+    text = vector_math_header()
+    if not text:
+        return []
+    key = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = object_dir(root) / f"vecmath-{key}.h"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, text.encode())
+    return ["-include", str(path), "-lmvec"]
+
+
+@functools.cache
+def _identity(cc: str, flag_text: str) -> str:
+    """What a built object depends on besides its source: the compiler's version, the
+    flags, and (for ``-march=native``) this machine's CPU."""
+    try:
+        version = subprocess.run(
+            [cc, "--version"], capture_output=True, text=True, timeout=30
+        ).stdout.splitlines()[:1]
+    except (OSError, subprocess.SubprocessError) as e:
+        raise CCompilerMissing(f"the C compiler {cc} does not run: {e}") from e
+    cpu = ""
+    if "native" in flag_text:
+        try:
+            info = Path("/proc/cpuinfo").read_text()
+            cpu = "\n".join(
+                sorted({ln for ln in info.splitlines() if ln.startswith(("model name", "flags"))})
+            )
+        except OSError:
+            cpu = os.uname().machine
+    return "\n".join([FORMAT, cc, *version, flag_text, cpu, vector_math_header()])
+
+
+def identity() -> str:
+    cc = compiler_or_raise()
+    return _identity(cc, " ".join(flags()))
+
+
+def object_key(source: str) -> str:
+    return hashlib.sha256((identity() + "\n" + source).encode()).hexdigest()[:32]
+
+
+def object_dir(root: Path) -> Path:
+    return root / "c"
+
+
+def build(source: str, key: str, root: Path) -> Path:
+    """The shared object of `source` under `root` (built now unless it is there)."""
+    out_dir = object_dir(root)
+    so = out_dir / f"{key}.so"
+    if so.exists():
+        return so
+    out_dir.mkdir(parents=True, exist_ok=True)
+    c_file = out_dir / f"{key}.c"
+    if not c_file.exists():
+        _write_atomic(c_file, source.encode())
+    cc = compiler_or_raise()
+    fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".so", dir=out_dir)
+    os.close(fd)
+    cmd = [cc, *flags(), *_vector_flags(root), str(c_file), "-o", tmp, "-lm"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise CCompileError(
+                f"{shlex.join(cmd)} failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
+            )
+        os.replace(tmp, so)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return so
+
+
+def build_all(
+    jobs: Sequence[tuple[str, str]], root: Path, workers: int
+) -> list[Path | BaseException]:
+    """`build` of each (source, key), side by side: each build's object, or its error."""
+    todo = [(s, k) for s, k in jobs if not (object_dir(root) / f"{k}.so").exists()]
+    out: list[Path | BaseException] = []
+    if len(todo) > 1 and workers > 1:
+        with ThreadPoolExecutor(min(workers, len(todo))) as pool:
+            futs = {k: pool.submit(build, s, k, root) for s, k in todo}
+            for f in futs.values():
+                f.exception()
+    else:
+        futs = {}
+    for source, key in jobs:
+        try:
+            fut = futs.get(key)
+            out.append(fut.result() if fut is not None else build(source, key, root))
+        except BaseException as e:  # (reported by the caller with the kernel's name)
+            out.append(e)
+    return out
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
