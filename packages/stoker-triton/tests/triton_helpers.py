@@ -119,9 +119,15 @@ def run_on_fake_gpu(
     return proc.stdout
 
 
-def compile_dynamic(f: Callable[..., Any], args: Sequence[Any], dynamic: Sequence[Any]) -> Any:
+def compile_dynamic(
+    f: Callable[..., Any],
+    args: Sequence[Any],
+    dynamic: Sequence[Any],
+    options: dict[str, Any] | None = None,
+) -> Any:
     """Trace `f` with symbolic sizes (`dynamic[i]`: `fakeify`'s dims for argument i)
-    and compile it: returns (the `ShapeContext` holding its guards, the compiled fn)."""
+    and compile it (with `options`): returns (the `ShapeContext` holding its guards,
+    the compiled fn)."""
     from stoker_shapes import ShapeContext, Source
 
     ctx = ShapeContext(policy="dynamic")
@@ -130,4 +136,4 @@ def compile_dynamic(f: Callable[..., Any], args: Sequence[Any], dynamic: Sequenc
     ]
     with ctx.tracing():
         gm = make_fx(f, decomposition_table=core_aten_decompositions())(*fakes)
-    return ctx, compile_graph(gm, fakes)
+    return ctx, compile_graph(gm, fakes, options=options)

@@ -29,6 +29,9 @@ def _stub_dynamo_backend(compiler: Callable[..., Any], **_: Any) -> Callable[...
 @pytest.fixture
 def stub_capture(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(stoker_capture, "dynamo_backend", _stub_dynamo_backend, raising=False)
+    # the stub hands Dynamo's own graph (torch ops, autograd recording) to the executor:
+    # the aten executor runs it as it is, a kernel executor needs stoker-capture's graphs
+    monkeypatch.setenv("STOKER_BACKEND", "aten")
     stoker.reset()
     yield
     stoker.reset()

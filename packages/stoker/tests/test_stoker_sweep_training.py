@@ -387,7 +387,11 @@ def test_output_mutated_after_forward_raises_like_eager() -> None:
     before backward raises in eager."""
     torch.manual_seed(0)
     model = MultiOut()
-    compiled = stoker.compile(model)
+    # the aten executor: the backward saves the returned tensor itself, so its version
+    # counter sees the write; a kernel executor may store the saved value in a buffer of
+    # its own, and the backward then runs on the value before the write (docs/triton.md,
+    # "Known limits")
+    compiled = stoker.compile(model, backend="aten")
     for m in (model, compiled):
         out, h, *_ = m(torch.randn(3, 8))
         with torch.no_grad():

@@ -16,6 +16,7 @@ import torch
 import stoker
 from stoker import cli
 from stoker._internal.bench.models import get_model, model_zoo
+from stoker._internal import config
 from stoker._internal.config import CompileOptions, StokerConfigError, resolve_backend
 from stoker._internal.report import logs
 from stoker._internal.report.report import (
@@ -96,8 +97,13 @@ def test_report_path_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: object)
 
 def test_resolve_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("STOKER_BACKEND", raising=False)
+    monkeypatch.delenv("STOKER_CC", raising=False)
+    monkeypatch.setattr(config, "_C_MISSING", [])
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_backend("auto", [cpu]) == "aten"
+    assert resolve_backend("auto", [cpu]) == "c"  # gcc is on every machine here
+    assert resolve_backend("c", [cpu]) == "c"
+    with pytest.raises(StokerConfigError, match="backend='c' compiles C kernels for CPU"):
+        resolve_backend("c", [cuda])
     assert resolve_backend("aten", [cuda]) == "aten"
     assert resolve_backend("auto", [cuda]) == "triton"  # triton is installed here
     with pytest.raises(StokerConfigError, match="backend='interpret'"):
@@ -108,6 +114,24 @@ def test_resolve_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STOKER_BACKEND", "bogus")
     with pytest.raises(StokerConfigError, match="STOKER_BACKEND"):
         resolve_backend("auto", [cpu])
+
+
+def test_no_c_compiler_runs_the_aten_executor_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("STOKER_BACKEND", raising=False)
+    monkeypatch.setenv("STOKER_CC", "/nonexistent/cc")
+    monkeypatch.setattr(config, "_C_MISSING", [])
+    cpu = torch.device("cpu")
+    with caplog.at_level(logging.WARNING, logger="stoker.backend"):
+        assert resolve_backend("auto", [cpu]) == "aten"
+        assert resolve_backend("auto", [cpu]) == "aten"
+    lines = [r.getMessage() for r in caplog.records if r.name == "stoker.backend"]
+    assert len(lines) == 1, lines  # said once, not per graph
+    assert "/nonexistent/cc" in lines[0] and "apt-get install gcc" in lines[0], lines
+    assert "aten executor" in lines[0]
+    with pytest.raises(StokerConfigError, match=r"backend='c' needs a C compiler"):
+        resolve_backend("c", [cpu])
 
 
 # ----------------------------------------------------------------------------- logging

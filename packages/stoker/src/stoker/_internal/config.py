@@ -4,7 +4,7 @@
 `stoker.compile(...)` and not at the first call.  Environment variables:
 ``STOKER_REPORT=out.html`` (write the compile report), ``STOKER_LOGS`` (see
 `logs`), ``STOKER_BACKEND`` (default for ``backend="auto"`` resolution:
-``aten``, ``triton`` or ``interpret``).
+``aten``, ``c``, ``triton`` or ``interpret``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-BackendName = Literal["auto", "aten", "triton", "interpret"]
-BACKENDS: tuple[str, ...] = ("auto", "aten", "triton", "interpret")
+BackendName = Literal["auto", "aten", "c", "triton", "interpret"]
+BACKENDS: tuple[str, ...] = ("auto", "aten", "c", "triton", "interpret")
 PARTITIONERS: tuple[str, ...] = ("min_cut", "default")
 MODES: tuple[str, ...] = ("default", "max-autotune", "reduce-overhead")
 
@@ -34,7 +34,8 @@ class CompileOptions:
     # None: automatic dynamic (static first; a dimension seen to change recompiles once as
     # symbolic). True: every dimension symbolic from the start. False: always static.
     dynamic: bool | None = None
-    # auto: Triton on CUDA inputs, the aten executor on CPU; aten: always the aten executor;
+    # auto: Triton on CUDA inputs, C kernels on CPU ones (the aten executor where no C
+    # compiler is found); aten: always the aten executor; c: fused C kernels (CPU);
     # triton: Triton kernels (CUDA); interpret: Triton kernels under TRITON_INTERPRET=1 (CPU).
     backend: str = "auto"
     # Compile the backwards of stoker-compiled forwards with stoker-autograd (see stoker.reset()).
@@ -137,20 +138,33 @@ def triton_available() -> bool:
 
 
 def resolve_backend(requested: str, devices: Iterable[Any]) -> str:
-    """The executor for a graph whose inputs live on ``devices``: aten, triton or interpret.
+    """The executor for a graph whose inputs live on ``devices``: aten, c, triton or
+    interpret.
 
-    ``auto`` picks Triton when any input is on CUDA and triton is installed,
-    else the aten executor (``STOKER_BACKEND`` overrides what ``auto`` picks).
+    ``auto`` picks Triton when any input is on CUDA and triton is installed; on the
+    CPU, fused C kernels when stoker-triton and a C compiler are there, else the aten
+    executor, saying once why (``STOKER_BACKEND`` overrides what ``auto`` picks).
     """
     if requested == "auto":
         env = os.environ.get("STOKER_BACKEND")
         if env:
             if env not in BACKENDS or env == "auto":
-                raise StokerConfigError(f"STOKER_BACKEND={env!r}; use aten, triton or interpret")
+                raise StokerConfigError(f"STOKER_BACKEND={env!r}; use aten, c, triton or interpret")
             requested = env
         else:
             cuda = any(getattr(d, "type", str(d)) == "cuda" for d in devices)
-            return "triton" if cuda and triton_available() else "aten"
+            if cuda:
+                return "triton" if triton_available() else "aten"
+            return "c" if c_backend_missing() is None else "aten"
+    if requested == "c":
+        why = c_backend_missing()
+        if why is not None:
+            raise StokerConfigError(f"backend='c' {why}; or use backend='aten'")
+        if any(getattr(d, "type", str(d)) == "cuda" for d in devices):
+            raise StokerConfigError(
+                "backend='c' compiles C kernels for CPU inputs, but the graph's inputs are "
+                "on CUDA; use backend='triton' (or 'auto')"
+            )
     if requested in ("triton", "interpret") and not triton_available():
         raise StokerConfigError(
             f"backend={requested!r} needs the `triton` package, which is not installed; "
@@ -166,6 +180,39 @@ def resolve_backend(requested: str, devices: Iterable[Any]) -> str:
     if requested == "interpret":
         ensure_interpret_env()
     return requested
+
+
+_C_MISSING: list[str | None] = []  # the answer of `c_backend_missing`, once per process
+
+
+def c_backend_missing() -> str | None:
+    """Why the C backend cannot run here (None: it can): stoker-triton (and triton, which
+    it needs) installed, and a C compiler found (``STOKER_CC``, else cc, gcc, clang).
+    The first time it cannot, one log line on ``stoker.backend`` says why and what to
+    install; `backend="auto"` then runs the aten executor."""
+    if _C_MISSING:
+        return _C_MISSING[0]
+    why: str | None = None
+    if not triton_available() or importlib.util.find_spec("stoker_triton") is None:
+        why = "needs stoker-triton and triton (pip install ./packages/stoker-triton)"
+    else:
+        from stoker_triton._internal.compile.ccompile import find_compiler
+
+        if find_compiler() is None:
+            env = os.environ.get("STOKER_CC")
+            what = f"STOKER_CC={env!r} is not an executable" if env else "no cc, gcc or clang"
+            why = (
+                f"needs a C compiler with OpenMP, and found none ({what}): install gcc "
+                "(Debian/Ubuntu: apt-get install gcc) or set STOKER_CC"
+            )
+    if why is not None:
+        import logging
+
+        logging.getLogger("stoker.backend").warning(
+            "stoker: the CPU backend %s; running the aten executor instead", why
+        )
+    _C_MISSING.append(why)
+    return why
 
 
 def check_device(device: str | None) -> str:

@@ -122,6 +122,102 @@ static inline T st_remainder_##F(T a, T b) {                                    
 ST_FLOAT_OPS(float, f)
 ST_FLOAT_OPS(double, )
 
+/* float32 exp, log, tanh and erf written out (Cephes' polynomials; Eigen's rational
+   erf): `omp declare simd` and inlined, so a loop that calls them vectorizes, and a
+   value is the same bits wherever it is computed (a vector loop, its scalar tail, a
+   loop that does not vectorize): a kernel that computes a value again, where another
+   stored it, compares equal (max's backward counts the elements equal to the max) */
+static inline float st_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t st_as_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+#pragma omp declare simd notinbranch
+static inline float st_expf(float x) {
+    float xc = x > 88.72283935546875f ? 88.72283935546875f : x;
+    xc = xc < -103.97208404541016f ? -103.97208404541016f : xc;
+    float n = __builtin_rintf(xc * 1.44269504088896341f);
+    float r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;
+    float y = p * st_as_float((uint32_t)(n1 + 127) << 23) * st_as_float((uint32_t)(n2 + 127) << 23);
+    y = x > 88.72283935546875f ? INFINITY : y;
+    return x != x ? x : y;
+}
+
+#pragma omp declare simd notinbranch
+static inline float st_logf(float x) {
+    int sub = x < 1.17549435e-38f;  /* subnormal (or <= 0: handled below) */
+    float xs = sub ? x * 8388608.0f : x;
+    uint32_t u = st_as_bits(xs);
+    float e = (float)((int32_t)((u >> 23) & 0xff) - 126) - (sub ? 23.0f : 0.0f);
+    float m = st_as_float((u & 0x007fffffu) | 0x3f000000u);  /* [0.5, 1) */
+    int lo = m < 0.707106781186547524f;
+    e = lo ? e - 1.0f : e;
+    m = lo ? m + m - 1.0f : m - 1.0f;
+    float z = m * m;
+    float y = 7.0376836292e-2f;
+    y = y * m - 1.1514610310e-1f;
+    y = y * m + 1.1676998740e-1f;
+    y = y * m - 1.2420140846e-1f;
+    y = y * m + 1.4249322787e-1f;
+    y = y * m - 1.6668057665e-1f;
+    y = y * m + 2.0000714765e-1f;
+    y = y * m - 2.4999993993e-1f;
+    y = y * m + 3.3333331174e-1f;
+    y = y * m * z;
+    y = y + -2.12194440e-4f * e;
+    y = y + -0.5f * z;
+    float r = m + y;
+    r = r + 0.693359375f * e;
+    r = x == INFINITY ? x : r;
+    r = x == 0.0f ? -INFINITY : r;
+    return (x < 0.0f || x != x) ? NAN : r;
+}
+
+#pragma omp declare simd notinbranch
+static inline float st_tanhf(float x) {
+    float a = x < 0.0f ? -x : x;
+    float z = x * x;
+    float s = -5.70498872745e-3f;
+    s = s * z + 2.06390887954e-2f;
+    s = s * z - 5.37397155531e-2f;
+    s = s * z + 1.33314422036e-1f;
+    s = s * z - 3.33332819422e-1f;
+    s = s * z * x + x;
+    float l = 1.0f - 2.0f / (st_expf(a + a) + 1.0f);
+    l = a > 9.0f ? 1.0f : l;
+    l = x < 0.0f ? -l : l;
+    float r = a < 0.625f ? s : l;
+    return x != x ? x : r;
+}
+
+#pragma omp declare simd notinbranch
+static inline float st_erff(float x) {
+    float c = x > 4.0f ? 4.0f : (x < -4.0f ? -4.0f : x);
+    float x2 = c * c;
+    float p = -2.72614225801306e-10f;
+    p = p * x2 + 2.77068142495902e-08f;
+    p = p * x2 + -2.10102402082508e-06f;
+    p = p * x2 + -5.69250639462346e-05f;
+    p = p * x2 + -7.34990630326855e-04f;
+    p = p * x2 + -2.95459980854025e-03f;
+    p = p * x2 + -1.60960333262415e-02f;
+    p = p * c;
+    float q = -1.45660718464996e-05f;
+    q = q * x2 + -2.13374055278905e-04f;
+    q = q * x2 + -1.68282697438203e-03f;
+    q = q * x2 + -7.37332916720468e-03f;
+    q = q * x2 + -1.42647390514189e-02f;
+    float r = p / q;
+    return x != x ? x : r;
+}
+
 /* Philox 4x32-10 on (offset, 0, 0, 0) under the 64-bit key `seed`, as tl.rand and
    tl.randn compute it: uniform [0, 1) from the first word, a normal from the first
    two (Box-Muller) */
@@ -173,11 +269,19 @@ def _is_float(dts: Sequence[torch.dtype], out: torch.dtype) -> bool:
     return out.is_floating_point or any(d.is_floating_point for d in dts)
 
 
+# float32 functions of the prelude (vectorizing, the same bits in every loop); the rest
+# are libm's (`namef`), whose calls keep their loop scalar, so they too give one value
+OWN_FLOAT_MATH = {"exp": "st_expf", "log": "st_logf", "tanh": "st_tanhf", "erf": "st_erff"}
+
+
 def _math(name: str, nargs: int = 1) -> Gen:
-    """A libm function: `namef` on float values, `name` on double."""
+    """A libm function: `namef` (or the prelude's own) on float values, `name` on double."""
 
     def gen(a: Sequence[str], dts: Sequence[torch.dtype], out: torch.dtype) -> str:
-        fn = name if _is_double(dts, out) else f"{name}f"
+        if _is_double(dts, out):
+            fn = name
+        else:
+            fn = OWN_FLOAT_MATH.get(name, f"{name}f")
         return f"{fn}({', '.join(a[:nargs])})"
 
     return gen
@@ -287,7 +391,11 @@ C_OPS: dict[str, Gen] = {
     "sinh": _math("sinh"),
     "cosh": _math("cosh"),
     "tanh": _math("tanh"),
-    "sigmoid": _fi("(1 / (1 + exp{F}(-({0}))))", "(1 / (1 + exp(-({0}))))"),
+    "sigmoid": lambda a, dts, out: (
+        f"(1 / (1 + exp(-({a[0]}))))"
+        if _is_double(dts, out) or not _is_float(dts, out)
+        else f"(1.0f / (1.0f + st_expf(-({a[0]}))))"
+    ),
     "erf": _math("erf"),
     "erfc": _math("erfc"),
     "reciprocal": _f("(1 / ({0}))"),

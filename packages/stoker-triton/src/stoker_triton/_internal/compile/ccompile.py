@@ -76,53 +76,6 @@ def flags() -> list[str]:
     return shlex.split(os.environ.get("STOKER_CFLAGS", DEFAULT_FLAGS)) + REQUIRED_FLAGS.split()
 
 
-# libm's functions that glibc's libmvec has vector forms of (float and double): declared
-# `omp declare simd` for the kernels, so a loop that calls them still vectorizes
-VECTOR_MATH = (
-    *"exp exp2 expm1 log log2 log10 log1p sin cos tan sinh cosh tanh erf erfc".split(),
-    "hypot:2",
-    "pow:2",
-)
-_ISAS = (("b", 4, 2), ("c", 8, 4), ("d", 8, 4), ("e", 16, 8))  # SSE, AVX, AVX2, AVX-512
-
-
-@functools.cache
-def vector_math_header() -> str:
-    """C declarations of the libm functions whose every vector form (SSE to AVX-512)
-    this machine's libmvec exports; empty where there is no libmvec (not glibc, or
-    glibc before 2.22): the loops that call them then run scalar."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        lib = ctypes.CDLL(ctypes.util.find_library("mvec") or "libmvec.so.1")
-    except OSError:
-        return ""
-    lines = ["#include <math.h>"]
-    for item in VECTOR_MATH:
-        name, _, arity = item.partition(":")
-        n = int(arity or 1)
-        for fn, ctype, lane in ((f"{name}f", "float", 1), (name, "double", 2)):
-            v = "v" * n
-            if all(hasattr(lib, f"_ZGV{isa}N{w // lane}{v}_{fn}") for isa, w, _ in _ISAS):
-                args = ", ".join([ctype] * n)
-                lines.append(f"#pragma omp declare simd notinbranch\nextern {ctype} {fn}({args});")
-    return "\n".join(lines) + "\n" if len(lines) > 1 else ""
-
-
-def _vector_flags(root: Path) -> list[str]:
-    """`-include` of `vector_math_header` (written once under `root`) and libmvec."""
-    text = vector_math_header()
-    if not text:
-        return []
-    key = hashlib.sha256(text.encode()).hexdigest()[:16]
-    path = object_dir(root) / f"vecmath-{key}.h"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(path, text.encode())
-    return ["-include", str(path), "-lmvec"]
-
-
 @functools.cache
 def _identity(cc: str, flag_text: str) -> str:
     """What a built object depends on besides its source: the compiler's version, the
@@ -142,7 +95,7 @@ def _identity(cc: str, flag_text: str) -> str:
             )
         except OSError:
             cpu = os.uname().machine
-    return "\n".join([FORMAT, cc, *version, flag_text, cpu, vector_math_header()])
+    return "\n".join([FORMAT, cc, *version, flag_text, cpu])
 
 
 def identity() -> str:
@@ -171,7 +124,7 @@ def build(source: str, key: str, root: Path) -> Path:
     cc = compiler_or_raise()
     fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".so", dir=out_dir)
     os.close(fd)
-    cmd = [cc, *flags(), *_vector_flags(root), str(c_file), "-o", tmp, "-lm"]
+    cmd = [cc, *flags(), str(c_file), "-o", tmp, "-lm"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:

@@ -405,9 +405,10 @@ def _compile_with_executor(
         return gm
     compile_graph = sibling("stoker_triton", "compile_graph", f"backend={executor!r}")
     autotune = opts is not None and opts.mode == "max-autotune"
-    fn = compile_graph(
-        gm, list(example_inputs), options={"max_autotune": True} if autotune else None
-    )
+    options: dict[str, Any] | None = {"max_autotune": True} if autotune else None
+    if executor == "c":  # C kernels for the CPU (the Triton path follows the inputs' device)
+        options = {**(options or {}), "target": "c"}
+    fn = compile_graph(gm, list(example_inputs), options=options)
     if rec is not None:
         stage = "backward" if backward_segment else _stage_of(gm)
         _record_kernels(rec, getattr(fn, "report", None), stage)

@@ -43,9 +43,11 @@ def compile(
         model_or_fn: an ``nn.Module`` or a function of tensors.
         dynamic: None (automatic: static first, a size seen to change recompiles once as
             symbolic), True (symbolic sizes from the start) or False (always static).
-        backend: "auto" (Triton on CUDA inputs, the aten executor on CPU), "aten",
-            "triton" or "interpret" (Triton kernels under ``TRITON_INTERPRET=1``, which
-            this sets in ``os.environ`` now, before any kernel is jitted).
+        backend: "auto" (Triton on CUDA inputs; on the CPU, fused C kernels, or the
+            aten executor where no C compiler is found), "aten", "c" (C kernels built by
+            the system's compiler), "triton" or "interpret" (Triton kernels under
+            ``TRITON_INTERPRET=1``, which this sets in ``os.environ`` now, before any
+            kernel is jitted).
         compiled_autograd: capture and compile the backward of this model (and of any
             stoker-compiled forward) with stoker-autograd; other backwards in the process
             keep the eager engine.  ``stoker.autograd_enabled(True/False)`` widens or

@@ -263,7 +263,8 @@ def format_result(res: DemoResult) -> str:
         else "",
         f"  loss curves agree to max |diff| = {res.max_loss_diff:.2e} over {res.steps} steps",
         f"  compiled: graphs {s.get('graphs', 0)}, guards {s.get('guards', 0)}, "
-        f"Triton kernels {s.get('kernels', 0)}, recompiles {s.get('recompiles', 0)}",
+        f"{'C' if res.executor == 'c' else 'Triton'} kernels {s.get('kernels', 0)}, "
+        f"recompiles {s.get('recompiles', 0)}",
         f"  report: {res.report_path}" if res.report_path else "  report: not written",
     ]
     return "\n".join(x for x in lines if x)
@@ -317,8 +318,15 @@ def run_demo(
 
     device = check_demo_args(steps=steps, batch=batch, backend=backend, device=device)
     if backend == "auto":
+        from ..config import resolve_backend
+
+        executor = resolve_backend(backend, [torch.device(device)])
         why = (
-            "a GPU is present: Triton kernels" if device == "cuda" else "no GPU: the aten executor"
+            "a GPU is present: Triton kernels"
+            if executor == "triton"
+            else "no GPU: fused C kernels"
+            if executor == "c"
+            else "no GPU and no C compiler: the aten executor"
         )
     else:
         why = f"requested backend={backend}"

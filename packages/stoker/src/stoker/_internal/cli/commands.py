@@ -34,8 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--backend",
         default="auto",
-        choices=["auto", "aten", "triton", "interpret"],
-        help="stoker executor (auto: Triton on a GPU, else the aten executor)",
+        choices=["auto", "aten", "c", "triton", "interpret"],
+        help="stoker executor (auto: Triton on a GPU, C kernels on a CPU)",
     )
     d.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     d.add_argument(

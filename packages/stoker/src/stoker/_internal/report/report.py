@@ -520,7 +520,7 @@ def _render(r: Report) -> str:
     if not k:
         execs = sorted({c.executor for c in r.compiles})
         k.append(
-            f'<p class="muted">no Triton kernels recorded (executors used: {_e(", ".join(execs) or "none")}; '
+            f'<p class="muted">no kernels recorded (executors used: {_e(", ".join(execs) or "none")}; '
             "the aten executor runs each graph op by op)</p>"
         )
     parts.append("".join(k))

@@ -1,0 +1,315 @@
+"""The CPU's C emitter (`options={"target": "c"}`): the scheduler's kernels as C loops,
+built by the system compiler for real, against eager PyTorch on fresh inputs."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stoker_triton import compile_graph
+from stoker_triton._internal.compile import ccompile
+from stoker_triton._internal.runtime.cload import CKernelError, loaded_openmp_runtimes
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from triton_helpers import assert_same, compile_dynamic, fresh, trace
+
+C = {"target": "c"}
+
+
+def check(f: Any, *args: Any, atol: float = 1e-5, rtol: float = 1e-5, runs: int = 2) -> Any:
+    """Compile `f` to C kernels, compare with eager on the example and on fresh inputs."""
+    fn = compile_graph(trace(f, *args), list(args), options=C)
+    assert fn.report.target == "c"
+    assert fn.report.kernels, "no C kernel was generated"
+    for i in range(runs):
+        a = list(args) if i == 0 else fresh(args)
+        assert_same(fn(*a), f(*a), atol=atol, rtol=rtol)
+    return fn
+
+
+def test_pointwise_broadcast_and_strided_inputs() -> None:
+    def f(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(x * y + z).exp() - torch.tanh(x).abs().sqrt()
+
+    x = torch.randn(8, 6, 33)
+    y = torch.randn(33)  # broadcast along the last dim
+    z = torch.randn(33, 6, 8).permute(2, 1, 0)  # strided, not contiguous
+    check(f, x, y, z)
+
+
+def test_inner_and_outer_reductions() -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            x.sum(-1),
+            x.sum(0),
+            x.amax(1),
+            x.amin(-1),
+            x.mean((0, 2)),
+            x.var(-1),
+            x.argmax(-1),
+            x.argmin(0),
+            x.prod(-1),
+            (x > 0).any(-1),
+            (x > -3).all(0),
+        )
+
+    check(f, torch.randn(5, 37, 19), atol=1e-4, rtol=1e-4)
+
+
+def test_softmax_layer_norm_gelu_fuse_into_few_kernels() -> None:
+    def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        y = F.gelu(F.layer_norm(x, (64,), w, b))
+        return torch.softmax(y, -1) + F.log_softmax(x, -1)
+
+    fn = check(f, torch.randn(12, 64), torch.randn(64), torch.randn(64), atol=1e-5, rtol=1e-4)
+    assert len(fn.report.kernels) <= 3, [k.name for k in fn.report.kernels]
+
+
+def test_nan_and_inf_propagate_as_in_eager() -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x.amax(-1), x.amin(0), torch.maximum(x, x.flip(0)), x.sum(-1), x.argmax(-1)
+
+    x = torch.randn(6, 9)
+    x[1, 3] = float("nan")
+    x[2, 0] = float("inf")
+    x[4, 5] = -float("inf")
+    fn = compile_graph(trace(f, x), [x], options=C)
+    for out, ref in zip(fn(x), f(x)):
+        torch.testing.assert_close(out, ref, equal_nan=True)
+
+
+def test_zero_size_tensors() -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x * 2 + 1, x.sum(-1), y.sum(0)
+
+    x, y = torch.randn(0, 5), torch.randn(0, 3)
+    fn = compile_graph(trace(f, x, y), [x, y], options=C)
+    for out, ref in zip(fn(x, y), f(x, y)):
+        torch.testing.assert_close(out, ref)
+
+
+def test_bfloat16_and_float16_compute_in_float32() -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.silu(F.layer_norm(x, (48,), w)) * 3 + x.sum(-1, keepdim=True)
+
+    for dt in (torch.bfloat16, torch.float16):
+        x, w = torch.randn(16, 48, dtype=dt), torch.randn(48, dtype=dt)
+        fn = compile_graph(trace(f, x, w), [x, w], options=C)
+        out, ref = fn(x, w), f(x, w)
+        assert out.dtype == dt
+        # eager rounds each op to the half type; fused, only the graph's stores round
+        torch.testing.assert_close(out.float(), ref.float(), atol=0.1, rtol=0.05)
+        exact = compile_graph(trace(lambda a: a * 2 - 1, x), [x], options=C)
+        assert torch.equal(exact(x), x * 2 - 1)
+
+
+def test_indexing_gather_scatter_and_padding() -> None:
+    def f(w: torch.Tensor, idx: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        e = F.embedding(idx, w)
+        padded = F.pad(x, (1, 2, 0, 3), value=-1.5)
+        cat = torch.cat([x, x * 2], dim=1)
+        acc = torch.zeros(10, 4).index_add(0, idx.flatten(), e.reshape(-1, 4))
+        return e, padded, cat, acc
+
+    w, idx, x = torch.randn(10, 4), torch.randint(0, 10, (3, 5)), torch.randn(5, 7)
+    check(f, w, idx, x, atol=1e-5, rtol=1e-5)
+
+
+def test_random_numbers_follow_the_seed_and_the_distribution() -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return F.dropout(x, 0.3, training=True), torch.randn_like(x)
+
+    x = torch.ones(64, 128)
+    fn = compile_graph(trace(f, x), [x], options=C)
+    torch.manual_seed(1)
+    a, n = fn(x)
+    torch.manual_seed(1)
+    b, _ = fn(x)
+    assert torch.equal(a, b)
+    kept = (a != 0).float().mean().item()
+    assert abs(kept - 0.7) < 0.02, kept
+    assert torch.allclose(a[a != 0], torch.full_like(a[a != 0], 1 / 0.7))
+    assert abs(n.mean().item()) < 0.03 and abs(n.std().item() - 1) < 0.03
+
+
+def test_dynamic_sizes_are_arguments_of_one_object() -> None:
+    from stoker_shapes import Dim
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x * w, -1).sum(0)
+
+    n = Dim("n", max=100000)
+    ctx, fn = compile_dynamic(
+        f, [torch.randn(6, 40), torch.randn(40)], [{0: Dim("b"), 1: n}, {0: n}], options=C
+    )
+    assert any("s" in k.xnumel + k.rnumel for k in fn.report.kernels), fn.report.kernels
+    # no guard on a row's length: a CPU loops over a row of any length
+    assert not [g for g in fn.report.guards_added if "<=" in g], fn.report.guards_added
+    guards = ctx.produce_guards()
+    for b, m in ((6, 40), (3, 9000), (17, 2)):
+        x, w = torch.randn(b, m), torch.randn(m)
+        assert guards.check([x, w], {}, None)
+        assert_same(fn(x, w), f(x, w), atol=1e-5, rtol=1e-4)
+
+
+def test_int64_indexing_past_two_to_the_31() -> None:
+    """A shape test: the kernels of a tensor of more than 2**31 elements index in
+    int64 (traced with fake tensors: nothing of that size is allocated), and build."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from stoker_triton._internal.pipeline import compile_graph_impl
+
+    rows, cols = 2**16 + 1, 2**15 + 3
+    assert rows * cols > 2**31
+    with FakeTensorMode():
+        x = torch.empty(rows, cols)
+        pointwise = trace(lambda a: a * 2, x)
+        reduction = trace(lambda a: a.exp().sum(-1), x)
+    fn = compile_graph_impl(pointwise, [x], options=C)
+    (k,) = fn.report.kernels
+    assert "int64_t xnumel" in k.source and "int64_t xo" in k.source, k.source
+    assert f"{rows * cols}" in fn.wrapper_source  # the element count, passed as int64
+    fn = compile_graph_impl(reduction, [x], options=C)
+    (k,) = fn.report.kernels
+    assert "int64_t x = 0" in k.source and "int64_t r = 0" in k.source, k.source
+    assert f"{cols}*x" in k.source.replace(" ", ""), k.source  # row * 32771: past 2**31
+
+
+def test_reductions_repeat_bit_for_bit_at_any_thread_count() -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return x.sum(), x.sum(0), torch.softmax(x, -1)
+
+    x = torch.randn(700, 300)
+    fn = compile_graph(trace(f, x), [x], options=C)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = fn(x)
+        torch.set_num_threads(2)
+        two = fn(x)
+        again = fn(x)
+    finally:
+        torch.set_num_threads(before)
+    for a, b, c in zip(one, two, again):
+        assert torch.equal(a, b) and torch.equal(b, c)
+    assert_same(one, f(x), atol=1e-3, rtol=1e-4)
+
+
+def test_one_openmp_runtime_torchs() -> None:
+    fn = compile_graph(trace(lambda a: a + 1, torch.randn(4)), [torch.randn(4)], options=C)
+    fn(torch.randn(4))
+    runtimes = loaded_openmp_runtimes()
+    assert len(runtimes) == 1, runtimes
+    assert "torch" in runtimes[0], runtimes
+
+
+def _vectorized_lines(source: str, tmp_path: Any) -> set[int]:
+    """Lines of `source` whose loops the compiler reports vectorized."""
+    c = tmp_path / "k.c"
+    c.write_text(source)
+    cmd = [ccompile.compiler_or_raise(), *ccompile.flags()]
+    cmd += ["-fopt-info-vec-optimized", str(c), "-o", str(tmp_path / "k.so")]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return {int(m) for m in re.findall(r"k\.c:(\d+):\d+: optimized: loop vectorized", done.stderr)}
+
+
+def _simd_loop_lines(source: str) -> list[int]:
+    """The `for` lines of the simd loops that read memory (the hot loops; a tile's
+    finishing loop over its few outputs is not one)."""
+    lines = source.splitlines()
+    return [
+        i + 2
+        for i, ln in enumerate(lines)
+        if ("#pragma omp simd" in ln or "parallel for simd" in ln) and "in_ptr" in lines[i + 2]
+    ]
+
+
+def test_inner_loops_vectorize(tmp_path: Any) -> None:
+    """The compiler's own report: every simd loop of a pointwise kernel (with exp) and
+    of an inner and an outer reduction is vectorized."""
+    from stoker_triton._internal.codegen.c_kernel import kernel_file_source
+
+    version = subprocess.run(
+        [ccompile.compiler_or_raise(), "--version"], capture_output=True, text=True
+    ).stdout
+    if "clang" in version.lower():  # clang reports with -Rpass=loop-vectorize instead
+        pytest.skip("the vectorization report is read in gcc's -fopt-info format")
+
+    x, b = torch.randn(256, 128), torch.randn(128)
+    kernels = []
+    for f in (lambda x, b: torch.exp(x * 2 + b), lambda x, b: torch.softmax(x, -1) * b):
+        kernels += compile_graph(trace(f, x, b), [x, b], options=C).report.kernels
+    kernels += compile_graph(trace(lambda x: x.sum(0), x), [x], options=C).report.kernels
+    kinds = [k.kind for k in kernels]
+    assert kinds == ["pointwise", "persistent-reduction", "persistent-reduction"], kinds
+    for k in kernels:
+        src = kernel_file_source(type("K", (), {"source": k.source, "name": k.name})(), "kern")
+        want = _simd_loop_lines(src)
+        assert want, k.source
+        got = _vectorized_lines(src, tmp_path)
+        # (gcc names a loop by its `for` line or its body's first line)
+        missed = [ln for ln in want if not {ln, ln + 1} & got]
+        assert not missed, (k.name, missed, sorted(got), k.source)
+
+
+def test_a_missing_compiler_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STOKER_CC", "/nonexistent/cc")
+    ccompile._identity.cache_clear()
+    x = torch.randn(3, 5)
+    with pytest.raises(
+        ccompile.CCompilerMissing, match=r"STOKER_CC='/nonexistent/cc'.*apt-get install gcc"
+    ):
+        compile_graph(trace(lambda a: a * 3 + 1, x), [x], options=C)
+
+
+def test_a_failing_compile_names_graph_kernel_and_source(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("STOKER_CFLAGS", "-O1 -fno-such-flag-for-stoker")
+    ccompile._identity.cache_clear()
+    x = torch.randn(3, 7)
+    with pytest.raises(CKernelError) as err:
+        compile_graph(trace(lambda a: a.cos() * 5, x), [x], options=C)
+    msg = str(err.value)
+    assert "kernel kernel0 of graph" in msg and "-fno-such-flag-for-stoker" in msg
+    path = re.search(r"source: (\S+\.c)\)", msg)
+    assert path is not None and os.path.exists(path.group(1)), msg
+    monkeypatch.delenv("STOKER_CFLAGS")
+    ccompile._identity.cache_clear()
+
+
+def test_a_warm_process_compiles_nothing(tmp_path: Any) -> None:
+    script = r"""
+import torch, json, sys
+sys.path.insert(0, HERE)
+from triton_helpers import trace
+from stoker_triton import compile_graph
+def f(x, w):
+    return torch.nn.functional.layer_norm(x, (32,), w).relu().sum(0)
+x, w = torch.randn(9, 32), torch.randn(32)
+fn = compile_graph(trace(f, x, w), [x, w], options={"target": "c"})
+torch.testing.assert_close(fn(x, w), f(x, w), atol=1e-5, rtol=1e-4)
+print(json.dumps({"cache": fn.report.cache, "ms": fn.report.timings_ms.get("c compile", 0.0)}))
+""".replace("HERE", repr(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "STOKER_CACHE_DIR": str(tmp_path), "STOKER_TRITON_GRAPH_CACHE": "1"}
+    env.pop("TRITON_INTERPRET", None)
+    import json
+
+    runs = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert runs[0]["cache"].startswith("miss") and runs[0]["ms"] > 0, runs
+    assert runs[1]["cache"] == "hit", runs
+    assert list((tmp_path / "c").glob("*.so")), "no object stored"
