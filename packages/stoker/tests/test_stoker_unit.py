@@ -15,8 +15,8 @@ import torch
 
 import stoker
 from stoker import cli
-from stoker._internal.bench.models import get_model, model_zoo
 from stoker._internal import config
+from stoker._internal.bench.models import get_model, model_zoo
 from stoker._internal.config import CompileOptions, StokerConfigError, resolve_backend
 from stoker._internal.report import logs
 from stoker._internal.report.report import (
