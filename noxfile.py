@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -146,6 +147,8 @@ SERIAL = {"shapes"}
 # worker its whole first chunk, every slow test; `loadgroup` no longer groups on
 # pytest 9.2, pytest-xdist issue 1386.)
 XDIST = ["--dist", "worksteal"]
+# pytest-xdist workers per suite in `compat` (STOKER_COMPAT_WORKERS): two, as on CI's machine
+COMPAT_WORKERS = os.environ.get("STOKER_COMPAT_WORKERS", "2")
 
 
 @nox.session
@@ -201,16 +204,40 @@ def compat(session: nox.Session) -> None:
     Heavy: PyPI's torch 2.11 is a CUDA build (about 3 GB of CUDA libraries come
     with it), so this is not in CI. Triton 3.6's interpreter needs numpy<2.4.
     Kernels are also cross-compiled for sm_90 with Triton 3.6's own compiler,
-    the one the GPU machine runs."""
+    the one the GPU machine runs. Each suite runs on `COMPAT_WORKERS` pytest-xdist
+    workers (the `SERIAL` ones alone), and the session ends with how long each
+    suite and the whole took."""
     session.install("torch==2.11.0", "triton==3.6.0")
     args: list[str] = []
     for k in PACKAGES:
         args += ["-e", str(ROOT / "packages" / PACKAGES[k][0])]
-    session.install(*args, *TEST_DEPS, "numpy<2.4", "transformers", "torch==2.11.0")
-    env = {**INTERPRET_ENV, "CUDA_VISIBLE_DEVICES": ""}
-    for k in PACKAGES:
-        session.run("pytest", f"packages/{PACKAGES[k][0]}/tests", *session.posargs, env=env)
-    session.run("pytest", "tests-integration", *session.posargs, env=env)
+    session.install(
+        *args,
+        *TEST_DEPS,
+        "pytest-xdist>=3.2",
+        "numpy<2.4",
+        *INTEGRATION_DEPS,
+        "torch==2.11.0",
+    )
+    env = {**INTERPRET_ENV, **WRITE_BYTECODE, "CUDA_VISIBLE_DEVICES": ""}
+    if "OMP_NUM_THREADS" not in os.environ:
+        env.update(ONE_THREAD)
+    suites = [(k, f"packages/{PACKAGES[k][0]}/tests") for k in PACKAGES]
+    suites.append(("integration", "tests-integration"))
+    took: list[tuple[str, float]] = []
+    start = time.monotonic()
+    try:
+        for key, where in suites:
+            workers = [] if key in SERIAL else ["-n", COMPAT_WORKERS, *XDIST]
+            t0 = time.monotonic()
+            try:
+                session.run("pytest", where, *workers, *session.posargs, env=env)
+            finally:
+                took.append((where, time.monotonic() - t0))
+    finally:
+        for where, seconds in took:
+            session.log(f"compat: {where} took {seconds:.0f} s")
+        session.log(f"compat: {len(took)} suites took {time.monotonic() - start:.0f} s in all")
 
 
 @nox.session
