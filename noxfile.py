@@ -41,8 +41,9 @@ TEST_DEPS = [
     "expecttest",
 ]  # expecttest: torch.testing._internal (OpInfo)
 # transformers: the zoo's tiny HF GPT-2/BERT/Llama (pure Python, no torch); tlparse (a
-# binary wheel): reads a TORCH_TRACE of a stoker compile in test_e2e_report_cli.py
-INTEGRATION_DEPS = ["transformers", "tlparse"]
+# binary wheel): reads a TORCH_TRACE of a stoker compile in test_e2e_report_cli.py;
+# accelerate: what transformers' Trainer runs on (test_hf_trainer.py)
+INTEGRATION_DEPS = ["transformers", "tlparse", "accelerate"]
 INTERPRET_ENV = {"TRITON_INTERPRET": "1"}
 # Each test venv holds its own torch (about 1 GB) and triton (1 GB more), so six
 # of them need 9 GB at once: CI's disk has run out at the fifth. The `tests` and
