@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,9 +41,19 @@ TEST_DEPS = [
     "expecttest",
 ]  # expecttest: torch.testing._internal (OpInfo)
 # transformers: the zoo's tiny HF GPT-2/BERT/Llama (pure Python, no torch); tlparse (a
-# binary wheel): reads a TORCH_TRACE of a stoker compile in test_e2e_report_cli.py
-INTEGRATION_DEPS = ["transformers", "tlparse"]
+# binary wheel): reads a TORCH_TRACE of a stoker compile in test_e2e_report_cli.py;
+# accelerate: what transformers' Trainer runs on (test_hf_trainer.py)
+INTEGRATION_DEPS = ["transformers", "tlparse", "accelerate"]
 INTERPRET_ENV = {"TRITON_INTERPRET": "1"}
+# timm (test_timm_training.py) needs torchvision's Python parts only. PyPI's torchvision
+# for torch 2.13 is a CUDA build whose C ops cannot load beside the CPU torch, and its
+# import then fails; installed in the venv, it would also break every transformers import
+# (transformers imports torchvision whenever it finds it). So timm is installed without
+# its requirements (transformers brings the others) and torchvision, with --no-deps, into
+# a folder of its own that only the timm test puts on sys.path (STOKER_TEST_TORCHVISION).
+# STOKER_TORCHVISION: the release built for STOKER_TORCH's torch.
+TIMM = "timm"
+TORCHVISION = os.environ.get("STOKER_TORCHVISION", "torchvision==0.28.0")
 # Each test venv holds its own torch (about 1 GB) and triton (1 GB more), so six
 # of them need 9 GB at once: CI's disk has run out at the fifth. The `tests` and
 # `types` sessions delete their venv when they end, so only one exists at a
@@ -115,6 +126,16 @@ def _install(
         session.install(NO_COMPILE, *isolation, *args, *extra, TORCH)
 
 
+def _install_timm(session: nox.Session) -> dict[str, str]:
+    """timm in the venv and torchvision's files beside it (`TORCHVISION`); the
+    environment variable that shows the timm test where they are."""
+    session.install(NO_COMPILE, "--no-deps", TIMM)
+    venv = getattr(session.virtualenv, "location", None) or str(ROOT / ".nox")
+    where = Path(venv) / "torchvision-only"
+    session.install(NO_COMPILE, "--no-deps", "--upgrade", "--target", str(where), TORCHVISION)
+    return {"STOKER_TEST_TORCHVISION": str(where)}
+
+
 def _drop_venv(session: nox.Session) -> None:
     """Delete this session's venv (unless STOKER_KEEP_VENVS=1) to free its disk."""
     where = getattr(session.virtualenv, "location", None)
@@ -146,6 +167,8 @@ SERIAL = {"shapes"}
 # worker its whole first chunk, every slow test; `loadgroup` no longer groups on
 # pytest 9.2, pytest-xdist issue 1386.)
 XDIST = ["--dist", "worksteal"]
+# pytest-xdist workers per suite in `compat` (STOKER_COMPAT_WORKERS): two, as on CI's machine
+COMPAT_WORKERS = os.environ.get("STOKER_COMPAT_WORKERS", "2")
 
 
 @nox.session
@@ -162,6 +185,7 @@ def _run_group(session: nox.Session, order: Sequence[str]) -> None:
     installed: list[str] = []
     session.install(NO_COMPILE, TORCH)
     session.install(NO_COMPILE, *TEST_DEPS, "pytest-xdist>=3.2", *HATCHLING, TORCH)
+    env = _tests_env()
     for package in order:
         keys = list(PACKAGES) if package == "integration" else _closure(package)
         needed = [k for k in keys if k not in installed]
@@ -174,6 +198,8 @@ def _run_group(session: nox.Session, order: Sequence[str]) -> None:
                 build_isolation=False,
             )
             installed += needed
+        if package == "integration":
+            env.update(_install_timm(session))
         if not any(PACKAGES[k][2] for k in installed):
             # The capture-only install must not drag in triton.
             session.run(
@@ -191,7 +217,7 @@ def _run_group(session: nox.Session, order: Sequence[str]) -> None:
         workers = [] if serial else ["-n", WORKERS, *XDIST]
         # the slowest tests of each suite in the log: where CI's time goes
         durations = ["--durations=20", "--durations-min=5"]
-        session.run("pytest", where, *workers, *durations, *session.posargs, env=_tests_env())
+        session.run("pytest", where, *workers, *durations, *session.posargs, env=env)
 
 
 @nox.session
@@ -201,23 +227,49 @@ def compat(session: nox.Session) -> None:
     Heavy: PyPI's torch 2.11 is a CUDA build (about 3 GB of CUDA libraries come
     with it), so this is not in CI. Triton 3.6's interpreter needs numpy<2.4.
     Kernels are also cross-compiled for sm_90 with Triton 3.6's own compiler,
-    the one the GPU machine runs."""
+    the one the GPU machine runs. Each suite runs on `COMPAT_WORKERS` pytest-xdist
+    workers (the `SERIAL` ones alone), and the session ends with how long each
+    suite and the whole took."""
     session.install("torch==2.11.0", "triton==3.6.0")
     args: list[str] = []
     for k in PACKAGES:
         args += ["-e", str(ROOT / "packages" / PACKAGES[k][0])]
-    session.install(*args, *TEST_DEPS, "numpy<2.4", "transformers", "torch==2.11.0")
-    env = {**INTERPRET_ENV, "CUDA_VISIBLE_DEVICES": ""}
-    for k in PACKAGES:
-        session.run("pytest", f"packages/{PACKAGES[k][0]}/tests", *session.posargs, env=env)
-    session.run("pytest", "tests-integration", *session.posargs, env=env)
+    session.install(
+        *args,
+        *TEST_DEPS,
+        "pytest-xdist>=3.2",
+        "numpy<2.4",
+        *INTEGRATION_DEPS,
+        TIMM,  # and torchvision for torch 2.11, a CUDA build like that torch: its C ops load
+        "torch==2.11.0",
+    )
+    env = {**INTERPRET_ENV, **WRITE_BYTECODE, "CUDA_VISIBLE_DEVICES": ""}
+    if "OMP_NUM_THREADS" not in os.environ:
+        env.update(ONE_THREAD)
+    suites = [(k, f"packages/{PACKAGES[k][0]}/tests") for k in PACKAGES]
+    suites.append(("integration", "tests-integration"))
+    took: list[tuple[str, float]] = []
+    start = time.monotonic()
+    try:
+        for key, where in suites:
+            workers = [] if key in SERIAL else ["-n", COMPAT_WORKERS, *XDIST]
+            t0 = time.monotonic()
+            try:
+                session.run("pytest", where, *workers, *session.posargs, env=env)
+            finally:
+                took.append((where, time.monotonic() - t0))
+    finally:
+        for where, seconds in took:
+            session.log(f"compat: {where} took {seconds:.0f} s")
+        session.log(f"compat: {len(took)} suites took {time.monotonic() - start:.0f} s in all")
 
 
 @nox.session
 def integration(session: nox.Session) -> None:
     """The full install plus tests-integration/."""
     _install(session, list(PACKAGES), TEST_DEPS + INTEGRATION_DEPS)
-    session.run("pytest", "tests-integration", *session.posargs, env=_tests_env())
+    env = {**_tests_env(), **_install_timm(session)}
+    session.run("pytest", "tests-integration", *session.posargs, env=env)
 
 
 @nox.session

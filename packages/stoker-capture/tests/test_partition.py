@@ -389,3 +389,86 @@ def test_a_float_read_with_item_is_reread_in_the_backward(partitioner: str) -> N
     part = PARTITIONERS[partitioner](gm, n)
     H.check_graphs(part, gm)
     H.check_against_eager(part, f, make(3))
+
+
+# --------------------------------------------------------------------------- checkpointing
+
+
+def _checkpointed_blocks(
+    dropout: bool = False,
+) -> tuple[Callable[..., Any], Callable[[int], list[torch.Tensor]]]:
+    """Two MLP blocks, each tagged as `torch.utils.checkpoint` tags a region when it is
+    traced for a compiler (``meta["recompute"]``, ``meta["ac_graph_id"]``), then an
+    untagged head.  Run under ``fx_traceback.preserve_node_meta()`` to keep the tags."""
+    import torch.fx.traceback as fx_traceback
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    def block(gid: int, w1: torch.Tensor, w2: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        meta = fx_traceback.current_meta
+        meta.update(recompute=CheckpointPolicy.PREFER_RECOMPUTE, ac_graph_id=gid)
+        try:
+            y = F.gelu(F.layer_norm(h, h.shape[-1:]) @ w1)
+            if dropout:
+                y = F.dropout(y, p=0.3, training=True)
+            return h + y @ w2
+        finally:
+            del meta["recompute"], meta["ac_graph_id"]
+
+    def f(w0, w1, w2, w3, w4, head, x):  # type: ignore[no-untyped-def]
+        h = x @ w0
+        h = block(1, w1, w2, h)
+        h = block(2, w3, w4, h)
+        return (h @ head).tanh()
+
+    def make(batch: int) -> list[torch.Tensor]:
+        ws = [0.3 * torch.randn(s, requires_grad=True) for s in [(8, 16), (16, 32), (32, 16)] * 2]
+        return [*ws[:1], *ws[1:3], *ws[4:6], 0.3 * torch.randn(16, 4, requires_grad=True),
+                torch.randn(batch, 8)]  # fmt: skip
+
+    return f, make
+
+
+def test_checkpointed_regions_are_recomputed_and_their_inputs_saved() -> None:
+    """A checkpointed region is recomputed in the backward, matmuls and layer norms
+    included; what is saved is each region's input (the first one's, and the output of
+    the first region that the second reads), as eager's checkpoint saves them."""
+    import torch.fx.traceback as fx_traceback
+
+    f, make = _checkpointed_blocks()
+    prims = make(4)
+    with fx_traceback.preserve_node_meta():
+        gm, n = H.make_joint(f, prims)
+    tagged = {nd.name for nd in gm.graph.nodes if "recompute" in nd.meta}
+    assert tagged, "the tracer dropped the checkpoint tags"
+    part = min_cut_partition(gm, num_fw_outputs=n)
+    H.check_graphs(part, gm)
+    H.check_against_eager(part, f, make(4))
+    H.check_against_eager(part, f, make(4))
+    kinds = H.recomputed_kinds(part)
+    assert {"extern", "reduction"} <= set(kinds.values()), part.report()
+    # of the regions' values only the first region's output is saved (the second region
+    # reads it), as torch.utils.checkpoint asks; the second region's output is recomputed
+    # for the head; besides that, only untagged values (x @ w0, the head's tanh)
+    saved_tagged = [s for s in part.saved_tensors if s in tagged]
+    assert len(saved_tagged) == 1, part.report()
+    assert "torch.utils.checkpoint" in part.notes[saved_tagged[0]][2], part.report()
+    for name in tagged & set(part.recomputed):
+        assert "checkpointed region" in part.notes[name][2], part.notes[name]
+    # the same graph without the tags saves more: the checkpoint is what saves memory
+    for nd in gm.graph.nodes:
+        nd.meta.pop("recompute", None)
+    untagged = min_cut_partition(gm, num_fw_outputs=n)
+    assert part.saved_bytes < untagged.saved_bytes, (part.report(), untagged.report())
+
+
+def test_random_ops_in_a_checkpointed_region_are_saved_not_recomputed() -> None:
+    import torch.fx.traceback as fx_traceback
+
+    f, make = _checkpointed_blocks(dropout=True)
+    with fx_traceback.preserve_node_meta():
+        gm, n = H.make_joint(f, make(4))
+    part = min_cut_partition(gm, num_fw_outputs=n)
+    H.check_graphs(part, gm)
+    kinds = H.recomputed_kinds(part)
+    assert "random" not in kinds.values(), part.report()
+    assert "extern" in kinds.values(), part.report()

@@ -210,3 +210,43 @@ def test_forward_holds_only_its_outputs_and_what_the_partition_saved(
     kept[0].sum().backward()  # what the forward kept serves its backward
     assert model.w.grad is not None and ref.w.grad is not None
     torch.testing.assert_close(model.w.grad, ref.w.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_tracing_memory_prints_no_kineto_lines(capfd: pytest.CaptureFixture[str]) -> None:
+    """The profiler that traces memory (the report's plot, ``stoker demo``) and counts
+    a step's peak starts and stops without Kineto's ``USDT: ... profiler_start`` and
+    ``profiler_stop`` lines on stderr, and still records the step."""
+    from stoker._internal.report.memtrace import trace
+
+    def step() -> None:
+        x = torch.randn(64, 64)
+        (x @ x).sum()
+
+    capfd.readouterr()
+    with trace("cpu") as got:
+        step()
+    peak = peak_live_bytes(step)
+    out, err = capfd.readouterr()
+    assert "USDT" not in out + err and "profiler_st" not in out + err, out + err
+    # the step's 64 x 64 float32 tensor is among the allocations recorded (the curve may
+    # also hold frees of what earlier tests left to the collector)
+    assert got, "no memory record"
+    live = got[0].live
+    steps = [b - a for a, b in zip([0, *live], live)]
+    assert 64 * 64 * 4 in steps, steps
+    assert peak is not None, "the peak probe recorded no allocation"
+
+
+def test_only_kinetos_start_and_stop_lines_are_dropped(capfd: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    from stoker._internal.report.kineto import _without_kineto_lines
+
+    capfd.readouterr()
+    with _without_kineto_lines():
+        os.write(2, b"USDT:2026-01-01 00:00:00 1:1 Handler.cpp:52] profiler_start\n")
+        os.write(2, b"a warning of the profiler's own\n")
+        os.write(2, b"USDT:2026-01-01 00:00:00 1:1 Handler.cpp:59] profiler_stop\n")
+        print("to stdout", flush=True)
+    out, err = capfd.readouterr()
+    assert err == "a warning of the profiler's own\n" and out == "to stdout\n", (out, err)

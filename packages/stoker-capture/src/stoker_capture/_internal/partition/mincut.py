@@ -19,6 +19,12 @@ A cut through ``n_in -> n_out`` saves ``n``; forward nodes on the sink side
 are recomputed.  With ``memory_budget`` in (0, 1) each recomputable forward
 node also gets ``source -> n_in`` of capacity ``lam * recompute_cost``; the
 largest ``lam`` whose saved bytes fit the budget is found by bisection.
+
+Nodes that ``torch.utils.checkpoint`` tagged (`partition_ops.checkpoint_marks`) follow
+the user's request, as torch's own partitioner does: a node marked "recompute" gets
+``n_in -> sink`` (infinite), so it is never saved and runs again in the backward,
+whatever its kind (random ops and impure ones excepted: they stay pinned); one marked
+"save" is pinned.  Where those requests leave no finite cut, the marks are dropped.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from .core import (
     is_tensor_node,
     node_bytes,
 )
-from .ops import OpKind, classify, is_recomputable, recompute_cost
+from .ops import CheckpointMark, OpKind, checkpoint_marks, classify, may_recompute, recompute_cost
 
 __all__ = ["min_cut_partition"]
 
@@ -72,10 +78,16 @@ def min_cut_partition(
     joint = cse(joint)  # a value the backward recomputes identically is saved once
     info = analyze_joint(joint, num_fw_outputs)
     kinds = {n: classify(n) for n in info.graph.nodes}
-
-    saved = _cut(info, kinds, lam=0.0)
+    marks = checkpoint_marks(info.graph)
+    try:
+        saved = _cut(info, kinds, marks, lam=0.0)
+    except PartitionError:
+        if not marks:
+            raise
+        marks = {}  # the checkpoint requests leave no finite cut: partition as if untagged
+        saved = _cut(info, kinds, marks, lam=0.0)
     if memory_budget == 0.0:
-        return _finish(joint, info, kinds, saved)
+        return _finish(joint, info, kinds, marks, saved)
     # Bisect on lam (log scale): larger lam recomputes less and saves more.  Only
     # the cut is needed per step; the graphs are built once, at the end.
     lo_bytes = _activation_bytes(saved, info)
@@ -84,20 +96,20 @@ def min_cut_partition(
     target = lo_bytes + memory_budget * (hi_bytes - lo_bytes)
     lo, hi = 0.0, 1.0
     while hi < 1e9:
-        cand = _cut(info, kinds, lam=hi)
+        cand = _cut(info, kinds, marks, lam=hi)
         if _activation_bytes(cand, info) > target:
             break
         saved, lo, hi = cand, hi, hi * 8
     else:
-        return _relabel(_finish(joint, info, kinds, saved, budget=True), memory_budget)
+        return _relabel(_finish(joint, info, kinds, marks, saved, budget=True), memory_budget)
     for _ in range(_BISECT_STEPS):
         mid = (lo + hi) / 2
-        cand = _cut(info, kinds, lam=mid)
+        cand = _cut(info, kinds, marks, lam=mid)
         if _activation_bytes(cand, info) <= target:
             saved, lo = cand, mid
         else:
             hi = mid
-    return _relabel(_finish(joint, info, kinds, saved, budget=True), memory_budget)
+    return _relabel(_finish(joint, info, kinds, marks, saved, budget=True), memory_budget)
 
 
 def _activation_bytes(saved: set[fx.Node], info: JointInfo) -> int:
@@ -123,7 +135,13 @@ def _save_cost(n: fx.Node, info: JointInfo) -> float:
     return _INF
 
 
-def _cut(info: JointInfo, kinds: dict[fx.Node, OpKind], *, lam: float) -> set[fx.Node]:
+def _cut(
+    info: JointInfo,
+    kinds: dict[fx.Node, OpKind],
+    marks: dict[fx.Node, CheckpointMark],
+    *,
+    lam: float,
+) -> set[fx.Node]:
     """The values to save: a minimum cut of the flow graph described in the module docstring."""
     import networkx as nx
     from networkx.algorithms.flow import boykov_kolmogorov
@@ -141,11 +159,16 @@ def _cut(info: JointInfo, kinds: dict[fx.Node, OpKind], *, lam: float) -> set[fx
         kind = kinds[n]
         n_in, n_out = n.name + "_in", n.name + "_out"
         g.add_edge(n_in, n_out, capacity=_save_cost(n, info))
+        mark = marks.get(n)
+        recomputable = may_recompute(n, kind, mark)
         pinned = kind == "input" or is_symint_node(n)
-        if n in info.required_fw and not is_recomputable(kind):
+        if n in info.required_fw and not recomputable:
             pinned = True
         if pinned:
             g.add_edge("source", n_in, capacity=_INF)
+        elif mark == "recompute" and recomputable and kind != "getitem":
+            # checkpointed: never saved (a getitem follows its tuple's producer)
+            g.add_edge(n_in, "sink", capacity=_INF)
         elif lam > 0 and n in info.required_fw:
             cost = recompute_cost(kind, node_bytes(n))
             if cost > 0:
@@ -180,6 +203,7 @@ def _finish(
     joint: fx.GraphModule,
     info: JointInfo,
     kinds: dict[fx.Node, OpKind],
+    marks: dict[fx.Node, CheckpointMark],
     saved: set[fx.Node],
     *,
     budget: bool = False,
@@ -192,10 +216,12 @@ def _finish(
     # forward-required ones; a non-recomputable node outside the forward's
     # needs (only reachable via a pinned SymInt) is saved instead, then rebuilt.
     for _ in range(len(candidates) + 1):
-        why = {n: _why_saved(n, kinds[n], info, budget) for n in saved}
+        why = {n: _why_saved(n, kinds[n], marks.get(n), info, budget) for n in saved}
         part = build_partition(joint, info, saved, kind="min_cut", why=why)
         bad = {
-            name_to_node[r] for r in part.recomputed if not is_recomputable(kinds[name_to_node[r]])
+            node
+            for node in (name_to_node[r] for r in part.recomputed)
+            if not may_recompute(node, kinds[node], marks.get(node))
         }
         if not bad:
             break
@@ -203,7 +229,9 @@ def _finish(
     for name in part.recomputed:
         kind = kinds[name_to_node[name]]
         shape, nbytes, _ = part.notes[name]
-        if kind in ("view", "getitem"):
+        if marks.get(name_to_node[name]) == "recompute":
+            reason = f"{kind} op in a checkpointed region (torch.utils.checkpoint)"
+        elif kind in ("view", "getitem"):
             reason = f"{kind}: free to recompute from what is saved"
         else:
             reason = f"{kind} op, cheaper to recompute than to save"
@@ -211,7 +239,9 @@ def _finish(
     return part
 
 
-def _why_saved(n: fx.Node, kind: OpKind, info: JointInfo, budget: bool) -> str:
+def _why_saved(
+    n: fx.Node, kind: OpKind, mark: CheckpointMark | None, info: JointInfo, budget: bool
+) -> str:
     target = getattr(n.target, "__name__", str(n.target))
     if kind == "getitem" and isinstance(n.args[0], fx.Node):
         parent = n.args[0]
@@ -221,7 +251,9 @@ def _why_saved(n: fx.Node, kind: OpKind, info: JointInfo, budget: bool) -> str:
         return "input (alive anyway)"
     if is_sym_node(n):
         return "size used by the backward"
-    if n in info.required_fw and not is_recomputable(kind):
+    if mark == "save":
+        return f"{kind} op {target}: saved, as torch.utils.checkpoint asks (a region's output)"
+    if n in info.required_fw and not may_recompute(n, kind, mark):
         return f"{kind} op {target}: never recomputed"
     if budget and n in info.required_fw:
         return f"{kind} op {target}: saved, the memory budget allows it (no recompute)"

@@ -14,6 +14,11 @@ One table, read top to bottom; the first rule that matches decides:
 
 Recomputing an op costs roughly the bytes it writes (pointwise ops are
 memory-bound); a view costs nothing.
+
+`torch.utils.checkpoint` overrides the table for the nodes it tags (`checkpoint_marks`):
+inside a checkpointed region every op the region computes is recomputed in the
+backward (matmuls and reductions too), except random ops (saved: recomputing them would
+draw other numbers) and ops that are not pure functions (collectives, mutations).
 """
 
 from __future__ import annotations
@@ -24,7 +29,15 @@ from typing import Literal
 import torch
 import torch.fx as fx
 
-__all__ = ["OpKind", "classify", "is_recomputable", "recompute_cost"]
+__all__ = [
+    "CheckpointMark",
+    "OpKind",
+    "checkpoint_marks",
+    "classify",
+    "is_recomputable",
+    "may_recompute",
+    "recompute_cost",
+]
 
 aten = torch.ops.aten
 
@@ -212,6 +225,63 @@ _RECOMPUTABLE: frozenset[str] = frozenset({"constant", "getitem", "view", "point
 def is_recomputable(kind: OpKind) -> bool:
     """May a node of this kind run again in the backward?"""
     return kind in _RECOMPUTABLE
+
+
+# What torch.utils.checkpoint asked of a node: recompute it in the backward, or save it.
+CheckpointMark = Literal["recompute", "save"]
+
+
+def checkpoint_marks(graph: fx.Graph) -> dict[fx.Node, CheckpointMark]:
+    """The nodes that `torch.utils.checkpoint` tagged while the joint graph was traced.
+
+    Non-reentrant checkpointing (and selective checkpointing's policies) set
+    ``node.meta["recompute"]`` to a `CheckpointPolicy` on every op of a checkpointed
+    region: ``MUST_RECOMPUTE`` and ``PREFER_RECOMPUTE`` give ``"recompute"``,
+    ``MUST_SAVE`` gives ``"save"`` (``PREFER_SAVE``: the partitioner decides).  A region's
+    output that a later region reads is saved, as eager's checkpoint saves each
+    region's input: otherwise the backward would recompute every region from the
+    first one's input."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    recompute = (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE)
+    marks: dict[fx.Node, CheckpointMark] = {}
+    for n in graph.nodes:
+        policy = n.meta.get("recompute")
+        if policy in recompute:
+            marks[n] = "recompute"
+        elif policy == CheckpointPolicy.MUST_SAVE:
+            marks[n] = "save"
+    for n in [n for n, m in marks.items() if m == "recompute"]:
+        region = n.meta.get("ac_graph_id")
+        for u in n.users:
+            later = u.meta.get("ac_graph_id")
+            if (
+                marks.get(u) == "recompute"
+                and region is not None
+                and later is not None
+                and later > region
+            ):
+                marks[n] = "save"
+    return marks
+
+
+def may_recompute(node: fx.Node, kind: OpKind, mark: CheckpointMark | None) -> bool:
+    """May this node run again in the backward, given its kind and its checkpoint mark?"""
+    if mark == "save":
+        return False
+    if mark == "recompute" and kind in ("extern", "reduction", "other"):
+        return _pure_aten(node)
+    return is_recomputable(kind)
+
+
+def _pure_aten(node: fx.Node) -> bool:
+    """An aten or prims op that writes none of its inputs (no collective, no mutation)."""
+    target = node.target
+    return (
+        isinstance(target, torch._ops.OpOverload)
+        and target.namespace in ("aten", "prims")
+        and not target._schema.is_mutable
+    )
 
 
 def recompute_cost(kind: OpKind, out_bytes: int) -> int:

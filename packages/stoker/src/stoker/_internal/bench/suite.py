@@ -277,7 +277,9 @@ def count_device_kernels(step: Callable[[], object]) -> int | None:
         return None
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    from ..report.kineto import quiet_profile
+
+    with quiet_profile(profile(activities=[ProfilerActivity.CUDA])) as prof:
         step()
         torch.cuda.synchronize()
     return sum(

@@ -23,7 +23,9 @@ def _allocations(step: Callable[[], object]) -> list[int] | None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    from .kineto import quiet_profile
+
+    with quiet_profile(profile(activities=[ProfilerActivity.CPU], profile_memory=True)) as prof:
         step()
     alloc = torch._C._profiler._EventType.Allocation
     events: list[tuple[int, int]] = []

@@ -103,7 +103,9 @@ def _trace_cpu(got: list[MemoryRecord]) -> Iterator[None]:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    from .kineto import quiet_profile
+
+    with quiet_profile(profile(activities=[ProfilerActivity.CPU], profile_memory=True)) as prof:
         with record_function(_BEGIN):
             pass
         p0 = time.perf_counter_ns()  # inside the marks: the phases fall within the record
