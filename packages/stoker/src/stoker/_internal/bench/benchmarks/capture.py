@@ -57,7 +57,7 @@ class MLP(nn.Module):
         self.fc3 = nn.Linear(hidden, out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc3(F.gelu(self.fc2(F.gelu(self.fc1(x)))))
+        return self.fc3(F.gelu(self.fc2(F.gelu(self.fc1(x)))))  # type: ignore[no-any-return]
 
 
 class GPTBlock(nn.Module):
@@ -79,10 +79,10 @@ class GPTBlock(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).split(C, dim=-1)
         q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.heads)
-        att = att.masked_fill(~self.mask[:T, :T], float("-inf")).softmax(dim=-1)
+        att = att.masked_fill(~self.mask[:T, :T], float("-inf")).softmax(dim=-1)  # type: ignore[index]
         y = (att @ v).transpose(1, 2).reshape(B, T, C)
         x = x + self.proj(y)
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))  # type: ignore[no-any-return]
 
 
 class CNN(nn.Module):
@@ -97,7 +97,7 @@ class CNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.b1(self.c1(x)))
         x = F.relu(self.b2(self.c2(x)))
-        return self.fc(x.mean(dim=(2, 3)))
+        return self.fc(x.mean(dim=(2, 3)))  # type: ignore[no-any-return]
 
 
 MODELS: dict[str, Callable[[], tuple[nn.Module, torch.Tensor]]] = {
@@ -111,7 +111,7 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, torch.Tensor]]] = {
 
 
 def _step(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> None:
-    fn(x).sum().backward()
+    fn(x).sum().backward()  # type: ignore[no-untyped-call]
 
 
 def _time_first(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
@@ -282,7 +282,7 @@ def print_tables(compile_rows: list[dict[str, Any]], byte_rows: list[dict[str, A
     print(f"{'model':<6} " + " ".join(f"{b:>10}" for b in BUDGETS))
     for r in byte_rows:
         if "error" not in r:
-            cells = " ".join(f"{r['budget_bytes'][str(b)]:>10}" for b in BUDGETS)
+            cells = " ".join(f"{r['budget_bytes'][str(b)]:>10}" for b in BUDGETS)  # type: ignore[assignment]
             print(f"{r['model']:<6} {cells}")
     print("\nstage times on the same joint graph, ms")
     print(f"{'model':<6} {'capture':>9} {'default':>9} {'min_cut':>9} {'torch min-cut':>14}")
@@ -348,7 +348,7 @@ def pipeline_once(name: str, smoke: bool) -> dict[str, dict[str, float]]:
         )
         with stoker_capture.autocast_off(), state.ctx.tracing():
             for gm in (part.fw, part.bw):
-                report = stoker_triton.compile_graph(gm, example_inputs(gm)).report
+                report = stoker_triton.compile_graph(gm, example_inputs(gm)).report  # type: ignore[attr-defined]
                 for kind, ms in (("wall", report.timings_ms), ("cpu", report.cpu_ms)):
                     acc = wall if kind == "wall" else cpu
                     for stage, v in ms.items():
@@ -380,7 +380,14 @@ def bench_pipeline(name: str, repeat: int, smoke: bool = False) -> dict[str, Any
     runs = []
     for _ in range(repeat):
         out = subprocess.run(
-            [sys.executable, __file__, "--pipeline-worker", name, *(["--smoke"] if smoke else [])],
+            [
+                sys.executable,
+                "-m",
+                "stoker._internal.bench.benchmarks.capture",
+                "--pipeline-worker",
+                name,
+                *(["--smoke"] if smoke else []),
+            ],
             env=env,
             capture_output=True,
             text=True,
