@@ -75,14 +75,14 @@ UNIT = ["MiB", 2**20]  # KiB for the tiny configurations (`main` decides)
 
 
 def _mib(n: float) -> str:
-    return f"{n / float(UNIT[1]):.1f}"
+    return f"{n / float(UNIT[1]):.1f}"  # type: ignore[arg-type]
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:
     u = UNIT[0]
     print(
-        f"{'model':<11} {'kernels':>7} {'kernel ' + u:>10} {'extern ' + u:>10} {'min ' + u:>8} "
-        f"{'ratio':>6} {'uncoal ' + u:>10} {'max passes':>10}"
+        f"{'model':<11} {'kernels':>7} {'kernel ' + u:>10} {'extern ' + u:>10} {'min ' + u:>8} "  # type: ignore[operator]
+        f"{'ratio':>6} {'uncoal ' + u:>10} {'max passes':>10}"  # type: ignore[operator]
     )
     for r in rows:
         print(
