@@ -11,6 +11,7 @@ regression, flagged in the table.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -24,7 +25,15 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from .registry import HIGHER_IS_BETTER, REGISTRY, Benchmark, Options, Row, flatten_rows
+from .registry import (
+    HIGHER_IS_BETTER,
+    REGISTRY,
+    Benchmark,
+    Options,
+    Row,
+    flatten_rows,
+    json_given,
+)
 
 CACHE_VARS = ("STOKER_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
 
@@ -40,23 +49,44 @@ def list_text() -> str:
 
 
 def machine() -> dict[str, Any]:
-    import torch
-
-    try:
-        import triton
-
-        triton_version: str | None = triton.__version__
-    except ImportError:
-        triton_version = None
+    """Where the figures come from. Read without importing torch (seconds of start-up
+    that a run of one small benchmark would pay for nothing)."""
     return {
         "python": platform.python_version(),
-        "torch": torch.__version__,
-        "triton": triton_version,
+        "torch": _version("torch"),
+        "triton": _version("triton"),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "gpu": _gpu_name(),
         "git": git_commit(),
     }
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _gpu_name() -> str | None:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        p = subprocess.run(
+            [smi, "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = p.stdout.strip().splitlines()
+    return names[0].strip() if p.returncode == 0 and names else None
 
 
 def git_commit() -> str | None:
@@ -88,7 +118,7 @@ def run_program(
     """One program benchmark in a fresh process: (its entry, its JSON or None). Its
     stdout is echoed as it comes; its stderr kept, and its end printed on a failure."""
     work = tempfile.mkdtemp(prefix=f"stoker-bench-{b.name}-")
-    js = os.path.join(work, "result.json")
+    js = json_given(options.extra) or os.path.join(work, "result.json")
     env = {**os.environ, **b.env, **(b.smoke_env if options.smoke else {})}
     env.pop("STOKER_REPORT", None)
     if not reuse_caches:  # cold, and no benchmark reads what another left
@@ -167,7 +197,15 @@ def run_one(b: Benchmark, options: Options, reuse_caches: bool) -> tuple[dict[st
 
 
 def rows_of(b: Benchmark, doc: Any) -> list[Row]:
-    rows = (b.rows or flatten_rows)(doc) if doc is not None else []
+    """The benchmark's rows (its own reader's, or `flatten_rows` where that fails on a
+    JSON of another shape: the figures are kept either way)."""
+    if doc is None:
+        return []
+    try:
+        rows = (b.rows or flatten_rows)(doc)
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        print(f"stoker bench {b.name}: rows read generically ({e!r})", file=sys.stderr)
+        rows = flatten_rows(doc)
     return [{"benchmark": b.name, **r} for r in rows]
 
 

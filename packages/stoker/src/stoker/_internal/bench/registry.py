@@ -68,9 +68,19 @@ class Benchmark:
     gpu: bool = False  # measures only on a GPU (without one it says so and exits 0)
 
     def command(self, smoke: bool, extra: Sequence[str], json_path: str) -> list[str]:
-        """The program's arguments after ``python``."""
+        """The program's arguments after ``python`` (a ``--json`` in ``extra`` is kept:
+        the harness reads the figures from there)."""
         args = self.smoke_args if smoke else self.args
-        return [*self.flags, "-m", f"{PACKAGE}.{self.module}", *args, *extra, "--json", json_path]
+        out = [] if "--json" in extra else ["--json", json_path]
+        return [*self.flags, "-m", f"{PACKAGE}.{self.module}", *args, *extra, *out]
+
+
+def json_given(extra: Sequence[str]) -> str | None:
+    """The path of a ``--json PATH`` among a benchmark's own arguments."""
+    if "--json" in extra:
+        i = list(extra).index("--json")
+        return extra[i + 1] if i + 1 < len(extra) else None
+    return None
 
 
 REGISTRY: dict[str, Benchmark] = {}
@@ -152,7 +162,7 @@ def _run_models(o: Options) -> Any:
 
     rows = run_models(
         models=o.models or (("mlp",) if o.smoke else None),
-        backends=o.backends or (("eager", "stoker") if o.smoke else BACKENDS),
+        backends=o.backends or (("stoker",) if o.smoke else BACKENDS),
         steps=o.steps or (1 if o.smoke else 20),
         warm=o.warm and not o.smoke,
         device=o.device,
@@ -170,7 +180,7 @@ def _run_gpu_suite(o: Options) -> Any:
         entries=o.models,
         backends=o.backends or (("eager", "stoker") if o.smoke else SUITE_BACKENDS),
         steps=o.steps or (1 if o.smoke else 20),
-        warm=o.warm,
+        warm=o.warm and not o.smoke,
         device=o.device,
         timeout=o.timeout,
         smoke=o.smoke,
@@ -184,6 +194,27 @@ def _model_rows(doc: Any) -> list[Row]:
     keep = ("losses", "stoker", "warm_stoker", "device", "smoke", "peak_kind", "error")
     rows = [{k: v for k, v in r.items() if k not in keep} for r in doc if isinstance(r, dict)]
     return flatten_rows(rows)
+
+
+def _depth_rows(doc: Any) -> list[Row]:
+    """``depth``'s raw JSON is every process's stages ({checkout: [repeat][depth]});
+    a row per checkout and depth: the median over the repeats of its summary."""
+    import statistics
+
+    from .benchmarks.depth import summarize
+
+    shaped = isinstance(doc, dict) and all(
+        isinstance(v, list) and all(isinstance(r, list) for r in v) for v in doc.values()
+    )
+    if not shaped:
+        return flatten_rows(doc)
+    rows: list[Row] = []
+    for tree, repeats in doc.items():
+        for j in range(len(repeats[0]) if repeats else 0):
+            runs = [summarize(rep[j]) for rep in repeats]
+            metrics = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            rows.append({"case": f"{tree} {repeats[0][j]['layers']} blocks", "metrics": metrics})
+    return rows
 
 
 def model_check(o: Options, suite: bool) -> None:
@@ -362,6 +393,7 @@ register(
         "does a cold compile grow with depth? a tiny GPT of 2 and 8 blocks, by stage",
         module="depth",
         smoke_args=("--smoke", "--layers", "1,2", "--repeat", "1", "--steps", "3"),
+        rows=_depth_rows,
     )
 )
 register(

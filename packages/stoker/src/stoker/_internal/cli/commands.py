@@ -64,7 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all)")
     b.add_argument("--list", action="store_true", help="list the benchmarks and exit")
-    b.add_argument("--smoke", action="store_true", help="tiny sizes: every code path, in seconds")
+    b.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes: every code path in seconds, numbers not to quote (the model "
+        "benchmarks: 1 steady step, no warm process)",
+    )
     b.add_argument(
         "--suite",
         choices=("models", "gpu"),
@@ -81,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--backends",
         default=None,
         help="comma-separated (default: eager,aot_eager,inductor,stoker; with --suite gpu: "
-        "eager,inductor,inductor-ro,stoker,stoker-ro; --smoke: eager,stoker)",
+        "eager,inductor,inductor-ro,stoker,stoker-ro; --smoke: stoker, or eager,stoker "
+        "with --suite gpu)",
     )
     b.add_argument(
         "--steps", type=int, default=None, help="steady-state steps per model (default 20)"

@@ -1,6 +1,6 @@
 """Backward time: the eager autograd engine vs stoker-autograd (engine-cache hit).
 
-    python tools/bench_autograd.py [--steps 30] [--json PATH] [--device cpu|cuda]
+    python -m stoker._internal.bench.benchmarks.autograd [--steps 30] [--json PATH] [--device cpu|cuda]
 
 Two models, each timed side by side in one run (the machine is noisy; compare
 within a row): a hook-heavy MLP (a tensor hook, a post-accumulate-grad hook and

@@ -1,6 +1,6 @@
 """The first compiled-autograd backward of a model: capture, retrace and the whole call.
 
-    STOKER_CACHE_DIR=$(mktemp -d) python tools/bench_autograd_first.py [--model gpt-m] [--batch 2] [--repeat 3] [--dynamic]
+    STOKER_CACHE_DIR=$(mktemp -d) python -m stoker._internal.bench.benchmarks.autograd_first [--model gpt-m] [--batch 2] [--repeat 3] [--dynamic]
 
 One `bench --suite gpu` model (default gpt-m, batch 2) through ``stoker.compile``
 with the aten executor (no Triton: the backward's compiler only runs aten ops).

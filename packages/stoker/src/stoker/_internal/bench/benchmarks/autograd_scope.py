@@ -1,6 +1,6 @@
 """What deciding the scope of compiled autograd costs per backward (CPU).
 
-    python tools/bench_autograd_scope.py [--repeats 7] [--calls 300]
+    python -m stoker._internal.bench.benchmarks.autograd_scope [--repeats 7] [--calls 300]
 
 stoker-autograd sets the engine hook only for the backwards it compiles: every
 ``backward()`` / ``autograd.grad`` goes through a router (``Variable._execution_engine``)

@@ -12,7 +12,7 @@ On each model (an MLP, a small GPT block, a small CNN with BatchNorm):
   `min_cut_partition`, `default_partition` and torch's own min-cut
   partitioner, all on stoker's joint graph of the model.
 
-    python tools/bench_capture.py [--json PATH] [--iters N] [--models mlp,gpt,cnn]
+    python -m stoker._internal.bench.benchmarks.capture [--json PATH] [--iters N] [--models mlp,gpt,cnn]
 
 ``--pipeline gpt-m`` instead times stoker's own stages on one model of the GPU
 suite (`stoker._internal.bench.suite`; any entry name): state + capture of the
@@ -24,7 +24,7 @@ tables paid there); the table shows the fastest run per stage, wall and CPU
 seconds, and the issue-12 total (capture + partition + lowering + codegen,
 without load).
 
-    python tools/bench_capture.py --pipeline gpt-m [--repeat 3] [--json PATH] [--smoke]
+    python -m stoker._internal.bench.benchmarks.capture --pipeline gpt-m [--repeat 3] [--json PATH] [--smoke]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Segments per compiled backward and step time of a model under DDP, eager and stoker.
 
-    python tools/bench_ddp.py [--model gpt-m] [--size smoke|full] [--ranks 2]
+    python -m stoker._internal.bench.benchmarks.ddp [--model gpt-m] [--size smoke|full] [--ranks 2]
         [--bucket-mb 25 0.05 0.01] [--steps 12] [--backend aten] [--set layers=4 ...]
 
 Spawns ``--ranks`` local processes (gloo, CPU); for each ``bucket_cap_mb`` every rank

@@ -1,6 +1,6 @@
 """`stoker demo`'s first step, cold and warm, by stage (the CPU warm-start target).
 
-    python tools/bench_demo_start.py [--backend aten,interpret] [--warm 2] [--batch 16] [--no-freeze]
+    python -m stoker._internal.bench.benchmarks.demo_start [--backend aten,interpret] [--warm 2] [--batch 16] [--no-freeze]
 
 The target: on the CPU, with the aten and interpreter executors, `stoker demo` warm is
 within 2x of eager's first step plus load time. For each executor, one cold process

@@ -1,6 +1,6 @@
 """`stoker demo`'s steady training step, eager vs stoker, side by side.
 
-    python tools/bench_demo_step.py [--steps 60] [--rounds 3] [--batch 16] [--threads 1]
+    python -m stoker._internal.bench.benchmarks.demo_step [--steps 60] [--rounds 3] [--batch 16] [--threads 1]
                                     [--backend aten] [--partitioner min_cut|default] [--profile]
 
 The demo's model (the small GPT of `stoker._internal.bench.models`, the demo's default

@@ -1,13 +1,13 @@
 """Does a cold compile grow with depth? A tiny GPT of 2 and of 8 identical blocks, by stage.
 
-    python tools/bench_depth.py [--layers 2,8] [--repeat 3] [--workers 0] [--json FILE]
-    python tools/bench_depth.py --profile OUT.prof --layers 8 --repeat 1   # cProfile the compile
-    python tools/bench_depth.py --tree /tmp/main   # and a checkout of main, alternating
+    python -m stoker._internal.bench.benchmarks.depth [--layers 2,8] [--repeat 3] [--workers 0] [--json FILE]
+    python -m stoker._internal.bench.benchmarks.depth --profile OUT.prof --layers 8 --repeat 1   # cProfile the compile
+    python -m stoker._internal.bench.benchmarks.depth --tree /tmp/main   # and a checkout of main, alternating
 
 Each (repeat, depth) is a new process with empty ``STOKER_CACHE_DIR`` / ``TRITON_CACHE_DIR``
 that trains the GPU suite's tiny GPT (d=64, T=32, batch 4, forward + backward) with the
 number of blocks asked for, through `stoker.compile` on Triton's *real* launch path: the
-stand-in sm_90 driver (`stoker_triton._internal.fakegpu`, as `bench_warm.py` uses it) and, as
+stand-in sm_90 driver (`stoker_triton._internal.fakegpu`, as `warm.py` uses it) and, as
 on a GPU, compile workers that build every kernel for sm_90 with ptxas (so kernel compiles
 count). Depths alternate within a repeat, so each ratio compares processes run side by side.
 
@@ -330,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the raw per-process results here")
     ap.add_argument(
         "--tree",
-        help="also run another checkout (its packages/*/src), alternating with this one",
+        help="also run another checkout (its packages/*/src), alternating with this one; "
+        "its own copy of this module runs there (a checkout from before the harness lacks it)",
     )
     ap.add_argument("--profile", help="cProfile the steps before the steady one into this file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

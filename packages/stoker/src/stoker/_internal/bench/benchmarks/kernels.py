@@ -1,14 +1,14 @@
 """Benchmark stoker-triton kernels on a GPU: achieved GB/s against a measured
 device-to-device copy, and cold compile times.
 
-    python tools/bench_triton.py            # on a machine with CUDA
-    python tools/bench_triton.py --quick    # smaller sizes
-    python tools/bench_triton.py --smoke    # tiny sizes on the CPU (interpreter): checks
+    python -m stoker._internal.bench.benchmarks.kernels            # on a machine with CUDA
+    python -m stoker._internal.bench.benchmarks.kernels --quick    # smaller sizes
+    python -m stoker._internal.bench.benchmarks.kernels --smoke    # tiny sizes on the CPU (interpreter): checks
                                             # the script runs; its numbers mean nothing
-    python tools/bench_triton.py --launch-overhead   # CPU time per launch and per graph
+    python -m stoker._internal.bench.benchmarks.kernels --launch-overhead   # CPU time per launch and per graph
                                             # call; on the CPU with a stand-in driver
-    python tools/bench_triton.py --workers  # compile workers' start and a cold batch compile
-                                            # (tools/bench_workers.py), on the CPU
+    python -m stoker._internal.bench.benchmarks.kernels --workers  # compile workers' start and a cold batch compile
+                                            # (benchmarks/workers.py), on the CPU
 
 On a machine without CUDA (and no --smoke) it says so and exits 0.
 """
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         "--workers",
         action="store_true",
         help="the compile workers' start and a cold sm_90 batch compile through them, then "
-        "a cold start to the first launches (tools/bench_workers.py; on the CPU)",
+        "a cold start to the first launches (benchmarks/workers.py; on the CPU)",
     )
     ap.add_argument("--json", default="", help="also write the table here (rewritten per case)")
     ap.add_argument(

@@ -1,4 +1,4 @@
-"""CPU cost of launching stoker-triton kernels (`bench_triton.py --launch-overhead`).
+"""CPU cost of launching stoker-triton kernels (`kernels.py --launch-overhead`).
 
 - per launch: one generated-style kernel through `Launcher` (the lean path:
   the compiled binary's launcher called directly) against the same launch
@@ -14,7 +14,7 @@ sm_90 driver whose launcher does nothing (`stoker_triton._internal.fakegpu`):
 what is measured is the host work before the driver call. With CUDA, real
 launches (CPU time to enqueue; the GPU work is tiny).
 
-``python tools/bench_launch.py --replay``: the CPU cost per call of
+``python -m stoker._internal.bench.benchmarks.launch --replay``: the CPU cost per call of
 ``mode="reduce-overhead"``'s wrapper around a CUDA graph replay (`replay_overhead`),
 on any machine (the replay is stubbed out).
 

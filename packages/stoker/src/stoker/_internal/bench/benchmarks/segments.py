@@ -1,7 +1,7 @@
 """How a model's compiled backward is cut, and what compiling it with stoker-triton costs.
 
     STOKER_CACHE_DIR=$(mktemp -d) STOKER_TRITON_CHECK_TARGETS= \\
-        python tools/bench_segments.py [--model gpt-m] [--batch 2] [--device cpu|cuda]
+        python -m stoker._internal.bench.benchmarks.segments [--model gpt-m] [--batch 2] [--device cpu|cuda]
 
 Runs one training step of a `bench --suite gpu` model through ``stoker.compile``
 (aten executor: the step itself compiles nothing with Triton), takes the

@@ -1,6 +1,6 @@
 """Guard-check cost: µs per call of a GuardSet over 10 tensor inputs, beside a plain call.
 
-    python tools/bench_shapes.py [--json PATH]
+    python -m stoker._internal.bench.benchmarks.shapes [--json PATH]
 
 Measured side by side in one run (the machine is noisy; compare the ratio).
 """

@@ -1,11 +1,11 @@
 """CPU time of one *steady* training step, by part (is the step CPU-bound?).
 
-    python tools/bench_step_cpu.py [--model tiny-gpt] [--size smoke|full] [--batch N]
+    python -m stoker._internal.bench.benchmarks.step_cpu [--model tiny-gpt] [--size smoke|full] [--batch N]
                                    [--steps 30] [--rounds 5] [--no-optimizer] [--profile N]
 
 A GPU-suite model (`stoker/_internal/bench/suite.py`) trains with `stoker.compile`
 through Triton's *real* launch path on the CPU: ``TRITON_INTERPRET=0`` and the
-stand-in sm_90 driver (`bench_warm.stand_in`: kernels cross-compiled, their launches
+stand-in sm_90 driver (`warm.stand_in`: kernels cross-compiled, their launches
 stubs). After the warm-up steps (the first compiles the forward, the second
 compiled autograd's backward), each round times ``--steps`` steady steps: forward,
 loss, ``zero_grad``, ``loss.backward()``, AdamW (the suite's step; ``--no-optimizer``

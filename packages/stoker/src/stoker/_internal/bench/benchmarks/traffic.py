@@ -1,7 +1,7 @@
 """Memory traffic of stoker's kernels per training step, on the CPU (nothing runs).
 
-    python tools/bench_traffic.py [--models gpt-m,hf-llama] [--smoke] [--kernels] [--json PATH]
-    python tools/bench_traffic.py --smoke --check tools/traffic_expected.json
+    python -m stoker._internal.bench.benchmarks.traffic [--models gpt-m,hf-llama] [--smoke] [--kernels] [--json PATH]
+    python -m stoker._internal.bench.benchmarks.traffic --smoke --check .../benchmarks/traffic_expected.json
 
 For each GPU-suite model: capture the joint graph (static shapes, fake tensors),
 partition it with the min-cut partitioner (the stoker backend's default),

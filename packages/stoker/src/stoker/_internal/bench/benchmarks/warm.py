@@ -1,6 +1,6 @@
 """A warm start on the CPU, by stage, and beside Inductor's warm CPU start.
 
-    python tools/bench_warm.py [--model gpt-m] [--batch 2] [--repeat 3] [--keep DIR] [--inductor]
+    python -m stoker._internal.bench.benchmarks.warm [--model gpt-m] [--batch 2] [--repeat 3] [--keep DIR] [--inductor]
 
 Two kinds of process train one step of a GPU-suite model (`stoker/_internal/bench/suite.py`)
 with `stoker.compile`, through Triton's *real* launch path on the CPU: ``TRITON_INTERPRET=0``
@@ -43,7 +43,7 @@ from typing import Any
 # stage -> (module file suffix, function name) whose cumulative time is the stage
 STAGES: dict[str, tuple[str, str]] = {
     "process to end of first step": ("", "-"),  # CPU time of the whole process
-    "first step (all)": ("bench_warm.py", "step"),
+    "first step (all)": ("bench/benchmarks/warm.py", "step"),
     "Dynamo (convert_frame)": ("convert_frame.py", "_compile"),
     "stoker backend": ("stoker/_internal/api/backend.py", "__call__"),
     "capture (stage 1, cache)": ("stoker_capture/_internal/dynamo.py", "backend"),

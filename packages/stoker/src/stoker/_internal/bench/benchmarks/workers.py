@@ -1,4 +1,4 @@
-"""Start-up cost of stoker-triton's compile workers (`bench_triton.py --workers`).
+"""Start-up cost of stoker-triton's compile workers (`kernels.py --workers`).
 
 For each worker start (`fork`: forked from the zygote, which imports Triton
 once; `subprocess`: each worker its own interpreter, as before the zygote),
@@ -18,8 +18,8 @@ process measures:
 each as wall seconds and as CPU seconds summed over the processes (the main
 process, the zygote and every worker, read from /proc before the pool ends).
 
-    python tools/bench_workers.py                  # N = 2 and 16, both starts, both caches
-    python tools/bench_workers.py --n 16 --mode fork --cache no-pyc
+    python -m stoker._internal.bench.benchmarks.workers                  # N = 2 and 16, both starts, both caches
+    python -m stoker._internal.bench.benchmarks.workers --n 16 --mode fork --cache no-pyc
 """
 
 from __future__ import annotations
@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--tree",
         help="measure the stoker sources of another checkout (e.g. a worktree of an "
-        "earlier commit: 'before')",
+        "earlier commit: 'before'; its own copy of this module runs there, so a checkout from "
+        "before the harness lacks it)",
     )
     ap.add_argument("--json", help="write every row here")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the measuring process
