@@ -3,12 +3,14 @@ the model zoo, and `import stoker` staying light."""
 
 from __future__ import annotations
 
+import dataclasses
 import html.parser
 import json
 import logging
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -419,6 +421,19 @@ def test_bench_harness_json_markdown_and_baseline(
     opts = registry.Options(extra=("--ms", "10.5", "--gbs", "120"))
     doc = harness.run(["fake"], opts, json_path=js2, markdown_path=md2, baseline=js)
     assert doc["rows"][0]["regressions"] == []  # within 10 %, and faster
+    # a program past --timeout is stopped with the processes it started
+    with open(os.path.join(root, "fakebench", "hang.py"), "w") as f:
+        f.write(
+            "import subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            "print('started', flush=True); time.sleep(60)\n"
+        )
+    hang = dataclasses.replace(prog, name="hang", module="hang", args=())
+    monkeypatch.setitem(registry.REGISTRY, "hang", hang)
+    t0 = time.perf_counter()
+    entry, raw = harness.run_program(hang, registry.Options(timeout=3.0))
+    assert time.perf_counter() - t0 < 30 and raw is None
+    assert entry["status"] == "timed out after 3 s" and entry["stdout"] == "started\n", entry
 
 
 def test_bench_registry_names_every_benchmark_module() -> None:

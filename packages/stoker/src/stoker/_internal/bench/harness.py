@@ -11,11 +11,13 @@ regression, flagged in the table.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -130,14 +132,22 @@ def run_program(
     out: list[str] = []
     try:
         with open(os.path.join(work, "stderr"), "w+", encoding="utf-8") as err:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+            proc = subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=env,
+                start_new_session=True,  # its workers and ranks end with it on a timeout
+            )
             echo = threading.Thread(target=_echo, args=(proc, out), daemon=True)
             echo.start()
             code: int | None
             try:
                 code = proc.wait(timeout=options.timeout)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 code = None
             echo.join(timeout=10)

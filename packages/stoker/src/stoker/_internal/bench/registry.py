@@ -48,7 +48,6 @@ class Options:
     device: str | None = None
     timeout: float = 900.0
     extra: Sequence[str] = ()
-    json_path: str = ""  # the harness's JSON (the suite rewrites it after every row)
     on_rows: Callable[[list[dict[str, Any]]], None] | None = None
 
 
