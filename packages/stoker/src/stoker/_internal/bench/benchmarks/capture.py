@@ -195,17 +195,28 @@ def joint_graph(name: str) -> tuple[torch.fx.GraphModule, int]:
     return graph.gm, graph.num_fw_outputs
 
 
-def torch_min_cut_bytes(gm: torch.fx.GraphModule, num_fw_outputs: int) -> int:
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
+def torch_min_cut_bytes(gm: torch.fx.GraphModule, num_fw_outputs: int) -> int | None:
+    """Saved-activation bytes of torch's own min-cut partitioner on the same joint graph.
 
-    from stoker_capture._internal.partition.core import node_bytes
+    stoker's packages never import torch's partitioner; the comparison is stoker-capture's
+    test helper (``tests/partition_compare.py``, where tests may import it), loaded from
+    the checkout beside this package. None where there is no checkout (an installed
+    stoker): the column then reads n/a."""
+    import importlib.util
 
-    gm = copy.deepcopy(gm)
-    inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
-    fw, _ = min_cut_rematerialization_partition(gm, inputs, num_fwd_outputs=num_fw_outputs)
-    out = next(n for n in fw.graph.nodes if n.op == "output")
-    saved = {s for s in out.args[0][num_fw_outputs:] if isinstance(s, torch.fx.Node)}
-    return sum(node_bytes(s) for s in saved if s.op != "placeholder")
+    path = (
+        pathlib.Path(__file__).resolve().parents[6]
+        / "stoker-capture"
+        / "tests"
+        / "partition_compare.py"
+    )
+    spec = importlib.util.spec_from_file_location("stoker_partition_compare", path)
+    if not path.exists() or spec is None or spec.loader is None:
+        return None
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
+    saved: int = helper.torch_min_cut_saved_bytes(gm, num_fw_outputs)
+    return saved
 
 
 def bench_bytes(name: str) -> dict[str, Any]:
@@ -235,7 +246,8 @@ def bench_bytes(name: str) -> dict[str, Any]:
     }
     t0 = time.perf_counter()
     row["torch_min_cut_bytes"] = torch_min_cut_bytes(gm, n)
-    row["torch_min_cut_ms"] = 1e3 * (time.perf_counter() - t0)
+    took = 1e3 * (time.perf_counter() - t0)
+    row["torch_min_cut_ms"] = None if row["torch_min_cut_bytes"] is None else took
     return row
 
 
@@ -276,7 +288,7 @@ def print_tables(compile_rows: list[dict[str, Any]], byte_rows: list[dict[str, A
             continue
         print(
             f"{r['model']:<6} {r['default_bytes']:>10} {r['min_cut_bytes']:>10} "
-            f"{r['torch_min_cut_bytes']:>14} {r['min_cut_recomputed']:>11}"
+            f"{_f(r['torch_min_cut_bytes'], '>14')} {r['min_cut_recomputed']:>11}"
         )
     print("\nmin_cut saved activation bytes by memory_budget")
     print(f"{'model':<6} " + " ".join(f"{b:>10}" for b in BUDGETS))
@@ -290,7 +302,7 @@ def print_tables(compile_rows: list[dict[str, Any]], byte_rows: list[dict[str, A
         if "error" not in r:
             print(
                 f"{r['model']:<6} {r['capture_ms']:9.1f} {r['default_partition_ms']:9.1f} "
-                f"{r['min_cut_partition_ms']:9.1f} {r['torch_min_cut_ms']:14.1f}"
+                f"{r['min_cut_partition_ms']:9.1f} {_f(r['torch_min_cut_ms'], '14.1f')}"
             )
 
 
