@@ -299,9 +299,11 @@ def types(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks: guard-check cost, capture/partition, compiled autograd, kernels."""
+    """Every registered benchmark through the harness (`stoker bench`; `stoker bench
+    --list` names them): `nox -s bench -- --smoke`, `nox -s bench -- capture autograd`,
+    `nox -s bench -- --baseline bench-results/old.json`."""
     _install(session, list(PACKAGES), ["numpy"])
-    session.run("python", "tools/bench.py", *session.posargs, env=INTERPRET_ENV)
+    session.run("stoker", "bench", *session.posargs, env=INTERPRET_ENV)
 
 
 @nox.session

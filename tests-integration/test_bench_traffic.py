@@ -1,7 +1,8 @@
-"""`tools/bench_traffic.py`: the bytes stoker's kernels move per training step, over the
+"""`stoker bench traffic`: the bytes stoker's kernels move per training step, over the
 step's minimum, for every GPU-suite model (tiny sizes, nothing runs). Each model's ratio
-is held to the one stored in tools/traffic_expected.json, so a kernel or fusion change
-that moves more bytes fails here, on the CPU, long before a GPU shows it."""
+is held to the one stored beside the benchmark (benchmarks/traffic_expected.json), so a
+kernel or fusion change that moves more bytes fails here, on the CPU, long before a GPU
+shows it."""
 
 from __future__ import annotations
 
@@ -11,26 +12,31 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-EXPECTED = ROOT / "tools" / "traffic_expected.json"
+from stoker._internal.bench.registry import TRAFFIC_EXPECTED
+
+EXPECTED = Path(TRAFFIC_EXPECTED)
 
 
 def _run(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "STOKER_CACHE_DIR": str(tmp_path / "cache")}
+    """``stoker bench traffic --smoke`` (whose smoke run checks the stored ratios), with
+    ``args`` for the benchmark itself."""
+    out = tmp_path / "bench.json"
     return subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "bench_traffic.py"), "--smoke", *args],
+        [sys.executable, "-m", "stoker.cli", "bench", "traffic", "--smoke", "--json", str(out)]
+        + (["--", *args] if args else []),
         capture_output=True,
         text=True,
-        env=env,
+        env=dict(os.environ),
         timeout=900,
     )
 
 
 def test_each_suite_model_moves_the_bytes_it_moved(tmp_path):
-    out = tmp_path / "traffic.json"
-    proc = _run("--json", str(out), "--check", str(EXPECTED), tmp_path=tmp_path)
+    proc = _run(tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    rows = {r["model"]: r for r in json.loads(out.read_text())}
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert doc["benchmarks"]["traffic"]["status"] == "ok"
+    rows = {r["model"]: r for r in doc["benchmarks"]["traffic"]["raw"]}
     stored = json.loads(EXPECTED.read_text())["smoke"]
     assert set(rows) == set(stored)
     for r in rows.values():

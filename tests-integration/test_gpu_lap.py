@@ -178,7 +178,9 @@ def test_one_measurement_at_a_time_on_the_kept_cores(tmp_path, monkeypatch):
     cpu = min(os.sched_getaffinity(0))
     monkeypatch.setenv("STOKER_LAP_TIMED_CPUS", str(cpu))
     before = os.sched_getaffinity(0)
-    first, second = gpu_lap.GpuLock(path), gpu_lap.GpuLock(path)
+    from stoker._internal.bench.gpulock import GpuLock
+
+    first, second = GpuLock(path), GpuLock(path)
     inside: list[set[int]] = []
     with first():
         inside.append(os.sched_getaffinity(0))

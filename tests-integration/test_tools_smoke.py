@@ -1,36 +1,46 @@
-"""The GPU benchmark script must not rot on machines without a GPU: run it in
---smoke mode (tiny sizes, Triton's interpreter) and read its table."""
+"""Every benchmark of `stoker bench` must not rot on machines without a GPU: each runs
+through the harness at its smoke size (tiny models, Triton's interpreter or the
+stand-in sm_90 driver), and its table or JSON is read. A benchmark without a test of
+its own here is run by `test_every_other_benchmark_runs_at_its_smoke_size`."""
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from stoker._internal.bench.registry import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _tool(
-    script: str, *args: str, timeout: int = 600, flags: tuple[str, ...] = (), **env: str
-) -> str:
-    """The output of ``tools/<script> args`` (python ``flags`` first, ``env`` added to the
-    environment), which must exit 0."""
+def _bench(
+    name: str, tmp_path: Path, *extra: str, timeout: int = 600, **env: str
+) -> tuple[str, Any]:
+    """``stoker bench NAME --smoke [-- extra]`` (``env`` added to the environment), which
+    must exit 0: the benchmark's stdout and the JSON it wrote (``raw`` in the harness's)."""
+    out = tmp_path / f"bench-{name}.json"
+    cmd = [sys.executable, "-m", "stoker.cli", "bench", name, "--smoke", "--json", str(out)]
     proc = subprocess.run(
-        [sys.executable, *flags, str(ROOT / "tools" / script), *args],
+        cmd + (["--", *extra] if extra else []),
         capture_output=True,
         text=True,
         env={**os.environ, **env},
         timeout=timeout,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc.stdout
+    doc = json.loads(out.read_text())
+    entry = doc["benchmarks"][name]
+    assert entry["status"] == "ok" and (tmp_path / f"bench-{name}.md").exists(), entry
+    assert doc["machine"]["torch"] and doc["rows"], doc["rows"]
+    return entry.get("stdout", proc.stdout), entry["raw"]
 
 
 def test_bench_triton_smoke_prints_every_case(tmp_path):
-    stdout = _tool(
-        "bench_triton.py", "--smoke", STOKER_CACHE_DIR=str(tmp_path), STOKER_TRITON_CHECK_TARGETS=""
-    )
+    stdout, _ = _bench("triton", tmp_path)
     cases = (
         "pointwise x*2+1 -> sin",
         "pointwise a+b broadcast",
@@ -55,38 +65,28 @@ def test_bench_triton_smoke_prints_every_case(tmp_path):
     assert 2 <= kernels["layernorm backward"] <= 3, stdout
 
 
-def test_bench_workers_compiles_the_batch_through_forked_workers():
+@pytest.mark.parametrize("name", ["workers", "workers_cold"])
+def test_bench_workers_compiles_the_batch_through_forked_workers(tmp_path, name):
     # the compile workers' benchmark (docs/benchmarks.md): every kernel of its batch
     # compiles for sm_90 through the zygote's forks, and the cold start reaches its launches
-    for extra in ([], ["--cold-start"]):
-        stdout = _tool(
-            "bench_workers.py",
-            *("--n", "2", "--mode", "fork", "--cache", "pyc", *extra),
-        )
-        row = [ln for ln in stdout.splitlines() if ln.startswith("| fork | 2 | pyc |")]
-        assert len(row) == 1, stdout
-        cells = [c.strip() for c in row[0].strip("|").split("|")]
-        if extra:
-            assert int(cells[3]) >= 20 and all(float(c) > 0 for c in cells[4:]), row
-        else:
-            # every kernel of the batch compiled (how many the block makes is the code
-            # generator's business: identical kernels are generated once)
-            done, total = (int(x) for x in cells[3].split("/"))
-            assert done == total >= 20, row
+    stdout, _ = _bench(name, tmp_path)
+    row = [ln for ln in stdout.splitlines() if ln.startswith("| fork | 2 | pyc |")]
+    assert len(row) == 1, stdout
+    cells = [c.strip() for c in row[0].strip("|").split("|")]
+    if name == "workers_cold":
+        assert int(cells[3]) >= 20 and all(float(c) > 0 for c in cells[4:]), row
+    else:
+        # every kernel of the batch compiled (how many the block makes is the code
+        # generator's business: identical kernels are generated once)
+        done, total = (int(x) for x in cells[3].split("/"))
+        assert done == total >= 20, row
 
 
 def test_bench_capture_pipeline_smoke_times_every_stage(tmp_path):
-    """``tools/bench_capture.py --pipeline``: the per-stage compile times, here on
-    the tiny GPT so the mode cannot rot."""
-    import json
-
-    out = tmp_path / "pipeline.json"
-    stdout = _tool(
-        "bench_capture.py",
-        *("--pipeline", "tiny-gpt", "--smoke", "--repeat", "1", "--json", str(out)),
-        STOKER_CACHE_DIR=str(tmp_path / "cache"),
-    )
-    best = json.loads(out.read_text())["pipeline"]["best"]
+    """``stoker bench capture_pipeline``: the per-stage compile times, here on the tiny
+    GPT so the mode cannot rot."""
+    stdout, raw = _bench("capture_pipeline", tmp_path)
+    best = raw["pipeline"]["best"]
     stages = ("state", "capture", "partition", "prepare", "lower", "schedule", "codegen", "load")
     for kind in ("wall", "cpu"):
         assert all(best[kind][st] > 0 for st in stages), best
@@ -104,20 +104,22 @@ def _suite_entries() -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("entry", _suite_entries())
 def test_bench_gpu_suite_smoke_runs_every_configuration(tmp_path, entry):
-    """``tools/bench.py --suite gpu --smoke --models <entry>``: every entry of the H100
-    suite trains at tiny sizes, eager and stoker, and the driver fills in parity against
-    eager."""
-    import json
-
+    """``stoker bench --suite gpu --smoke --models <entry>``: every entry of the H100
+    suite trains at tiny sizes (one cold process each), eager and stoker, and the driver
+    fills in parity against eager."""
     out = tmp_path / "suite.json"
-    _tool(
-        "bench.py",
-        *("--suite", "gpu", "--smoke", "--models", entry, "--backends", "eager,stoker"),
-        *("--steps", "1", "--no-warm", "--json", str(out)),
+    cmd = [sys.executable, "-m", "stoker.cli", "bench", "--suite", "gpu", "--smoke"]
+    proc = subprocess.run(
+        [*cmd, "--models", entry, "--json", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "STOKER_CACHE_DIR": str(tmp_path / "cache")},
         timeout=900,
-        STOKER_CACHE_DIR=str(tmp_path / "cache"),
     )
-    rows = json.loads(out.read_text())["models"]
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    rows = doc["benchmarks"]["gpu"]["raw"]
+    assert {r["case"] for r in doc["rows"]} == {f"{entry} eager", f"{entry} stoker"}
     assert [(r["model"], r["backend"]) for r in rows] == [(entry, "eager"), (entry, "stoker")]
     for r in rows:
         assert r["steady_ms"] > 0 and len(r["losses"]) == 3, r
@@ -148,17 +150,12 @@ def test_gpu_suite_is_the_h100_findings_configurations():
 
 
 def test_bench_ddp_smoke_counts_a_segment_per_bucket(tmp_path):
-    """``tools/bench_ddp.py``: 2 gloo ranks, eager DDP and stoker's reducer; after the
+    """``stoker bench ddp``: 2 gloo ranks, eager DDP and stoker's reducer; after the
     bucket rebuild the backward has a hook (a cut) per bucket, not per parameter."""
     import re
 
-    stdout = _tool(
-        "bench_ddp.py",
-        *("--bucket-mb", "0.01", "--steps", "5"),
-        flags=("-W", "ignore"),
-        STOKER_CACHE_DIR=str(tmp_path),
-        OMP_NUM_THREADS="1",
-    )
+    stdout, raw = _bench("ddp", tmp_path)
+    assert raw[0]["buckets"] > 1 and raw[0]["stoker"]["median_ms"] > 0, raw
     m = re.search(
         r"(\d+) buckets, (\d+) params; the newest backward: (\d+) segments, (\d+) post-acc",
         stdout,
@@ -171,73 +168,43 @@ def test_bench_ddp_smoke_counts_a_segment_per_bucket(tmp_path):
 
 
 def test_bench_warm_smoke_loads_every_kernel_without_triton_jit(tmp_path):
-    """``tools/bench_warm.py``: a warm start on Triton's real launch path (the stand-in
+    """``stoker bench warm``: a warm start on Triton's real launch path (the stand-in
     sm_90 driver), here on the tiny GPT: the warm process hits every cache and launches
     every kernel from a recorded binary, with no JITFunction, no compile and no kernel
     module, and imports none of the modules only a cold start runs (partitioner, passes,
     lowering, code generation), each of which the cold process imports."""
-    import json
-
-    out = tmp_path / "warm.json"
-    stdout = _tool(
-        "bench_warm.py",
-        *("--smoke", "--repeat", "1", "--imports", "0"),
-        *("--keep", str(tmp_path / "cache"), "--json", str(out)),
-        timeout=900,
-    )
+    stdout, res = _bench("warm", tmp_path, timeout=900)
     assert "kernel modules load" in stdout, stdout
-    res = json.loads(out.read_text())
     cold, (warm,) = res["cold"], res["warm"]
     assert cold["counts"]["JITFunction"] > 0 and cold["counts"]["triton.compile"] > 0, cold
     assert warm["counts"]["JITFunction"] == 0 and warm["counts"]["triton.compile"] == 0, warm
     assert warm["summary"]["cache_misses"] == 0 and warm["summary"]["cache_hits"] >= 2, warm
     assert warm["autograd"]["disk_hits"] >= 1 and warm["autograd"]["compiles"] == 0, warm
     assert not [m for m in warm["stoker modules"] if m.startswith("stoker_triton_kernels_")]
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        from bench_warm import COLD_ONLY, cold_only
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
+    from stoker._internal.bench.benchmarks.warm import COLD_ONLY, cold_only
+
     assert cold_only(cold["stoker modules"]) == list(COLD_ONLY), "renamed? update COLD_ONLY"
     assert cold_only(warm["stoker modules"]) == [], warm["stoker modules"]
     assert res["detail"]["stages"]["first step (all)"] > 0, res["detail"]
 
 
 def test_bench_warm_cold_smoke_breaks_down_a_cold_first_step(tmp_path):
-    """``tools/bench_warm.py --cold``: a cold first step by stage, with the precompile
+    """``stoker bench warm_cold``: a cold first step by stage, with the precompile
     queued on compile workers as on a GPU: every launch loads what the workers built,
     and the AOT backward, which compiled autograd inlines, is not compiled."""
-    import json
-
-    out = tmp_path / "cold.json"
-    stdout = _tool(
-        "bench_warm.py",
-        *("--cold", "--smoke", "--repeat", "1", "--workers", "2", "--json", str(out)),
-        timeout=900,
-    )
+    stdout, (run,) = _bench("warm_cold", tmp_path, timeout=900)
     assert "wait for workers" in stdout and "compiled autograd: retrace" in stdout
-    (run,) = json.loads(out.read_text())
     assert run["counts"]["Triton cache misses"] == 0, run["counts"]  # built by the workers
     assert [g["by"] for g in run["graphs"]] == ["capture", "compiled autograd"], run["graphs"]
     assert run["cold"]["first step (all)"][1] > 0
 
 
 def test_bench_step_cpu_smoke_splits_a_steady_step_by_part(tmp_path):
-    """``tools/bench_step_cpu.py``: the steady step's CPU cost on Triton's real launch
+    """``stoker bench step_cpu``: the steady step's CPU cost on Triton's real launch
     path (the stand-in sm_90 driver), on the tiny GPT: the timed steps compile nothing,
     and each part of the step (Dynamo, stoker's runtime, wrappers, launches, externs,
     compiled autograd) is reported."""
-    import json
-
-    out = tmp_path / "step.json"
-    _tool(
-        "bench_step_cpu.py",
-        *("--model", "tiny-gpt", "--steps", "2", "--rounds", "1", "--json", str(out)),
-        timeout=900,
-        STOKER_CACHE_DIR=str(tmp_path / "stoker"),
-        TRITON_CACHE_DIR=str(tmp_path / "triton"),
-    )
-    res = json.loads(out.read_text())
+    _, res = _bench("step_cpu", tmp_path, timeout=900)
     assert res["timed_steps"] == {"compiles": 0, "eager_runs": 0, "fallbacks": 0}, res
     calls, parts = res["calls_per_step"], res["parts_us"]
     assert calls["forward: kernel launch"] > 0 and calls["backward: kernel launch"] > 0, calls
@@ -256,19 +223,12 @@ def test_bench_step_cpu_smoke_splits_a_steady_step_by_part(tmp_path):
 
 
 def test_bench_demo_start_warm_process_loads_instead_of_compiling(tmp_path):
-    """``tools/bench_demo_start.py`` (the CPU warm-start target on the demo's GPT):
+    """``stoker bench demo_start`` (the CPU warm-start target on the demo's GPT):
     the warm process loads the captured graph and compiled autograd's stored backward,
     and neither captures the joint graph again nor retraces the backward."""
-    import json
-
-    out = tmp_path / "demo.json"
-    stdout = _tool(
-        "bench_demo_start.py",
-        *("--backend", "aten", "--warm", "1", "--batch", "2", "--json", str(out)),
-        timeout=900,
-    )
+    stdout, raw = _bench("demo_start", tmp_path, timeout=900)
     assert "warm first step / (2 x eager first step + load)" in stdout
-    res = json.loads(out.read_text())["aten"]
+    res = raw["aten"]
     cold, (warm,) = res["cold"], res["warm"]
     assert cold["calls"]["  compiled autograd: retrace"] >= 1, cold["calls"]
     assert warm["calls"]["  compiled autograd: retrace"] == 0, warm["calls"]
@@ -278,14 +238,13 @@ def test_bench_demo_start_warm_process_loads_instead_of_compiling(tmp_path):
     assert warm["compiled first step"] > 0 and warm["eager first step"] > 0
 
 
-def test_bench_demo_step_times_eager_and_stoker_side_by_side():
-    """``tools/bench_demo_step.py`` (the CPU step on the demo's GPT): alternating
+def test_bench_demo_step_times_eager_and_stoker_side_by_side(tmp_path):
+    """``stoker bench demo_step`` (the CPU step on the demo's GPT): alternating
     eager and stoker steps, a per-round row and the best-of line with their ratio."""
     import re
 
-    stdout = _tool(
-        "bench_demo_step.py", *("--steps", "2", "--rounds", "1", "--batch", "2"), timeout=900
-    )
+    stdout, raw = _bench("demo_step", tmp_path, timeout=900)
+    assert raw["best"]["eager_ms"] > 0 and len(raw["rounds"]) == 1, raw
     best = re.search(r"best +eager ([\d.]+) ms +stoker ([\d.]+) ms +\(([\d.]+)x", stdout)
     assert best, stdout
     eager, stoker, ratio = map(float, best.groups())
@@ -316,18 +275,55 @@ def test_gpu_suite_backends_are_the_five_compared(monkeypatch):
     ]
 
 
-def test_bench_launch_smoke_prints_every_row(tmp_path):
-    """``tools/bench_launch.py``: the launch and per-call targets, measured with the
-    stand-in sm_90 driver (the lean path must be on: the tool exits 1 otherwise) and the
-    reduce-overhead wrapper with a stubbed replay (its every timed call must replay)."""
-    for mode, rows in (
-        ([], ("lean path (Launcher.go)", "JITFunction.run", "per stoker.compile call")),
-        (["--replay"], ("P params K outputs", "fixed +", "target: wrapper minus bare")),
-    ):
-        stdout = _tool(
-            "bench_launch.py",
-            *("--smoke", *mode),
-            STOKER_CACHE_DIR=str(tmp_path),
-            TRITON_CACHE_DIR=str(tmp_path),
-        )
-        assert all(r in stdout for r in rows), stdout
+@pytest.mark.parametrize(
+    ("name", "rows"),
+    [
+        ("launch", ("lean path (Launcher.go)", "JITFunction.run", "per stoker.compile call")),
+        ("launch_replay", ("P params K outputs", "fixed +", "target: wrapper minus bare")),
+    ],
+)
+def test_bench_launch_smoke_prints_every_row(tmp_path, name, rows):
+    """``stoker bench launch``: the launch and per-call targets, measured with the
+    stand-in sm_90 driver (the lean path must be on: the tool exits 1 otherwise);
+    ``launch_replay``: the reduce-overhead wrapper with a stubbed replay (its every
+    timed call must replay)."""
+    stdout, _ = _bench(name, tmp_path)
+    assert all(r in stdout for r in rows), stdout
+
+
+# the benchmarks above read their own figures; traffic has tests-integration/test_bench_traffic.py
+OWN_TESTS = {
+    "triton",
+    "workers",
+    "workers_cold",
+    "capture_pipeline",
+    "gpu",
+    "ddp",
+    "warm",
+    "warm_cold",
+    "step_cpu",
+    "demo_start",
+    "demo_step",
+    "launch",
+    "launch_replay",
+    "traffic",
+}
+
+
+# tens of seconds of CPU (depth: two cold processes whose workers compile every kernel
+# for sm_90)
+SLOW = {"depth"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
+        for n in sorted(set(REGISTRY) - OWN_TESTS)
+    ],
+)
+def test_every_other_benchmark_runs_at_its_smoke_size(tmp_path, name):
+    """Every registered benchmark runs in the harness at its smoke size, exits 0 and
+    leaves rows of figures (a new benchmark is run here until it has a test of its own)."""
+    _, raw = _bench(name, tmp_path, timeout=900)
+    assert raw is not None

@@ -2,7 +2,7 @@
 # The GPU checks, in pieces that each fit a 10-minute device call, logs under $OUT.
 #     bash tools/gpu_check.sh tests              # every gpu-marked test, natively, but the sweep's
 #     bash tools/gpu_check.sh sweep              # the training sweeps' cases on CUDA + Triton
-#     bash tools/gpu_check.sh kernels            # bench_triton: GB/s vs Inductor, launch and replay overhead
+#     bash tools/gpu_check.sh kernels            # stoker bench triton: GB/s vs Inductor, launch and replay overhead
 #     bash tools/gpu_check.sh suite gpt-m,mlp-l  # the GPU suite, eager/inductor/stoker, cold+warm
 #     bash tools/gpu_check.sh profile gpt-m      # cProfile of a stoker cold and a warm first step
 #     bash tools/gpu_check.sh lap                # all of a GPU session's measurements in one
@@ -36,12 +36,13 @@ sweep)
         2>&1 | tee "$OUT/gpu_sweep.log" | grep -E "PASSED|FAILED|ERROR|^E |passed|failed|skipped|s call"
     ;;
 kernels)
-    timeout 420 $PY tools/bench_triton.py --inductor 2>&1 | tee "$OUT/bench_triton.log"
-    timeout 120 $PY tools/bench_triton.py --launch-overhead 2>&1 | tee "$OUT/bench_launch.log"
-    timeout 120 $PY tools/bench_launch.py --replay 2>&1 | tee "$OUT/bench_replay.log"
+    BENCH="$PY -m stoker.cli bench"
+    timeout 420 $BENCH triton --json "$OUT/bench_triton.json" -- --inductor 2>&1 | tee "$OUT/bench_triton.log"
+    timeout 120 $BENCH launch --json "$OUT/bench_launch.json" 2>&1 | tee "$OUT/bench_launch.log"
+    timeout 120 $BENCH launch_replay --json "$OUT/bench_replay.json" 2>&1 | tee "$OUT/bench_replay.log"
     ;;
 suite)
-    timeout 570 $PY tools/bench.py --suite gpu --models "${2:-gpt-m}" \
+    timeout 570 $PY -m stoker.cli bench --suite gpu --models "${2:-gpt-m}" \
         --backends "${3:-eager,inductor,stoker}" --json "$OUT/suite.json" --timeout 240 \
         2>&1 | tee "$OUT/suite.log"
     ;;

@@ -15,7 +15,7 @@ Steps, in order, each a fresh process under its own time limit (what is left of
    step; for stoker each kernel's fused aten ops, for Inductor the same from its
    generated code).
 3. ``suite`` part B: hf-llama (profiled too), gpt-m-bf16, mlp-l, hf-gpt2, cnn-m-bf16
-   and the kernel benchmark (`bench_triton.py --inductor`), ``--jobs`` at a time:
+   and the kernel benchmark (`stoker bench triton -- --inductor`), ``--jobs`` at a time:
    processes compile side by side on all but two cores, and each holds a lock
    (`GpuLock`) while it measures, pinned to the two cores left, so no two
    measurements share the GPU. Their cold first steps ran beside another
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import platform
@@ -44,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,56 +58,6 @@ TIMED_CPUS = 2  # cores a measurement runs on while others compile (part B)
 
 
 # ----------------------------------------------------------------------------- the lock
-
-
-class GpuLock:
-    """An exclusive lock on a file: one measurement on the GPU at a time. Entering it
-    also moves the calling thread to the cores kept for measurements
-    (``STOKER_LAP_TIMED_CPUS``), away from the processes compiling beside it."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.waited_s = 0.0
-
-    @contextlib.contextmanager
-    def __call__(self) -> Iterator[None]:
-        t0 = time.perf_counter()
-        with open(self.path, "a+") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            self.waited_s += time.perf_counter() - t0
-            before = _pin(os.environ.get("STOKER_LAP_TIMED_CPUS", ""))
-            try:
-                yield
-            finally:
-                if before is not None:
-                    os.sched_setaffinity(0, before)
-                fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _cpus(spec: str) -> set[int]:
-    out: set[int] = set()
-    for part in spec.split(","):
-        if "-" in part:
-            a, b = part.split("-")
-            out |= set(range(int(a), int(b) + 1))
-        elif part.strip():
-            out.add(int(part))
-    return out
-
-
-def _pin(spec: str) -> set[int] | None:
-    """Pin the calling thread to the cores of `spec` (which may lie outside its present
-    mask: a compiling process moves to the measuring cores); the mask before, or None
-    where the cores are not ours to take."""
-    cpus = _cpus(spec) if spec else set()
-    if not cpus or not hasattr(os, "sched_setaffinity"):
-        return None
-    before = os.sched_getaffinity(0)
-    try:
-        os.sched_setaffinity(0, cpus)
-    except OSError:
-        return None
-    return before
 
 
 def _split_cpus() -> tuple[str, str] | None:
@@ -126,8 +75,10 @@ def _split_cpus() -> tuple[str, str] | None:
 def worker(a: argparse.Namespace) -> int:
     """One suite row in this process (a fresh one per row): `suite_worker` with the
     lock around its measurement and, with ``--profile``, the per-kernel profile."""
+    from stoker._internal.bench.gpulock import GpuLock, pin
+
     if a.cpus:
-        _pin(a.cpus)  # this process and the compile workers it starts
+        pin(a.cpus)  # this process and the compile workers it starts
     from stoker._internal.bench.bench import suite_worker
 
     lock = GpuLock(a.lock) if a.lock else None
@@ -481,7 +432,7 @@ def write_pairs(lap: Lap) -> None:
 
 def kernels_job(lap: Lap, concurrent: bool) -> Job:
     path = os.path.join(lap.out, "kernels.json")
-    cmd = [sys.executable, os.path.join(ROOT, "tools", "bench_triton.py"), "--json", path]
+    cmd = [sys.executable, "-m", "stoker._internal.bench.benchmarks.kernels", "--json", path]
     cmd += ["--gpu-lock", os.path.join(lap.logs, "gpu.lock")]
     cmd += ["--smoke"] if lap.dry_run else ["--inductor"]
     cache = tempfile.mkdtemp(prefix="stoker-lap-kernels-")
@@ -601,7 +552,7 @@ def summary_text(lap: Lap) -> str:
             lines.append(f"- {r['model']} {r['backend']}: {kinds}")
     rows = lap.kernels.get("rows") if isinstance(lap.kernels, dict) else None
     if rows:
-        lines += ["", "## Kernels (bench_triton)", "", "```"]
+        lines += ["", "## Kernels (stoker bench triton)", "", "```"]
         lines += [json.dumps(r) for r in rows]
         lines.append("```")
     if lap.tests:

@@ -1,4 +1,4 @@
-"""Memory traffic of generated kernels (`_internal/traffic.py`, `tools/bench_traffic.py`)
+"""Memory traffic of generated kernels (`_internal/traffic.py`, `stoker bench traffic`)
 and the rules that cut it: a stored value is read back rather than recomputed, a
 matmul operand is a view of a stored value rather than a transposed copy, per-row
 operands of a reduction are loaded once per row, and a reduction kernel takes only

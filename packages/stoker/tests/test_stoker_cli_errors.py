@@ -8,6 +8,8 @@ what a script compiled even when the script calls ``stoker.reset()``.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -20,7 +22,7 @@ import torch
 
 import stoker
 from stoker import cli
-from stoker._internal.bench import bench
+from stoker._internal.bench import bench, harness, registry
 from stoker._internal.config import CompileOptions, StokerConfigError
 
 
@@ -178,16 +180,31 @@ def test_bench_models_runs_only_those(
             **bench.spread_ms([0.002, 0.001, 0.004]),
         }
 
+    def fake_program(b: Any, *a: Any) -> tuple[dict[str, Any], Any]:
+        scripts.append(b.name)
+        return {"status": "ok", "seconds": 0.0}, {"us": 1.0}
+
     monkeypatch.setattr(bench, "_cold_then_warm", fake_run)
-    monkeypatch.setattr(bench, "run_tool_scripts", lambda **k: scripts.append(True) or {})
+    monkeypatch.setattr(harness, "run_program", fake_program)
+    monkeypatch.setattr(registry, "_run_gpu_suite", lambda o: pytest.fail("ran the GPU suite"))
+    monkeypatch.setitem(
+        registry.REGISTRY, "gpu", dataclasses.replace(registry.REGISTRY["gpu"], run=lambda o: [])
+    )
     js = str(tmp_path / "b.json")
     assert cli.main(["bench", "--models", "mlp", "--backends", "eager,stoker", "--json", js]) == 0
     assert ran == [("mlp", "eager"), ("mlp", "stoker")] and scripts == []
     out = capsys.readouterr().out
     assert "steady ms min / median / max" in out and "1.00 / 2.00 / 4.00" in out, out
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert [r["case"] for r in doc["rows"]] == ["mlp eager", "mlp stoker"]
+    assert (tmp_path / "b.md").read_text().count("| mlp eager | steady_ms |") == 1
     ran.clear()
     assert cli.main(["bench", "--backends", "eager", "--json", js]) == 0  # a full run
-    assert scripts == [True] and {m for m, _ in ran} >= {"mlp", "gpt", "cnn"}
+    programs = [b.name for b in registry.REGISTRY.values() if b.module]
+    assert scripts == programs and {m for m, _ in ran} >= {"mlp", "gpt", "cnn"}
+    scripts.clear()
+    assert cli.main(["bench", "capture", "--json", js, "--", "--pipeline", "gpt-m"]) == 0
+    assert scripts == ["capture"]
 
 
 @pytest.mark.parametrize(
@@ -198,6 +215,8 @@ def test_bench_models_runs_only_those(
         (["--suite", "gpu", "--models", "gpt"], ["--models: unknown gpt", "gpt-m"]),
         (["--steps", "0"], ["--steps 0"]),
         (["--device", "cuda"], ["--device cuda", "--device cpu"]),
+        (["shapse"], ["unknown benchmark shapse", "capture_pipeline", "--list"]),
+        (["shapes", "capture", "--", "--x"], ["after `--` go to one benchmark"]),
     ],
 )
 def test_bench_bad_arguments(
@@ -208,7 +227,7 @@ def test_bench_bad_arguments(
 ) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(bench, "_cold_then_warm", lambda *a, **k: pytest.fail("ran a model"))
-    monkeypatch.setattr(bench, "run_tool_scripts", lambda **k: pytest.fail("ran the scripts"))
+    monkeypatch.setattr(harness, "run_program", lambda *a: pytest.fail("ran a program"))
     assert cli.main(["bench", *args]) == 2
     _one_line_error(capsys.readouterr().err, "stoker bench: error:", *needles)
 

@@ -811,7 +811,7 @@ def test_gpu_gradient_accumulation_under_graphs_matches_eager() -> None:
 
 def _peak_training_mib(model: nn.Module, mode: str, steps: int = 6) -> tuple[float, list[Any]]:
     """Peak allocated memory over steady training steps (after 3 to warm up and record),
-    as tools/bench.py measures it."""
+    as `stoker bench` measures it."""
     import gc
 
     gc.collect()  # what an earlier run left is not this run's

@@ -3,12 +3,14 @@ the model zoo, and `import stoker` staying light."""
 
 from __future__ import annotations
 
+import dataclasses
 import html.parser
 import json
 import logging
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -351,7 +353,7 @@ def test_zoo_unknown_name() -> None:
 # ----------------------------------------------------------------------------- bench
 
 
-def test_bench_table_and_json(tmp_path: os.PathLike[str]) -> None:
+def test_bench_table(tmp_path: os.PathLike[str]) -> None:
     from stoker._internal.bench import bench
 
     rows = [
@@ -369,36 +371,108 @@ def test_bench_table_and_json(tmp_path: os.PathLike[str]) -> None:
     table = bench.format_table(rows)
     assert "cold first step s" in table and "1.25" in table and "4 KiB" in table
     assert "error: exit 1: boom" in table
-    path = os.path.join(os.fspath(tmp_path), "out", "bench.json")
-    bench.write_json(path, rows, {"shapes": {"status": "ok"}})
-    doc = json.load(open(path, encoding="utf-8"))
-    assert doc["models"] == rows and doc["suites"]["shapes"]["status"] == "ok"
-    assert doc["machine"]["torch"] == torch.__version__
 
 
-def test_bench_runs_sibling_scripts(tmp_path: os.PathLike[str]) -> None:
-    from stoker._internal.bench import bench
+def test_bench_rows_from_any_json_shape() -> None:
+    from stoker._internal.bench.registry import flatten_rows
+
+    doc = {
+        "torch": "2.13",
+        "models": {"mlp": {"ms": 1.5, "stats": {"hits": 2}}, "gpt": {"ms": 3.0}},
+        "compile": [{"model": "cnn", "first_s": 0.25, "losses": [1.0, 0.5]}],
+    }
+    rows = {r["case"]: r["metrics"] for r in flatten_rows(doc)}
+    assert rows == {
+        "models mlp": {"ms": 1.5, "stats.hits": 2.0},
+        "models gpt": {"ms": 3.0},
+        "compile cnn": {"first_s": 0.25},
+    }
+    top = flatten_rows({"us": 1.5, "rows": [{"name": "a", "gbs": 9}]})
+    assert [(r["case"], r["metrics"]) for r in top] == [("", {"us": 1.5}), ("rows a", {"gbs": 9.0})]
+
+
+def test_bench_harness_json_markdown_and_baseline(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A program benchmark runs in its own process (the env the registry gives it, empty
+    caches); its JSON becomes rows; a second run against the first as baseline flags the
+    metric that got worse beyond the threshold, in the right direction for each."""
+    from stoker._internal.bench import harness, registry
 
     root = os.fspath(tmp_path)
-    os.makedirs(os.path.join(root, "tools"))
-    with open(os.path.join(root, "tools", "bench_shapes.py"), "w") as f:
+    os.makedirs(os.path.join(root, "fakebench"))
+    open(os.path.join(root, "fakebench", "__init__.py"), "w").close()
+    with open(os.path.join(root, "fakebench", "prog.py"), "w") as f:
         f.write(
-            "import argparse, json\np = argparse.ArgumentParser(); p.add_argument('--json')\n"
-            "a = p.parse_args(); print('shapes table')\n"
-            "json.dump({'us': 1.5}, open(a.json, 'w'))\n"
+            "import argparse, json, os\n"
+            "p = argparse.ArgumentParser(); p.add_argument('--ms', type=float)\n"
+            "p.add_argument('--gbs', type=float); p.add_argument('--json')\n"
+            "a = p.parse_args(); print('prog table', os.environ['FAKE'])\n"
+            "assert os.environ['STOKER_CACHE_DIR'] != 'outer'\n"
+            "json.dump({'step_ms': a.ms, 'copy_gbs': a.gbs}, open(a.json, 'w'))\n"
         )
-    with open(os.path.join(root, "tools", "bench_triton.py"), "w") as f:
-        # a script without --json: argparse rejects it (exit 2), then it is run bare
-        f.write("import argparse\nargparse.ArgumentParser().parse_args()\nprint('no args ok')\n")
-    with open(os.path.join(root, "tools", "bench_warm.py"), "w") as f:
-        # the warm start is measured beside Inductor's
-        f.write("import sys\nprint('argv', sys.argv[1:])\n")
-    suites = bench.run_tool_scripts(timeout=120, root=root)
-    assert "'--inductor'" in suites["warm"]["stdout"] and "'--json'" in suites["warm"]["stdout"]
-    assert suites["depth"] == suites["traffic"] == {"status": "absent"}
-    assert suites["shapes"]["status"] == "ok" and suites["shapes"]["json"] == {"us": 1.5}
-    assert suites["capture"] == {"status": "absent"}
-    assert suites["triton"]["status"] == "ok" and "no args ok" in suites["triton"]["stdout"]
+    monkeypatch.setattr(registry, "PACKAGE", "fakebench")
+    monkeypatch.setenv("PYTHONPATH", root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv("STOKER_CACHE_DIR", "outer")
+    prog = registry.Benchmark(
+        "fake",
+        "stoker",
+        "a fake",
+        module="prog",
+        args=("--ms", "10", "--gbs", "100"),
+        smoke_args=("--ms", "1", "--gbs", "1"),
+        env={"FAKE": "env-given"},
+    )
+    monkeypatch.setitem(registry.REGISTRY, "fake", prog)
+    js, md = os.path.join(root, "a.json"), os.path.join(root, "a.md")
+    doc = harness.run(["fake"], registry.Options(), json_path=js, markdown_path=md)
+    entry = doc["benchmarks"]["fake"]
+    assert entry["status"] == "ok" and "prog table env-given" in entry["stdout"], entry
+    assert doc["rows"] == [
+        {"benchmark": "fake", "case": "", "metrics": {"step_ms": 10.0, "copy_gbs": 100.0}}
+    ]
+    assert json.load(open(js, encoding="utf-8"))["machine"]["torch"] == torch.__version__
+    assert "| fake | ok |" in open(md, encoding="utf-8").read()
+    # slower and less bandwidth: both regress; --smoke's sizes against the full run's
+    js2, md2 = os.path.join(root, "b.json"), os.path.join(root, "b.md")
+    opts = registry.Options(extra=("--ms", "12", "--gbs", "80"))
+    doc = harness.run(["fake"], opts, json_path=js2, markdown_path=md2, baseline=js)
+    (row,) = doc["rows"]
+    assert row["ratio"] == pytest.approx({"step_ms": 1.2, "copy_gbs": 0.8})
+    assert sorted(row["regressions"]) == ["copy_gbs", "step_ms"]
+    assert harness.regressions(doc) == ["fake step_ms", "fake copy_gbs"]
+    assert "**regressed**" in open(md2, encoding="utf-8").read()
+    opts = registry.Options(extra=("--ms", "10.5", "--gbs", "120"))
+    doc = harness.run(["fake"], opts, json_path=js2, markdown_path=md2, baseline=js)
+    assert doc["rows"][0]["regressions"] == []  # within 10 %, and faster
+    # a program past --timeout is stopped with the processes it started
+    with open(os.path.join(root, "fakebench", "hang.py"), "w") as f:
+        f.write(
+            "import subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            "print('started', flush=True); time.sleep(60)\n"
+        )
+    hang = dataclasses.replace(prog, name="hang", module="hang", args=())
+    monkeypatch.setitem(registry.REGISTRY, "hang", hang)
+    t0 = time.perf_counter()
+    entry, raw = harness.run_program(hang, registry.Options(timeout=3.0))
+    assert time.perf_counter() - t0 < 30 and raw is None
+    assert entry["status"] == "timed out after 3 s" and entry["stdout"] == "started\n", entry
+
+
+def test_bench_registry_names_every_benchmark_module() -> None:
+    """Each module of `benchmarks` is registered (a new one cannot be left out of
+    `stoker bench`), and `import stoker` loads no benchmark."""
+    import pkgutil
+
+    from stoker._internal.bench import benchmarks
+    from stoker._internal.bench.registry import REGISTRY
+
+    modules = {m.name for m in pkgutil.iter_modules(benchmarks.__path__)}
+    assert modules == {b.module for b in REGISTRY.values() if b.module}
+    code = "import stoker, sys; print([m for m in sys.modules if 'stoker._internal.bench' in m])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_bench_worker_eager_mlp() -> None:

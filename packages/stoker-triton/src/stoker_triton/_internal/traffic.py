@@ -3,7 +3,7 @@
 For every kernel the scheduler made: the bytes it reads and writes, and how
 many passes it makes over its inputs; for every extern call the bytes of its
 arguments and results; and the graph's minimum, every input read once and
-every output written once. `tools/bench_traffic.py` sums these over a suite
+every output written once. `stoker bench traffic` sums these over a suite
 model's forward and backward graphs; docs/benchmarks.md has the figures.
 
 How a kernel's bytes are counted (what the generated code does, not a model

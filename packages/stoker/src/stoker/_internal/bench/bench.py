@@ -11,7 +11,8 @@ behind (warm, skipped with ``warm=False``).  Each process reports
   autograd saved for backward during one step (``saved_tensors_hooks``);
 * ``recompiles``: guard failures while the batch size then varies (×2, ×½).
 
-A table goes to stdout and everything to a JSON file.
+A table goes to stdout; the harness (`harness`, ``stoker bench models`` / ``stoker
+bench gpu``) keeps the rows in its JSON.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -418,8 +418,8 @@ def run_suite(
 
     device = check_device(device)
     names = list(entries) if entries else [e.name for e in SUITE]
-    _check_names("--backends", backends, SUITE_BACKENDS, " with --suite gpu")
-    _check_names("--models", names, [e.name for e in SUITE], " (entries of --suite gpu)")
+    check_names("--backends", backends, SUITE_BACKENDS, " with --suite gpu")
+    check_names("--models", names, [e.name for e in SUITE], " (entries of --suite gpu)")
     order = (["eager"] if "eager" in backends else []) + [b for b in backends if b != "eager"]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="stoker-suite-params-") as params_dir:
@@ -483,7 +483,7 @@ def format_suite_table(rows: Sequence[dict[str, Any]]) -> str:
     return format_table(rows, SUITE_COLUMNS)
 
 
-def _check_names(flag: str, given: Sequence[str], known: Sequence[str], hint: str = "") -> None:
+def check_names(flag: str, given: Sequence[str], known: Sequence[str], hint: str = "") -> None:
     """A `StokerConfigError` naming what ``flag`` got that is not in ``known``."""
     if not given:
         raise StokerConfigError(f"{flag}: name at least one; choose from {', '.join(known)}")
@@ -510,172 +510,16 @@ def run_models(
     device = check_device(device)
     zoo = list(model_zoo())
     names = list(models) if models else zoo
-    _check_names("--backends", backends, BACKENDS)
+    check_names("--backends", backends, BACKENDS)
     hint = ""
     if any(n.startswith("hf-") and n not in zoo for n in names):
         hint = " (the hf-* models need `transformers`)"
-    _check_names("--models", names, zoo, hint)
+    check_names("--models", names, zoo, hint)
     rows: list[dict[str, Any]] = []
     for name in names:
         for be in backends:
             rows.append(_cold_then_warm(name, be, steps, device, timeout, warm, progress))
     return rows
-
-
-def run_bench(
-    *,
-    models: Sequence[str] | None,
-    backends: Sequence[str],
-    steps: int,
-    json_path: str,
-    warm: bool,
-    device: str | None,
-    timeout: float,
-    suite: str = "models",
-    smoke: bool = False,
-) -> int:
-    """``stoker bench``: the sibling benchmark scripts (when run from a checkout) and the models.
-
-    ``suite="gpu"`` runs the GPU model suite (`suite`) instead: models are suite
-    entries and backends suite backends; ``smoke`` shrinks every entry to tiny sizes.
-    """
-    if suite == "gpu":
-        from .suite import SUITE, SUITE_BACKENDS
-
-        check_device(device)
-        _check_names("--backends", backends, SUITE_BACKENDS, " with --suite gpu")
-        known = [e.name for e in SUITE]
-        _check_names("--models", list(models or known), known, " (entries of --suite gpu)")
-        print(
-            f"stoker bench --suite gpu{' --smoke' if smoke else ''}: "
-            f"{steps} steady steps per configuration (times: min / median / max over them)",
-            file=sys.stderr,
-        )
-        rows = run_suite(
-            entries=models,
-            backends=backends,
-            steps=steps,
-            warm=warm,
-            device=device,
-            timeout=timeout,
-            smoke=smoke,
-            on_row=lambda so_far: write_json(json_path, so_far, {}),
-        )
-        print(format_suite_table(rows))
-        write_json(json_path, rows, {})
-        print(f"stoker bench: JSON written to {os.path.abspath(json_path)}", file=sys.stderr)
-        return 0 if all("error" not in r for r in rows) else 1
-    if suite != "models":
-        raise StokerConfigError(f"--suite {suite}: choose models or gpu")
-    from .models import model_zoo
-
-    _check_names("--backends", backends, BACKENDS)
-    check_device(device)
-    if models:
-        zoo = list(model_zoo())
-        _check_names("--models", models, zoo)
-    # the sibling packages' own benchmarks belong to a full run; --models asks for models only
-    suites = {} if models else run_tool_scripts(timeout=timeout)
-    print(
-        f"stoker bench: models × backends, {steps} steady steps each "
-        "(times: min / median / max over those steps)",
-        file=sys.stderr,
-    )
-    rows = run_models(
-        models=models, backends=backends, steps=steps, warm=warm, device=device, timeout=timeout
-    )
-    print(format_table(rows))
-    write_json(json_path, rows, suites)
-    print(f"stoker bench: JSON written to {os.path.abspath(json_path)}", file=sys.stderr)
-    return 0 if all("error" not in r for r in rows) else 1
-
-
-def run_tool_scripts(timeout: float, root: str | None = None) -> dict[str, Any]:
-    """Run tools/bench_<name>.py found in a checkout: guard checks (shapes), capture,
-    compiled autograd, kernels (triton), bytes moved per step (traffic), a cold compile
-    of 2 against 8 blocks (depth) and a warm start beside Inductor's (warm)."""
-    root = root or _checkout_root()
-    suites: dict[str, Any] = {}
-    if root is None:
-        return suites
-    # arguments beyond --json: the warm start is measured beside Inductor's
-    extra = {"warm": ["--inductor"]}
-    for name in ("shapes", "capture", "autograd", "triton", "traffic", "depth", "warm"):
-        script = os.path.join(root, "tools", f"bench_{name}.py")
-        if not os.path.exists(script):
-            suites[name] = {"status": "absent"}
-            continue
-        print(f"== tools/bench_{name}.py", flush=True)
-        t0 = time.perf_counter()
-        js = os.path.join(root, "bench-results", f"bench_{name}.json")
-        os.makedirs(os.path.dirname(js), exist_ok=True)
-        try:
-            # Scripts that take --json write their numbers there; others are run bare.
-            p = subprocess.run(
-                [sys.executable, script, "--json", js, *extra.get(name, [])],
-                capture_output=True,
-                text=True,
-                cwd=root,
-                timeout=timeout,
-            )
-            if p.returncode == 2 and "--json" in p.stderr:
-                p = subprocess.run(
-                    [sys.executable, script],
-                    capture_output=True,
-                    text=True,
-                    cwd=root,
-                    timeout=timeout,
-                )
-            print(p.stdout.rstrip(), flush=True)
-            if p.returncode:
-                print(p.stderr.rstrip()[-2000:], file=sys.stderr)
-            suites[name] = {
-                "status": "ok" if p.returncode == 0 else f"exit {p.returncode}",
-                "seconds": round(time.perf_counter() - t0, 2),
-                "stdout": p.stdout,
-            }
-        except subprocess.TimeoutExpired:
-            suites[name] = {"status": f"timed out after {timeout:.0f} s"}
-        if os.path.exists(js):
-            try:
-                with open(js, encoding="utf-8") as f:
-                    suites[name]["json"] = json.load(f)
-            except ValueError:
-                pass
-    return suites
-
-
-def _checkout_root() -> str | None:
-    """The repository root when stoker runs from a checkout (tools/bench.py beside packages/)."""
-    here = os.path.abspath(__file__)
-    for _ in range(7):
-        here = os.path.dirname(here)
-        if os.path.isdir(os.path.join(here, "tools")) and os.path.isdir(
-            os.path.join(here, "packages")
-        ):
-            return here
-    cwd = os.getcwd()
-    return cwd if os.path.isdir(os.path.join(cwd, "tools")) else None
-
-
-def write_json(path: str, rows: Sequence[dict[str, Any]], suites: dict[str, Any]) -> None:
-    import torch
-
-    doc = {
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        },
-        "models": list(rows),
-        "suites": suites,
-    }
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1, default=str)
 
 
 def _main(argv: Sequence[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """The GPU model suite: the configurations of the first H100 run, side by side.
 
-``python tools/bench.py --suite gpu`` (or ``stoker bench --suite gpu``) trains
+``stoker bench --suite gpu`` (= ``stoker bench gpu``) trains
 six training configurations measured on an H100 (docs/benchmarks.md)
 (forward + backward + AdamW, fp32 or bf16 autocast) and the small,
 launch-bound forward + backward table, with every backend of

@@ -55,38 +55,69 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --ranks > 1: DistributedDataParallel or FSDP2 fully_shard (default ddp)",
     )
 
-    b = sub.add_parser("bench", help="benchmark eager, aot_eager, inductor and stoker")
+    b = sub.add_parser(
+        "bench",
+        help="run the benchmarks (all, or those named; --list names them)",
+        description="Run every registered benchmark, or those named, each as its own "
+        "process; write one JSON and one markdown table; compare with a baseline. "
+        "Arguments after `--` go to the one benchmark named.",
+    )
+    b.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all)")
+    b.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    b.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes: every code path in seconds, numbers not to quote (the model "
+        "benchmarks: 1 steady step, no warm process)",
+    )
     b.add_argument(
         "--suite",
         choices=("models", "gpu"),
-        default="models",
-        help="models: the zoo (default); gpu: the GPU suite (6 training configurations "
-        "+ the small forward/backward table)",
-    )
-    b.add_argument(
-        "--smoke", action="store_true", help="with --suite gpu: the same entries at tiny sizes"
+        default=None,
+        help="gpu: the GPU suite alone (= `stoker bench gpu`); models: everything (default)",
     )
     b.add_argument(
         "--models",
         default=None,
-        help="comma-separated zoo names, or suite entries with --suite gpu (default: all, "
-        "after the sibling packages' benchmark scripts; naming models runs only those)",
+        help="comma-separated zoo names, or suite entries with --suite gpu; naming models "
+        "without a benchmark name runs only the model benchmark",
     )
     b.add_argument(
         "--backends",
         default=None,
         help="comma-separated (default: eager,aot_eager,inductor,stoker; with --suite gpu: "
-        "eager,inductor,inductor-ro,stoker,stoker-ro)",
+        "eager,inductor,inductor-ro,stoker,stoker-ro; --smoke: stoker, or eager,stoker "
+        "with --suite gpu)",
     )
     b.add_argument(
-        "--steps", type=int, default=20, help="steady-state steps per model (default 20)"
+        "--steps", type=int, default=None, help="steady-state steps per model (default 20)"
     )
     b.add_argument("--json", default="bench-results/bench.json", help="where to write the JSON")
+    b.add_argument(
+        "--markdown", default=None, help="where to write the table (default: the JSON's, .md)"
+    )
+    b.add_argument("--baseline", default=None, help="a JSON of an earlier run to compare with")
+    b.add_argument(
+        "--threshold",
+        type=float,
+        default=0.10,
+        help="a metric worse than the baseline's by more than this is flagged (default 0.10)",
+    )
+    b.add_argument(
+        "--fail-on-regression", action="store_true", help="exit 1 when a metric is flagged"
+    )
+    b.add_argument(
+        "--reuse-caches",
+        action="store_true",
+        help="keep STOKER_CACHE_DIR etc. from the environment (default: empty ones each)",
+    )
     b.add_argument(
         "--no-warm", action="store_true", help="skip the warm-cache (second process) run"
     )
     b.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    b.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement process")
+    b.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds per benchmark process (default 900)"
+    )
 
     e = sub.add_parser("explain", help="run a script with stoker's logs and report on")
     e.add_argument("--logs", default="all", help="STOKER_LOGS topics (default all)")
@@ -107,15 +138,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if argv[:1] == ["bench"] and "--" in argv:  # the named benchmark's own arguments
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
     try:
-        return _run(args)
+        return _run(args, extra)
     except UsageError as e:
         print(f"stoker {args.command}: error: {e}", file=sys.stderr)
         return 2
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
     from ..config import StokerConfigError
 
     if args.command == "demo":
@@ -148,24 +184,8 @@ def _run(args: argparse.Namespace) -> int:
 
         return run_demo(**demo)
     if args.command == "bench":
-        from ..bench.bench import run_bench
-
-        if args.steps < 1:
-            raise UsageError(f"--steps {args.steps}: time at least 1 steady step (default 20)")
-        if args.timeout <= 0:
-            raise UsageError(f"--timeout {args.timeout}: give a positive number of seconds")
         try:
-            return run_bench(
-                models=_names(args.models),
-                backends=_names(args.backends or default_backends(args.suite)) or [],
-                steps=args.steps,
-                json_path=args.json,
-                warm=not args.no_warm,
-                device=args.device,
-                timeout=args.timeout,
-                suite=args.suite,
-                smoke=args.smoke,
-            )
+            return bench(args, extra)
         except StokerConfigError as e:
             raise UsageError(str(e)) from None
     if args.command == "explain":
@@ -186,10 +206,77 @@ def _names(spec: str | None) -> list[str] | None:
     return names or None
 
 
-def default_backends(suite: str) -> str:
-    if suite == "gpu":
-        return "eager,inductor,inductor-ro,stoker,stoker-ro"
-    return "eager,aot_eager,inductor,stoker"
+def bench(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    """``stoker bench``: the benchmarks named (all without names; the model benchmark
+    alone when only ``--models`` is given; the GPU suite with ``--suite gpu``)."""
+    from ..bench.registry import REGISTRY, Options, model_check
+
+    if args.list:
+        from ..bench.harness import list_text
+
+        print(list_text())
+        return 0
+    if args.steps is not None and args.steps < 1:
+        raise UsageError(f"--steps {args.steps}: time at least 1 steady step (default 20)")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout {args.timeout}: give a positive number of seconds")
+    names = list(args.names)
+    if not names:
+        if args.suite == "gpu":
+            names = ["gpu"]
+        elif args.models:
+            names = ["models"]
+        else:
+            names = list(REGISTRY)
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown:
+        raise UsageError(
+            f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(REGISTRY)} "
+            "(stoker bench --list)"
+        )
+    if extra and len(names) != 1:
+        raise UsageError("arguments after `--` go to one benchmark: name exactly one")
+    options = Options(
+        smoke=args.smoke,
+        models=_names(args.models),
+        backends=_names(args.backends),
+        steps=args.steps,
+        warm=not args.no_warm,
+        device=args.device,
+        timeout=args.timeout,
+        extra=tuple(extra),
+    )
+    for suite in ("models", "gpu"):
+        if suite in names:
+            model_check(options, suite == "gpu")
+    from ..bench import harness
+
+    markdown = args.markdown or os.path.splitext(args.json)[0] + ".md"
+    doc = harness.run(
+        names,
+        options,
+        json_path=args.json,
+        markdown_path=markdown,
+        baseline=args.baseline,
+        threshold=args.threshold,
+        reuse_caches=args.reuse_caches,
+    )
+    print(
+        f"stoker bench: JSON written to {os.path.abspath(args.json)}, "
+        f"table to {os.path.abspath(markdown)}",
+        file=sys.stderr,
+    )
+    worse = harness.regressions(doc)
+    if worse:
+        print(
+            f"stoker bench: {len(worse)} metrics worse than the baseline by more than "
+            f"{args.threshold:.0%}: " + "; ".join(worse[:20]),
+            file=sys.stderr,
+        )
+    failed = [n for n, e in doc["benchmarks"].items() if e["status"] != "ok"]
+    if failed:
+        print(f"stoker bench: failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed or (worse and args.fail_on_regression) else 0
 
 
 def explain(script: str, script_args: Sequence[str], *, logs: str, report: str) -> int:

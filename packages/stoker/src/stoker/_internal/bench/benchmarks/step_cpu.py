@@ -1,11 +1,11 @@
 """CPU time of one *steady* training step, by part (is the step CPU-bound?).
 
-    python tools/bench_step_cpu.py [--model tiny-gpt] [--size smoke|full] [--batch N]
+    python -m stoker._internal.bench.benchmarks.step_cpu [--model tiny-gpt] [--size smoke|full] [--batch N]
                                    [--steps 30] [--rounds 5] [--no-optimizer] [--profile N]
 
 A GPU-suite model (`stoker/_internal/bench/suite.py`) trains with `stoker.compile`
 through Triton's *real* launch path on the CPU: ``TRITON_INTERPRET=0`` and the
-stand-in sm_90 driver (`bench_warm.stand_in`: kernels cross-compiled, their launches
+stand-in sm_90 driver (`warm.stand_in`: kernels cross-compiled, their launches
 stubs). After the warm-up steps (the first compiles the forward, the second
 compiled autograd's backward), each round times ``--steps`` steady steps: forward,
 loss, ``zero_grad``, ``loss.backward()``, AdamW (the suite's step; ``--no-optimizer``
@@ -39,8 +39,6 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # The parts' clock: the thread's CPU time (a part the machine took the core away in
 # does not count the wait); a read costs about a microsecond, calibrated away below.
@@ -192,11 +190,11 @@ def _instrument(parts: Parts) -> None:
     parts.patch(ag_engine, "_route", "compiled autograd: scope decision, hook per call")
     ag_engine._install()
     router = Variable._execution_engine
-    router._real = _TimedEngine(  # type: ignore[union-attr]
-        router._real,  # type: ignore[union-attr]
+    router._real = _TimedEngine(  # type: ignore[attr-defined, union-attr]
+        router._real,  # type: ignore[attr-defined, union-attr]
         parts.wrap(
             "autograd engine (C++: cache lookup, graph walk)",
-            router._real.run_backward,  # type: ignore[union-attr]
+            router._real.run_backward,  # type: ignore[attr-defined, union-attr]
         ),
     )
     parts.patch(ag_runtime, "runtime_wrapper", "compiled autograd: runtime_wrapper")
@@ -219,9 +217,9 @@ def _instrument(parts: Parts) -> None:
         def loaded(*a: Any) -> Any:
             got = load(*a)
             mod = got[0] if got is not None else None
-            if hasattr(mod, "make_call") and not getattr(mod.make_call, "_parts", False):
-                mod.make_call = externs(mod.make_call)
-                mod.make_call._parts = True
+            if hasattr(mod, "make_call") and not getattr(mod.make_call, "_parts", False):  # type: ignore[union-attr]
+                mod.make_call = externs(mod.make_call)  # type: ignore[union-attr]
+                mod.make_call._parts = True  # type: ignore[union-attr]
             return got
 
         return loaded
@@ -260,7 +258,7 @@ def _per_step_us(step: Callable[[], None], steps: int, rounds: int) -> float:
     return best
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny-gpt")
     ap.add_argument("--size", choices=("smoke", "full"), default="smoke")
@@ -271,14 +269,15 @@ def main() -> int:
     ap.add_argument("--no-optimizer", action="store_true", help="forward + backward only")
     ap.add_argument("--profile", type=int, default=0, help="cProfile this many steps")
     ap.add_argument("--json", help="write the numbers here")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     os.environ["TRITON_INTERPRET"] = "0"
     os.environ.setdefault("STOKER_TRITON_CHECK_TARGETS", "")
     import torch
-    from bench_warm import stand_in
 
     import stoker
     from stoker._internal.bench.suite import get_entry
+
+    from .warm import stand_in
 
     stand_in()
     # one thread: the extern ops' arithmetic is not what is measured, and an OpenMP pool
@@ -455,7 +454,7 @@ def _profile(step: Callable[[], None], n: int) -> None:
     import pstats
 
     prof = cProfile.Profile()
-    prof.runcall(lambda: [step() for _ in range(n)])
+    prof.runcall(lambda: [step() for _ in range(n)])  # type: ignore[func-returns-value]
     print(f"\ncProfile of {n} steps, top 25 by own time:")
     st = pstats.Stats(prof, stream=sys.stdout)
     st.sort_stats("tottime").print_stats(os.environ.get("BENCH_STEP_FILTER", ""), 25)

@@ -1,6 +1,6 @@
 """Guard-check cost: µs per call of a GuardSet over 10 tensor inputs, beside a plain call.
 
-    python tools/bench_shapes.py [--json PATH]
+    python -m stoker._internal.bench.benchmarks.shapes [--json PATH]
 
 Measured side by side in one run (the machine is noisy; compare the ratio).
 """
@@ -8,6 +8,7 @@ Measured side by side in one run (the machine is noisy; compare the ratio).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import timeit
 from typing import Any
@@ -37,20 +38,23 @@ def plain(args: Any, kwargs: Any, self_: Any = None) -> bool:
     return True
 
 
-def main() -> dict[str, float]:
+def main(argv: list[str] | None = None) -> dict[str, float]:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--json", default=None)
-    ns = p.parse_args()
+    p.add_argument("--number", type=int, default=100_000, help="calls per timing")
+    p.add_argument("--repeat", type=int, default=5, help="timings; the least is kept")
+    ns = p.parse_args(argv)
+    timed = functools.partial(per_call_us, number=ns.number, repeat=ns.repeat)
     results: dict[str, float] = {}
     for label, dyn in (("static", False), ("dynamic", True)):
         gs, args = guard_set(dyn)
         assert gs.check(args, {})
-        results[f"guard_check_10_tensors_{label}_us"] = per_call_us(
+        results[f"guard_check_10_tensors_{label}_us"] = timed(
             lambda gs=gs, args=args: gs.check(args, {})
         )
     args = tuple(torch.randn(8, 16) for _ in range(10))
-    results["plain_python_call_us"] = per_call_us(lambda: plain(args, {}))
-    print("stoker-shapes: guard check cost (10 tensor inputs), min of 5 runs")
+    results["plain_python_call_us"] = timed(lambda: plain(args, {}))
+    print(f"stoker-shapes: guard check cost (10 tensor inputs), min of {ns.repeat} runs")
     print(f"{'what':<40}{'µs/call':>10}")
     for k, v in results.items():
         print(f"{k:<40}{v:>10.3f}")

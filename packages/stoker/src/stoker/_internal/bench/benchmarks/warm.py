@@ -1,6 +1,6 @@
 """A warm start on the CPU, by stage, and beside Inductor's warm CPU start.
 
-    python tools/bench_warm.py [--model gpt-m] [--batch 2] [--repeat 3] [--keep DIR] [--inductor]
+    python -m stoker._internal.bench.benchmarks.warm [--model gpt-m] [--batch 2] [--repeat 3] [--keep DIR] [--inductor]
 
 Two kinds of process train one step of a GPU-suite model (`stoker/_internal/bench/suite.py`)
 with `stoker.compile`, through Triton's *real* launch path on the CPU: ``TRITON_INTERPRET=0``
@@ -43,7 +43,7 @@ from typing import Any
 # stage -> (module file suffix, function name) whose cumulative time is the stage
 STAGES: dict[str, tuple[str, str]] = {
     "process to end of first step": ("", "-"),  # CPU time of the whole process
-    "first step (all)": ("bench_warm.py", "step"),
+    "first step (all)": ("bench/benchmarks/warm.py", "step"),
     "Dynamo (convert_frame)": ("convert_frame.py", "_compile"),
     "stoker backend": ("stoker/_internal/api/backend.py", "__call__"),
     "capture (stage 1, cache)": ("stoker_capture/_internal/dynamo.py", "backend"),
@@ -231,7 +231,7 @@ def _worker(
         def gpu_target(device: Any) -> tuple[str, Any, int] | None:
             return ("cuda", 90, 32)
 
-        runtime.native_target = pipeline.native_target = gpu_target
+        runtime.native_target = pipeline.native_target = gpu_target  # type: ignore[attr-defined]
         if workers:
             xcompile.cpu_count = lambda: workers
 
@@ -414,7 +414,7 @@ def _count_calls() -> dict[str, int]:
 
         # the stages that build one: the captured graph, the retraced one, a loaded one
         for stage in (runtime, retrace, graphstore):
-            stage.graph_module = counted_gm
+            stage.graph_module = counted_gm  # type: ignore[attr-defined]
     except (ImportError, AttributeError):
         pass
     return counts
@@ -428,7 +428,16 @@ def _run(
     stderr: list[str] | None = None,
 ) -> dict[str, Any]:
     p = subprocess.run(
-        [sys.executable, *flags, "-W", "ignore", __file__, "--worker", *args],
+        [
+            sys.executable,
+            *flags,
+            "-W",
+            "ignore",
+            "-m",
+            "stoker._internal.bench.benchmarks.warm",
+            "--worker",
+            *args,
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -507,7 +516,7 @@ def _inductor_arm(
     return cold, [_run(env, iargs, 1800, flags) for _ in range(repeat)]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="gpt-m")
     ap.add_argument("--batch", type=int, default=2, help="batch size (kernels do not change)")
@@ -543,7 +552,7 @@ def main() -> int:
     ap.add_argument("--stages", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--profile-out", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=1, help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.worker and a.inductor_arm:
         print(json.dumps(_inductor_worker(a.model, a.batch, a.steps, a.smoke)))
         return 0

@@ -12,7 +12,7 @@ On each model (an MLP, a small GPT block, a small CNN with BatchNorm):
   `min_cut_partition`, `default_partition` and torch's own min-cut
   partitioner, all on stoker's joint graph of the model.
 
-    python tools/bench_capture.py [--json PATH] [--iters N] [--models mlp,gpt,cnn]
+    python -m stoker._internal.bench.benchmarks.capture [--json PATH] [--iters N] [--models mlp,gpt,cnn]
 
 ``--pipeline gpt-m`` instead times stoker's own stages on one model of the GPU
 suite (`stoker._internal.bench.suite`; any entry name): state + capture of the
@@ -24,7 +24,7 @@ tables paid there); the table shows the fastest run per stage, wall and CPU
 seconds, and the issue-12 total (capture + partition + lowering + codegen,
 without load).
 
-    python tools/bench_capture.py --pipeline gpt-m [--repeat 3] [--json PATH] [--smoke]
+    python -m stoker._internal.bench.benchmarks.capture --pipeline gpt-m [--repeat 3] [--json PATH] [--smoke]
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class MLP(nn.Module):
         self.fc3 = nn.Linear(hidden, out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc3(F.gelu(self.fc2(F.gelu(self.fc1(x)))))
+        return self.fc3(F.gelu(self.fc2(F.gelu(self.fc1(x)))))  # type: ignore[no-any-return]
 
 
 class GPTBlock(nn.Module):
@@ -79,10 +79,10 @@ class GPTBlock(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).split(C, dim=-1)
         q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.heads)
-        att = att.masked_fill(~self.mask[:T, :T], float("-inf")).softmax(dim=-1)
+        att = att.masked_fill(~self.mask[:T, :T], float("-inf")).softmax(dim=-1)  # type: ignore[index]
         y = (att @ v).transpose(1, 2).reshape(B, T, C)
         x = x + self.proj(y)
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))  # type: ignore[no-any-return]
 
 
 class CNN(nn.Module):
@@ -97,7 +97,7 @@ class CNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.b1(self.c1(x)))
         x = F.relu(self.b2(self.c2(x)))
-        return self.fc(x.mean(dim=(2, 3)))
+        return self.fc(x.mean(dim=(2, 3)))  # type: ignore[no-any-return]
 
 
 MODELS: dict[str, Callable[[], tuple[nn.Module, torch.Tensor]]] = {
@@ -111,7 +111,7 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, torch.Tensor]]] = {
 
 
 def _step(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> None:
-    fn(x).sum().backward()
+    fn(x).sum().backward()  # type: ignore[no-untyped-call]
 
 
 def _time_first(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
@@ -195,17 +195,28 @@ def joint_graph(name: str) -> tuple[torch.fx.GraphModule, int]:
     return graph.gm, graph.num_fw_outputs
 
 
-def torch_min_cut_bytes(gm: torch.fx.GraphModule, num_fw_outputs: int) -> int:
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
+def torch_min_cut_bytes(gm: torch.fx.GraphModule, num_fw_outputs: int) -> int | None:
+    """Saved-activation bytes of torch's own min-cut partitioner on the same joint graph.
 
-    from stoker_capture._internal.partition.core import node_bytes
+    stoker's packages never import torch's partitioner; the comparison is stoker-capture's
+    test helper (``tests/partition_compare.py``, where tests may import it), loaded from
+    the checkout beside this package. None where there is no checkout (an installed
+    stoker): the column then reads n/a."""
+    import importlib.util
 
-    gm = copy.deepcopy(gm)
-    inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
-    fw, _ = min_cut_rematerialization_partition(gm, inputs, num_fwd_outputs=num_fw_outputs)
-    out = next(n for n in fw.graph.nodes if n.op == "output")
-    saved = {s for s in out.args[0][num_fw_outputs:] if isinstance(s, torch.fx.Node)}
-    return sum(node_bytes(s) for s in saved if s.op != "placeholder")
+    path = (
+        pathlib.Path(__file__).resolve().parents[6]
+        / "stoker-capture"
+        / "tests"
+        / "partition_compare.py"
+    )
+    spec = importlib.util.spec_from_file_location("stoker_partition_compare", path)
+    if not path.exists() or spec is None or spec.loader is None:
+        return None
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
+    saved: int = helper.torch_min_cut_saved_bytes(gm, num_fw_outputs)
+    return saved
 
 
 def bench_bytes(name: str) -> dict[str, Any]:
@@ -235,7 +246,8 @@ def bench_bytes(name: str) -> dict[str, Any]:
     }
     t0 = time.perf_counter()
     row["torch_min_cut_bytes"] = torch_min_cut_bytes(gm, n)
-    row["torch_min_cut_ms"] = 1e3 * (time.perf_counter() - t0)
+    took = 1e3 * (time.perf_counter() - t0)
+    row["torch_min_cut_ms"] = None if row["torch_min_cut_bytes"] is None else took
     return row
 
 
@@ -276,13 +288,13 @@ def print_tables(compile_rows: list[dict[str, Any]], byte_rows: list[dict[str, A
             continue
         print(
             f"{r['model']:<6} {r['default_bytes']:>10} {r['min_cut_bytes']:>10} "
-            f"{r['torch_min_cut_bytes']:>14} {r['min_cut_recomputed']:>11}"
+            f"{_f(r['torch_min_cut_bytes'], '>14')} {r['min_cut_recomputed']:>11}"
         )
     print("\nmin_cut saved activation bytes by memory_budget")
     print(f"{'model':<6} " + " ".join(f"{b:>10}" for b in BUDGETS))
     for r in byte_rows:
         if "error" not in r:
-            cells = " ".join(f"{r['budget_bytes'][str(b)]:>10}" for b in BUDGETS)
+            cells = " ".join(f"{r['budget_bytes'][str(b)]:>10}" for b in BUDGETS)  # type: ignore[assignment]
             print(f"{r['model']:<6} {cells}")
     print("\nstage times on the same joint graph, ms")
     print(f"{'model':<6} {'capture':>9} {'default':>9} {'min_cut':>9} {'torch min-cut':>14}")
@@ -290,7 +302,7 @@ def print_tables(compile_rows: list[dict[str, Any]], byte_rows: list[dict[str, A
         if "error" not in r:
             print(
                 f"{r['model']:<6} {r['capture_ms']:9.1f} {r['default_partition_ms']:9.1f} "
-                f"{r['min_cut_partition_ms']:9.1f} {r['torch_min_cut_ms']:14.1f}"
+                f"{r['min_cut_partition_ms']:9.1f} {_f(r['torch_min_cut_ms'], '14.1f')}"
             )
 
 
@@ -348,7 +360,7 @@ def pipeline_once(name: str, smoke: bool) -> dict[str, dict[str, float]]:
         )
         with stoker_capture.autocast_off(), state.ctx.tracing():
             for gm in (part.fw, part.bw):
-                report = stoker_triton.compile_graph(gm, example_inputs(gm)).report
+                report = stoker_triton.compile_graph(gm, example_inputs(gm)).report  # type: ignore[attr-defined]
                 for kind, ms in (("wall", report.timings_ms), ("cpu", report.cpu_ms)):
                     acc = wall if kind == "wall" else cpu
                     for stage, v in ms.items():
@@ -380,7 +392,14 @@ def bench_pipeline(name: str, repeat: int, smoke: bool = False) -> dict[str, Any
     runs = []
     for _ in range(repeat):
         out = subprocess.run(
-            [sys.executable, __file__, "--pipeline-worker", name, *(["--smoke"] if smoke else [])],
+            [
+                sys.executable,
+                "-m",
+                "stoker._internal.bench.benchmarks.capture",
+                "--pipeline-worker",
+                name,
+                *(["--smoke"] if smoke else []),
+            ],
             env=env,
             capture_output=True,
             text=True,

@@ -1,6 +1,6 @@
 """`stoker demo`'s steady training step, eager vs stoker, side by side.
 
-    python tools/bench_demo_step.py [--steps 60] [--rounds 3] [--batch 16] [--threads 1]
+    python -m stoker._internal.bench.benchmarks.demo_step [--steps 60] [--rounds 3] [--batch 16] [--threads 1]
                                     [--backend aten] [--partitioner min_cut|default] [--profile]
 
 The demo's model (the small GPT of `stoker._internal.bench.models`, the demo's default
@@ -20,13 +20,13 @@ and the aten ops whose call counts differ between eager and stoker.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 
 import torch
+
+from . import write_json
 
 
 def build(
@@ -36,8 +36,7 @@ def build(
     import stoker
     from stoker._internal.bench.models import lm_loss
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_demo_start import demo_setup
+    from .demo_start import demo_setup
 
     eager, model, x, y = demo_setup(batch)
     compiled = stoker.compile(model, backend=backend, partitioner=partitioner, report=None)
@@ -85,7 +84,7 @@ def op_counts(step: Callable[[], None], n: int = 10) -> dict[str, int]:
     return {e.key: e.count // n for e in prof.key_averages() if e.key.startswith("aten::")}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=60, help="steps of each per round")
     ap.add_argument("--rounds", type=int, default=3)
@@ -94,7 +93,8 @@ def main() -> int:
     ap.add_argument("--backend", default="aten", help="stoker executor (demo on a CPU: aten)")
     ap.add_argument("--partitioner", default="min_cut")
     ap.add_argument("--profile", action="store_true")
-    args = ap.parse_args()
+    ap.add_argument("--json", help="write the per-round and best figures here")
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     step_e, step_c = build(args.batch, args.backend, args.partitioner)
     for _ in range(3):  # the first compiles the forward, the second the backward
@@ -107,10 +107,13 @@ def main() -> int:
     )
     print(f"{'round':>5}  {'eager min':>9} {'median':>7}  {'stoker min':>10} {'median':>7}  ratio")
     best_e = best_c = float("inf")
+    rounds: list[dict[str, float]] = []
     for r in range(args.rounds):
         te, tc = one_round(step_e, step_c, args.steps)
         best_e, best_c = min(best_e, *te), min(best_c, *tc)
         me, mc = statistics.median(te), statistics.median(tc)
+        rounds.append({"eager_min_ms": min(te), "eager_median_ms": me})
+        rounds[-1].update({"stoker_min_ms": min(tc), "stoker_median_ms": mc})
         print(
             f"{r:>5}  {min(te):9.2f} {me:7.2f}  {min(tc):10.2f} {mc:7.2f}  {min(te) / min(tc):.2f}x"
         )
@@ -118,6 +121,8 @@ def main() -> int:
         f"best   eager {best_e:.2f} ms  stoker {best_c:.2f} ms  "
         f"({best_e / best_c:.2f}x the speed of eager)"
     )
+    best = {"eager_ms": best_e, "stoker_ms": best_c, "speed_vs_eager": best_e / best_c}
+    write_json(args.json, {"rounds": rounds, "best": best})
     if args.profile:
         ce, cc = op_counts(step_e), op_counts(step_c)
         diff = sorted(k for k in {*ce, *cc} if ce.get(k, 0) != cc.get(k, 0))
@@ -128,5 +133,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     raise SystemExit(main())

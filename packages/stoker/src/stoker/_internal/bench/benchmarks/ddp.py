@@ -1,6 +1,6 @@
 """Segments per compiled backward and step time of a model under DDP, eager and stoker.
 
-    python tools/bench_ddp.py [--model gpt-m] [--size smoke|full] [--ranks 2]
+    python -m stoker._internal.bench.benchmarks.ddp [--model gpt-m] [--size smoke|full] [--ranks 2]
         [--bucket-mb 25 0.05 0.01] [--steps 12] [--backend aten] [--set layers=4 ...]
 
 Spawns ``--ranks`` local processes (gloo, CPU); for each ``bucket_cap_mb`` every rank
@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from . import write_json
+
 
 def _steps(
     model: Any, entry: Any, size: dict[str, int], n: int, rank: int
@@ -38,6 +40,16 @@ def _steps(
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     return times, cpu
+
+
+def _figures(times: tuple[list[float], list[float]]) -> dict[str, float]:
+    """The steady steps' wall ms (median, least) and this process's CPU ms (median)."""
+    wall, cpu = times[0][3:], times[1][3:]
+    return {
+        "median_ms": 1e3 * statistics.median(wall),
+        "least_ms": 1e3 * min(wall),
+        "cpu_median_ms": 1e3 * statistics.median(cpu),
+    }
 
 
 def _ms(times: tuple[list[float], list[float]]) -> str:
@@ -63,6 +75,7 @@ def _rank(rank: int, world: int, a: argparse.Namespace) -> None:
     size = {k: int(v) for k, v in size.items()}
     torch.manual_seed(0)
     base = entry.build(size)
+    doc: list[dict[str, Any]] = []
     for mb in a.bucket_mb:
         with stoker.autograd_enabled(False):
             eager = _steps(DDP(copy.deepcopy(base), bucket_cap_mb=mb), entry, size, a.steps, rank)
@@ -87,9 +100,22 @@ def _rank(rank: int, world: int, a: argparse.Namespace) -> None:
                 f"stoker {_ms(times)}",
                 flush=True,
             )
+            doc.append(
+                {
+                    "case": f"bucket_cap_mb={mb}",
+                    "buckets": len(rec.buckets),
+                    "params": n,
+                    "segments": segments,
+                    "post_acc_grad_hooks": hooks,
+                    "stats": {k: st[k] for k in ("captures", "compiles", "disk_hits", "segments")},
+                    "eager": _figures(eager),
+                    "stoker": _figures(times),
+                }
+            )
+            write_json(a.json, doc)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt-m")
     ap.add_argument("--size", choices=("smoke", "full"), default="smoke")
@@ -98,7 +124,8 @@ def main() -> None:
     ap.add_argument("--bucket-mb", type=float, nargs="+", default=[25.0, 0.05, 0.01])
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--backend", default="aten")
-    a = ap.parse_args()
+    ap.add_argument("--json", help="write rank 0's figures here")
+    a = ap.parse_args(argv)
     from stoker._internal.distributed.launch import spawn
 
     spawn(_rank, a.ranks, a)

@@ -1,4 +1,4 @@
-"""CPU cost of launching stoker-triton kernels (`bench_triton.py --launch-overhead`).
+"""CPU cost of launching stoker-triton kernels (`kernels.py --launch-overhead`).
 
 - per launch: one generated-style kernel through `Launcher` (the lean path:
   the compiled binary's launcher called directly) against the same launch
@@ -14,7 +14,7 @@ sm_90 driver whose launcher does nothing (`stoker_triton._internal.fakegpu`):
 what is measured is the host work before the driver call. With CUDA, real
 launches (CPU time to enqueue; the GPU work is tiny).
 
-``python tools/bench_launch.py --replay``: the CPU cost per call of
+``python -m stoker._internal.bench.benchmarks.launch --replay``: the CPU cost per call of
 ``mode="reduce-overhead"``'s wrapper around a CUDA graph replay (`replay_overhead`),
 on any machine (the replay is stubbed out).
 
@@ -28,6 +28,8 @@ import os
 import time
 from collections.abc import Callable
 from typing import Any
+
+from . import write_json
 
 _SMOKE_DIV = [1]  # --smoke: a hundredth of the calls
 
@@ -47,7 +49,7 @@ def _per_call_us(fn: Callable[[], Any], n: int) -> float:
     return min(rounds)
 
 
-def launch_overhead() -> int:
+def launch_overhead(json_path: str | None = None) -> int:
     os.environ["TRITON_INTERPRET"] = "0"
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     import torch
@@ -65,7 +67,7 @@ def launch_overhead() -> int:
     from stoker_triton import compile_graph
     from stoker_triton._internal.runtime import Launcher
 
-    @triton.jit  # type: ignore[misc]
+    @triton.jit  # type: ignore[misc, untyped-decorator]
     def kernel(in_ptr, out_ptr, xnumel, rnumel, s0, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
         x = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
         m = x < xnumel
@@ -103,8 +105,8 @@ def launch_overhead() -> int:
         return (x * 2 + b).relu()
 
     x, b = torch.randn(64, 64, device=dev), torch.randn(64, device=dev)
-    g = compile_graph(make_fx(f, decomposition_table=core_aten_decompositions())(x, b), [x, b])
-    assert len(g.report.kernels) == 1, g.report
+    g = compile_graph(make_fx(f, decomposition_table=core_aten_decompositions())(x, b), [x, b])  # type: ignore[arg-type]
+    assert len(g.report.kernels) == 1, g.report  # type: ignore[attr-defined]
     graph = _per_call_us(lambda: g(x, b), n // 4)
 
     import stoker
@@ -112,7 +114,7 @@ def launch_overhead() -> int:
     if not gpu:  # the stub driver stands in for CUDA: let CPU inputs take the Triton executor
         from stoker._internal.api import backend
 
-        backend.resolve_backend = lambda requested, devices: "triton"
+        backend.resolve_backend = lambda requested, devices: "triton"  # type: ignore[attr-defined]
     sf = stoker.compile(f, backend="triton", dynamic=False)
     # Dynamo's own floor: the same function, a backend that runs the captured graph as is
     df = torch.compile(f, backend=lambda gm, example_inputs: gm.forward, dynamic=False)
@@ -138,13 +140,17 @@ def launch_overhead() -> int:
     print(f"    of which fixed (guards+runtime+wrapper) {full - lean:8.2f}   target <= 30")
     print(f"  torch.compile, graph run as is (floor)    {dynamo:8.2f}")
     print(f"    of which Dynamo (minus eager f)         {dynamo - eager:8.2f}")
+    figures = {"lean_launch_us": lean, "direct_launch_us": direct, "triton_launcher_us": bare}
+    figures.update({"jitfunction_run_us": plain, "eager_op_us": eager_op, "graph_call_us": graph})
+    figures.update({"stoker_call_us": full, "dynamo_floor_us": dynamo, "eager_f_us": eager})
+    write_json(json_path, figures)
     return 0
 
 
 # ---------------------------------------------------------------------- CUDA graph replays
 
 
-def replay_overhead() -> int:
+def replay_overhead(json_path: str | None = None) -> int:
     """CPU µs per call of `mode="reduce-overhead"`'s wrapper (`GraphedCallable`) around a
     replay that does nothing (a stand-in recorder), beside the bare callable: what
     the wrapper itself costs per graph call, whatever the graph does on the device.
@@ -217,16 +223,29 @@ def replay_overhead() -> int:
         f"  forward: {rows[1, 1][0] - rows[1, 1][1]:.2f} fixed + {slope:.2f} per (parameter, output)"
     )
     print("  target: wrapper minus bare <= 30 (the plain path's fixed cost is 23)")
+    write_json(
+        json_path,
+        [
+            {"case": f"P={p} K={k}", "forward_us": fw, "forward_bare_us": fb}
+            | {"backward_us": bw, "backward_bare_us": bb}
+            for (p, k), (fw, fb, bw, bb) in rows.items()
+        ],
+    )
     return 0
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replay", action="store_true", help="the reduce-overhead wrapper instead")
     ap.add_argument("--smoke", action="store_true", help="few calls per round: a test run")
-    opts = ap.parse_args()
+    ap.add_argument("--json", help="write the figures (µs per call) here")
+    opts = ap.parse_args(argv)
     if opts.smoke:
         _SMOKE_DIV[0] = 100
-    raise SystemExit(replay_overhead() if opts.replay else launch_overhead())
+    return replay_overhead(opts.json) if opts.replay else launch_overhead(opts.json)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

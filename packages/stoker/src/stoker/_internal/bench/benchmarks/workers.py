@@ -1,4 +1,4 @@
-"""Start-up cost of stoker-triton's compile workers (`bench_triton.py --workers`).
+"""Start-up cost of stoker-triton's compile workers (`kernels.py --workers`).
 
 For each worker start (`fork`: forked from the zygote, which imports Triton
 once; `subprocess`: each worker its own interpreter, as before the zygote),
@@ -18,8 +18,8 @@ process measures:
 each as wall seconds and as CPU seconds summed over the processes (the main
 process, the zygote and every worker, read from /proc before the pool ends).
 
-    python tools/bench_workers.py                  # N = 2 and 16, both starts, both caches
-    python tools/bench_workers.py --n 16 --mode fork --cache no-pyc
+    python -m stoker._internal.bench.benchmarks.workers                  # N = 2 and 16, both starts, both caches
+    python -m stoker._internal.bench.benchmarks.workers --n 16 --mode fork --cache no-pyc
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ import sys
 import tempfile
 import time
 from typing import Any
+
+from . import write_json
 
 
 def _stat(pid: str) -> list[str] | None:
@@ -98,7 +100,7 @@ def _jobs() -> list[tuple[str, list[Any], list[tuple[int, int, int]]]]:
             work.append((lau.path, args, lau.candidates(x, r, native=True)))
         return 0
 
-    pipeline.precompile = record
+    pipeline.precompile = record  # type: ignore[attr-defined]
     args = [torch.randn(64, 128), torch.randn(128), torch.randn(128)]
     args += [torch.randn(128, 256), torch.randn(256, 128)]
     args = [a.requires_grad_() for a in args]
@@ -109,7 +111,7 @@ def _jobs() -> list[tuple[str, list[Any], list[tuple[int, int, int]]]]:
         return torch.autograd.grad(loss, a)
 
     for f in (_block, grads):
-        gm = make_fx(f, decomposition_table=core_aten_decompositions())(*args)
+        gm = make_fx(f, decomposition_table=core_aten_decompositions())(*args)  # type: ignore[arg-type]
         compile_graph(gm, [a.detach() for a in args])
     return work
 
@@ -203,8 +205,8 @@ def cold_start(n: int) -> dict[str, Any]:
         return torch.autograd.grad(sum(o.float().sum() for o in _block(*a)), a)
 
     decomp = core_aten_decompositions()
-    gm_fw = make_fx(_block, decomposition_table=decomp)(*args)
-    gm_bw = make_fx(grads, decomposition_table=decomp)(*grads_of)
+    gm_fw = make_fx(_block, decomposition_table=decomp)(*args)  # type: ignore[arg-type]
+    gm_bw = make_fx(grads, decomposition_table=decomp)(*grads_of)  # type: ignore[arg-type]
     marks["capture"] = time.perf_counter() - t0
     fw = compile_graph(gm_fw, args)
     marks["forward compiled"] = time.perf_counter() - t0
@@ -220,13 +222,13 @@ def cold_start(n: int) -> dict[str, Any]:
     return {
         "mode": _mode(xcompile._executor()),
         "n": n,
-        "kernels": len(fw.report.kernels) + len(bw.report.kernels),
+        "kernels": len(fw.report.kernels) + len(bw.report.kernels),  # type: ignore[attr-defined]
         **{k: round(v, 2) for k, v in marks.items()},
         "cpu_s": round(cpu, 2),
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -241,10 +243,12 @@ def main() -> int:
     ap.add_argument(
         "--tree",
         help="measure the stoker sources of another checkout (e.g. a worktree of an "
-        "earlier commit: 'before')",
+        "earlier commit: 'before'; its own copy of this module runs there, so a checkout from "
+        "before the harness lacks it)",
     )
+    ap.add_argument("--json", help="write every row here")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the measuring process
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.one is not None:
         print("RESULT " + json.dumps((cold_start if args.cold_start else one)(args.one)))
         return 0
@@ -274,6 +278,7 @@ def _table(args: Any, cold: bool) -> int:
 
 
 def _rows(args: Any, cold: bool, root: str) -> None:
+    doc: list[dict[str, Any]] = []
     for cache in args.cache or ["pyc", "no-pyc"]:
         for n in args.n or [2, 16]:
             for mode in args.mode or ["subprocess", "fork"]:
@@ -290,7 +295,13 @@ def _rows(args: Any, cold: bool, root: str) -> None:
                         os.path.join(args.tree, "packages", p, "src")
                         for p in os.listdir(os.path.join(args.tree, "packages"))
                     )
-                cmd = [sys.executable, __file__, "--one", str(n)]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "stoker._internal.bench.benchmarks.workers",
+                    "--one",
+                    str(n),
+                ]
                 proc = subprocess.run(
                     cmd + (["--cold-start"] if cold else []),
                     capture_output=True,
@@ -303,6 +314,8 @@ def _rows(args: Any, cold: bool, root: str) -> None:
                     print(f"| {mode} | {n} | {cache} | failed: {proc.stderr[-500:]!r} |")
                     continue
                 r = json.loads(line[0][7:])
+                doc.append({"case": f"{r['mode']} N={n} {cache}", **r})
+                write_json(args.json, doc)
                 if cold:
                     keys = ["capture", "forward compiled", "gradient compiled", "first launch"]
                     keys += ["forward launched", "step launched", "cpu_s"]

@@ -1,6 +1,6 @@
 """Backward time: the eager autograd engine vs stoker-autograd (engine-cache hit).
 
-    python tools/bench_autograd.py [--steps 30] [--json PATH] [--device cpu|cuda]
+    python -m stoker._internal.bench.benchmarks.autograd [--steps 30] [--json PATH] [--device cpu|cuda]
 
 Two models, each timed side by side in one run (the machine is noisy; compare
 within a row): a hook-heavy MLP (a tensor hook, a post-accumulate-grad hook and
@@ -40,8 +40,8 @@ def hook_heavy_mlp(width: int = 256, depth: int = 8) -> tuple[nn.Module, Callabl
     for mod in model:
         mod.register_full_backward_hook(lambda m, gi, go: count())
     for p in model.parameters():
-        p.register_hook(lambda g: g * 1.0)
-        p.register_post_accumulate_grad_hook(count)
+        p.register_hook(lambda g: g * 1.0)  # type: ignore[no-untyped-call]
+        p.register_post_accumulate_grad_hook(count)  # type: ignore[no-untyped-call]
     return model, lambda: torch.randn(64, width)
 
 
@@ -62,7 +62,7 @@ class Block(nn.Module):
         att = att.masked_fill(~mask, float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(b, t, d)
         x = x + self.proj(y)
-        return x + self.mlp(self.ln2(x))
+        return x + self.mlp(self.ln2(x))  # type: ignore[no-any-return]
 
 
 class SmallGPT(nn.Module):
@@ -76,7 +76,7 @@ class SmallGPT(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)
-        return self.head(self.ln(self.blocks(self.tok(idx) + self.pos(pos))))
+        return self.head(self.ln(self.blocks(self.tok(idx) + self.pos(pos))))  # type: ignore[no-any-return]
 
 
 def small_gpt() -> tuple[nn.Module, Callable[[], Any]]:
@@ -125,13 +125,13 @@ def time_both(
     return statistics.median(e_times), statistics.median(s_times), err
 
 
-def main() -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     results: dict[str, Any] = {"device": args.device, "torch": torch.__version__, "models": {}}
     rows = []

@@ -1,6 +1,6 @@
 """What deciding the scope of compiled autograd costs per backward (CPU).
 
-    python tools/bench_autograd_scope.py [--repeats 7] [--calls 300]
+    python -m stoker._internal.bench.benchmarks.autograd_scope [--repeats 7] [--calls 300]
 
 stoker-autograd sets the engine hook only for the backwards it compiles: every
 ``backward()`` / ``autograd.grad`` goes through a router (``Variable._execution_engine``)
@@ -36,6 +36,8 @@ import stoker_autograd
 import stoker_capture
 from stoker_autograd._internal import engine
 from stoker_autograd._internal.session import RUNTIME_CALLS
+
+from . import write_json
 
 
 def _us(fn: Callable[[], Any], calls: int) -> float:
@@ -83,13 +85,13 @@ def decision(repeats: int, calls: int) -> list[tuple[str, int, float]]:
     rows["none pending (O(1))"] = []
     for _ in range(repeats):
         for name, loss in graphs.items():
-            rows[name].append(_us(lambda loss=loss: engine.holds_stoker_node([loss]), calls))
+            rows[name].append(_us(lambda loss=loss: engine.holds_stoker_node([loss]), calls))  # type: ignore[misc]
         live = engine._LIVE[0]
         engine._LIVE[0] = 0  # what the check reads when no stoker node is pending
         try:
             mlp8 = graphs["eager MLP, 8 layers"]
             rows["none pending (O(1))"].append(
-                _us(lambda g=mlp8: engine.holds_stoker_node([g]), calls)
+                _us(lambda g=mlp8: engine.holds_stoker_node([g]), calls)  # type: ignore[misc]
             )
         finally:
             engine._LIVE[0] = live
@@ -98,7 +100,9 @@ def decision(repeats: int, calls: int) -> list[tuple[str, int, float]]:
     return [(k, sizes[k], med[k]) for k in rows]
 
 
-def _interleaved(variants: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
+def _interleaved(
+    variants: dict[str, Callable[[], float]], repeats: int
+) -> dict[str, tuple[float, float]]:
     """Median of each variant's figure over ``repeats`` rounds, the order rotated each
     round (load spikes of the shared machine hit every variant alike)."""
     names = list(variants)
@@ -226,24 +230,30 @@ def routing_overhead(repeats: int, calls: int) -> dict[str, tuple[float, float]]
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--calls", type=int, default=300)
-    args = p.parse_args()
+    p.add_argument("--json", help="write the figures (µs per call) here")
+    args = p.parse_args(argv)
     print(f"torch {torch.__version__}, CPU; µs per call, median of {args.repeats} rounds")
     print("\n1. the decision (holds_stoker_node)")
     print(f"{'graph':<30}{'nodes':>7}{'µs':>9}{'µs/node':>9}")
+    doc: dict[str, Any] = {"decision": {}, "eager backward": {}, "compiled backward": {}}
     for name, n, us in decision(args.repeats, args.calls):
+        doc["decision"][name] = {"nodes": n, "us": us}
         print(f"{name:<30}{n:>7}{us:>9.2f}{(us / n if n else 0):>9.3f}")
     print("\n2. an eager backward of nn.Linear(3, 3) (retain_graph, no forward)")
     print(f"{'':<46}{'median':>9}{'min':>9}")
     for name, (med, low) in eager_backward(args.repeats, args.calls).items():
+        doc["eager backward"][name] = {"median_us": med, "min_us": low}
         print(f"{name:<46}{med:>9.2f}{low:>9.2f}")
     print("\n3. around a stoker model's compiled backward (2-layer MLP, aten executor)")
     print(f"{'':<46}{'median':>9}{'min':>9}")
     for name, (med, low) in routing_overhead(args.repeats, args.calls).items():
+        doc["compiled backward"][name] = {"median_us": med, "min_us": low}
         print(f"{name:<46}{med:>9.2f}{low:>9.2f}")
+    write_json(args.json, doc)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """How a model's compiled backward is cut, and what compiling it with stoker-triton costs.
 
     STOKER_CACHE_DIR=$(mktemp -d) STOKER_TRITON_CHECK_TARGETS= \\
-        python tools/bench_segments.py [--model gpt-m] [--batch 2] [--device cpu|cuda]
+        python -m stoker._internal.bench.benchmarks.segments [--model gpt-m] [--batch 2] [--device cpu|cuda]
 
 Runs one training step of a `bench --suite gpu` model through ``stoker.compile``
 (aten executor: the step itself compiles nothing with Triton), takes the
@@ -22,13 +22,16 @@ import time
 
 import torch
 
+from . import write_json
 
-def main() -> None:
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt-m")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    a = ap.parse_args()
+    ap.add_argument("--json", help="write the counts and the compile time here")
+    a = ap.parse_args(argv)
     if a.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton jits anything
 
@@ -44,7 +47,7 @@ def main() -> None:
     model = entry.build(size).to(a.device)
     args, target = entry.batch(size, torch.Generator().manual_seed(0))
     args = tuple(x.to(a.device) for x in args)
-    entry.loss(stoker.compile(model, backend="aten")(*args), target.to(a.device)).backward()
+    entry.loss(stoker.compile(model, backend="aten")(*args), target.to(a.device)).backward()  # type: ignore[no-untyped-call]
     retraced = SWITCH.session.graphs[-1].last_retraced
     if retraced is None:
         raise SystemExit("the backward was not retraced (see the stoker-autograd warning)")
@@ -54,8 +57,8 @@ def main() -> None:
     def compile_segment(gm: torch.fx.GraphModule, example_inputs: list[object]) -> object:
         nonlocal kernels, externs
         fn = stoker_triton.compile_graph(gm, example_inputs)
-        kernels += fn.report.n_kernels
-        externs += len(fn.report.extern_calls)
+        kernels += fn.report.n_kernels  # type: ignore[attr-defined]
+        externs += len(fn.report.extern_calls)  # type: ignore[attr-defined]
         return fn
 
     t0 = time.perf_counter()
@@ -66,6 +69,17 @@ def main() -> None:
         f"{a.model} backward: {len(run.segments)} segments, {calls} Python calls, "
         f"{kernels} Triton kernels, {externs} extern calls; compile {seconds:.1f} s "
         f"(STOKER_TRITON_CHECK_TARGETS={os.environ.get('STOKER_TRITON_CHECK_TARGETS')!r})"
+    )
+    write_json(
+        a.json,
+        {
+            "model": a.model,
+            "segments": len(run.segments),
+            "python_calls": calls,
+            "kernels": kernels,
+            "extern_calls": externs,
+            "compile_s": seconds,
+        },
     )
 
 

@@ -1,14 +1,14 @@
 """Benchmark stoker-triton kernels on a GPU: achieved GB/s against a measured
 device-to-device copy, and cold compile times.
 
-    python tools/bench_triton.py            # on a machine with CUDA
-    python tools/bench_triton.py --quick    # smaller sizes
-    python tools/bench_triton.py --smoke    # tiny sizes on the CPU (interpreter): checks
+    python -m stoker._internal.bench.benchmarks.kernels            # on a machine with CUDA
+    python -m stoker._internal.bench.benchmarks.kernels --quick    # smaller sizes
+    python -m stoker._internal.bench.benchmarks.kernels --smoke    # tiny sizes on the CPU (interpreter): checks
                                             # the script runs; its numbers mean nothing
-    python tools/bench_triton.py --launch-overhead   # CPU time per launch and per graph
+    python -m stoker._internal.bench.benchmarks.kernels --launch-overhead   # CPU time per launch and per graph
                                             # call; on the CPU with a stand-in driver
-    python tools/bench_triton.py --workers  # compile workers' start and a cold batch compile
-                                            # (tools/bench_workers.py), on the CPU
+    python -m stoker._internal.bench.benchmarks.kernels --workers  # compile workers' start and a cold batch compile
+                                            # (benchmarks/workers.py), on the CPU
 
 On a machine without CUDA (and no --smoke) it says so and exits 0.
 """
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -51,7 +51,7 @@ def main() -> int:
         "--workers",
         action="store_true",
         help="the compile workers' start and a cold sm_90 batch compile through them, then "
-        "a cold start to the first launches (tools/bench_workers.py; on the CPU)",
+        "a cold start to the first launches (benchmarks/workers.py; on the CPU)",
     )
     ap.add_argument("--json", default="", help="also write the table here (rewritten per case)")
     ap.add_argument(
@@ -60,16 +60,14 @@ def main() -> int:
         help="hold this lock file while timing (tools/gpu_lap.py: other processes compile "
         "beside this one, none measures at the same time)",
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.workers:
-        import bench_workers
+        from . import workers
 
-        sys.argv = sys.argv[:1]
-        bench_workers.main()
-        sys.argv.append("--cold-start")
-        return bench_workers.main()
+        workers.main([])
+        return workers.main(["--cold-start"])
     if args.launch_overhead:
-        from bench_launch import launch_overhead
+        from .launch import launch_overhead
 
         return launch_overhead()
 
@@ -114,7 +112,7 @@ def main() -> int:
     xl = torch.randn(lrows, lcols, device=dev)
     timed: Callable[[], Any] = contextlib.nullcontext
     if args.gpu_lock:
-        from gpu_lap import GpuLock
+        from ..gpulock import GpuLock
 
         timed = GpuLock(args.gpu_lock)
     doc: dict[str, Any] = {"device": "", "copy_gbs": None, "rows": []}
@@ -172,21 +170,21 @@ def main() -> int:
     )
     print(f" {'inductor GB/s':>14s}" if args.inductor else "")
     for name, f, inputs, nbytes in cases:
-        gm = make_fx(f, decomposition_table=core_aten_decompositions())(*inputs)
+        gm = make_fx(f, decomposition_table=core_aten_decompositions())(*inputs)  # type: ignore[arg-type]
         t0 = time.perf_counter()
         fn = compile_graph(gm, list(inputs))
         fn(*inputs)  # first call: Triton compiles and autotunes
-        sync()
+        sync()  # type: ignore[no-untyped-call]
         cold = time.perf_counter() - t0
         torch.testing.assert_close(fn(*inputs), gm(*inputs), atol=1e-3, rtol=1e-3)
         with timed():
-            ms = do_bench(lambda fn=fn, inputs=inputs: fn(*inputs))
+            ms = do_bench(lambda fn=fn, inputs=inputs: fn(*inputs))  # type: ignore[misc]
         gbs = nbytes / ms / 1e6
-        line = f"{name:28s} {fn.report.n_kernels:7d} {ms:8.3f} {gbs:8.0f} {100 * gbs / copy_gbs:6.0f}% {cold:15.2f}"
+        line = f"{name:28s} {fn.report.n_kernels:7d} {ms:8.3f} {gbs:8.0f} {100 * gbs / copy_gbs:6.0f}% {cold:15.2f}"  # type: ignore[attr-defined]
         row: dict[str, Any] = {
             "case": name,
-            "kernels": fn.report.n_kernels,
-            "kernel_names": [k.fn_name for k in fn.report.kernels],
+            "kernels": fn.report.n_kernels,  # type: ignore[attr-defined]
+            "kernel_names": [k.fn_name for k in fn.report.kernels],  # type: ignore[attr-defined]
             "ms": ms,
             "gbs": gbs,
             "pct_copy": 100 * gbs / copy_gbs,
@@ -198,7 +196,7 @@ def main() -> int:
                 cf = torch.compile(f)
                 cf(*inputs)
                 with timed():
-                    ims = do_bench(lambda cf=cf, inputs=inputs: cf(*inputs))
+                    ims = do_bench(lambda cf=cf, inputs=inputs: cf(*inputs))  # type: ignore[misc]
                 line += f" {nbytes / ims / 1e6:14.0f}"
                 row.update({"inductor_ms": ims, "inductor_gbs": nbytes / ims / 1e6})
             except Exception as e:  # Inductor unavailable here: say why

@@ -1,7 +1,7 @@
 """Memory traffic of stoker's kernels per training step, on the CPU (nothing runs).
 
-    python tools/bench_traffic.py [--models gpt-m,hf-llama] [--smoke] [--kernels] [--json PATH]
-    python tools/bench_traffic.py --smoke --check tools/traffic_expected.json
+    python -m stoker._internal.bench.benchmarks.traffic [--models gpt-m,hf-llama] [--smoke] [--kernels] [--json PATH]
+    python -m stoker._internal.bench.benchmarks.traffic --smoke --check .../benchmarks/traffic_expected.json
 
 For each GPU-suite model: capture the joint graph (static shapes, fake tensors),
 partition it with the min-cut partitioner (the stoker backend's default),
@@ -75,14 +75,14 @@ UNIT = ["MiB", 2**20]  # KiB for the tiny configurations (`main` decides)
 
 
 def _mib(n: float) -> str:
-    return f"{n / float(UNIT[1]):.1f}"
+    return f"{n / float(UNIT[1]):.1f}"  # type: ignore[arg-type]
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:
     u = UNIT[0]
     print(
-        f"{'model':<11} {'kernels':>7} {'kernel ' + u:>10} {'extern ' + u:>10} {'min ' + u:>8} "
-        f"{'ratio':>6} {'uncoal ' + u:>10} {'max passes':>10}"
+        f"{'model':<11} {'kernels':>7} {'kernel ' + u:>10} {'extern ' + u:>10} {'min ' + u:>8} "  # type: ignore[operator]
+        f"{'ratio':>6} {'uncoal ' + u:>10} {'max passes':>10}"  # type: ignore[operator]
     )
     for r in rows:
         print(

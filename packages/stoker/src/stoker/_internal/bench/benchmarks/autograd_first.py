@@ -1,6 +1,6 @@
 """The first compiled-autograd backward of a model: capture, retrace and the whole call.
 
-    STOKER_CACHE_DIR=$(mktemp -d) python tools/bench_autograd_first.py [--model gpt-m] [--batch 2] [--repeat 3] [--dynamic]
+    STOKER_CACHE_DIR=$(mktemp -d) python -m stoker._internal.bench.benchmarks.autograd_first [--model gpt-m] [--batch 2] [--repeat 3] [--dynamic]
 
 One `bench --suite gpu` model (default gpt-m, batch 2) through ``stoker.compile``
 with the aten executor (no Triton: the backward's compiler only runs aten ops).
@@ -25,15 +25,18 @@ from typing import Any
 
 import torch
 
+from . import write_json
 
-def main() -> None:
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt-m")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--cpu", action="store_true", help="CPU seconds, not wall seconds")
     ap.add_argument("--dynamic", action="store_true", help="stoker.compile(dynamic=True)")
-    a = ap.parse_args()
+    ap.add_argument("--json", help="write the per-repeat figures here")
+    a = ap.parse_args(argv)
     clock = time.process_time if a.cpu else time.perf_counter
 
     import stoker
@@ -45,7 +48,7 @@ def main() -> None:
     begin, end, retrace = (
         capture.CaptureInstance.begin_capture,
         capture.CaptureInstance.end_capture,
-        runtime.retrace,
+        runtime.retrace,  # type: ignore[attr-defined]
     )
     started: dict[int, float] = {}
 
@@ -64,9 +67,9 @@ def main() -> None:
         spent["retrace"] += clock() - t0
         return out
 
-    capture.CaptureInstance.begin_capture = timed_begin  # type: ignore[method-assign]
-    capture.CaptureInstance.end_capture = timed_end  # type: ignore[method-assign]
-    runtime.retrace = timed_retrace
+    capture.CaptureInstance.begin_capture = timed_begin  # type: ignore[assignment, method-assign]
+    capture.CaptureInstance.end_capture = timed_end  # type: ignore[assignment, method-assign]
+    runtime.retrace = timed_retrace  # type: ignore[attr-defined]
 
     entry = get_entry(a.model)
     size = {**entry.size, "batch": a.batch}
@@ -78,6 +81,7 @@ def main() -> None:
     sizes = ", symbolic sizes" if a.dynamic else ""
     print(f"{a.model} (batch {a.batch}{sizes}), first backward per capture, {unit}")
     print(f"{'repeat':>6}{'capture':>9}{'retrace':>9}{'backward':>10}  counters")
+    repeats: list[dict[str, Any]] = []
     for i in range(a.repeat):
         torch._C._dynamo.compiled_autograd.clear_cache()
         model.zero_grad(set_to_none=True)
@@ -85,13 +89,15 @@ def main() -> None:
         spent.update(capture=0.0, retrace=0.0)
         loss = entry.loss(compiled(*args), target)
         t0 = clock()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         total = clock() - t0
         st = stoker_autograd.stats()
         counters = ", ".join(
             f"{k} {st.get(k, 0)}" for k in ("captures", "compiles", "eager_runs", "disk_hits")
         )
         print(f"{i:>6}{spent['capture']:>9.3f}{spent['retrace']:>9.2f}{total:>10.2f}  {counters}")
+        repeats.append({"repeat": i, **spent, "backward": total, "stats": dict(st)})
+    write_json(a.json, {"model": a.model, "unit": unit, "dynamic": a.dynamic, "repeats": repeats})
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
 """Does a cold compile grow with depth? A tiny GPT of 2 and of 8 identical blocks, by stage.
 
-    python tools/bench_depth.py [--layers 2,8] [--repeat 3] [--workers 0] [--json FILE]
-    python tools/bench_depth.py --profile OUT.prof --layers 8 --repeat 1   # cProfile the compile
-    python tools/bench_depth.py --tree /tmp/main   # and a checkout of main, alternating
+    python -m stoker._internal.bench.benchmarks.depth [--layers 2,8] [--repeat 3] [--workers 0] [--json FILE]
+    python -m stoker._internal.bench.benchmarks.depth --profile OUT.prof --layers 8 --repeat 1   # cProfile the compile
+    python -m stoker._internal.bench.benchmarks.depth --tree /tmp/main   # and a checkout of main, alternating
 
 Each (repeat, depth) is a new process with empty ``STOKER_CACHE_DIR`` / ``TRITON_CACHE_DIR``
 that trains the GPU suite's tiny GPT (d=64, T=32, batch 4, forward + backward) with the
 number of blocks asked for, through `stoker.compile` on Triton's *real* launch path: the
-stand-in sm_90 driver (`stoker_triton._internal.fakegpu`, as `bench_warm.py` uses it) and, as
+stand-in sm_90 driver (`stoker_triton._internal.fakegpu`, as `warm.py` uses it) and, as
 on a GPU, compile workers that build every kernel for sm_90 with ptxas (so kernel compiles
 count). Depths alternate within a repeat, so each ratio compares processes run side by side.
 
@@ -43,8 +43,6 @@ import tempfile
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 # stage -> (module, attribute path); timed per outermost call, CPU and wall of this process
 STAGES: dict[str, tuple[str, str]] = {
     "dynamo": ("torch._dynamo.convert_frame", "_compile"),
@@ -75,7 +73,7 @@ OWN = (
 
 def _wrap(table: dict[str, tuple[str, str]]) -> dict[str, list[float]]:
     """Wrap each function of `table` with a timer: stage -> [calls, wall s, CPU s]."""
-    from bench_warm import _wrap_stages  # type: ignore[import-not-found]
+    from .warm import _wrap_stages
 
     times: dict[str, list[float]] = _wrap_stages(table)[0]
     return times
@@ -85,17 +83,16 @@ def _worker(
     layers: int, steps: int, workers: int, smoke: bool, profile: str | None
 ) -> dict[str, Any]:
     os.environ["TRITON_INTERPRET"] = "0"
-    sys.path.insert(0, HERE)
     import torch
 
     # one torch thread: OpenMP's idle threads spin and count as CPU time (up to a second
     # of a steady step here, while the compile workers held the other core)
     torch.set_num_threads(1)
-    from bench_warm import stand_in  # type: ignore[import-not-found]
-    from bench_workers import _tree_cpu  # type: ignore[import-not-found]
-
     import stoker
     from stoker._internal.bench.suite import get_entry
+
+    from .warm import stand_in
+    from .workers import _tree_cpu
 
     stand_in()
     from stoker_triton._internal import pipeline, runtime
@@ -104,7 +101,8 @@ def _worker(
     def gpu_target(device: Any) -> tuple[str, Any, int] | None:
         return ("cuda", 90, 32)
 
-    runtime.native_target = pipeline.native_target = gpu_target  # as on a GPU: workers
+    # as on a GPU: workers
+    runtime.native_target = pipeline.native_target = gpu_target  # type: ignore[attr-defined]
     if workers:
         xcompile.cpu_count = lambda: workers
     times = _wrap(STAGES)
@@ -226,7 +224,7 @@ def summarize(run: dict[str, Any]) -> dict[str, float]:
     row: dict[str, float] = {}
 
     def stage(name: str, col: int = 2) -> float:
-        return sum(s["stages"].get(name, [0, 0.0, 0.0])[col] for s in cold)
+        return sum(s["stages"].get(name, [0, 0.0, 0.0])[col] for s in cold)  # type: ignore[no-any-return]
 
     dynamo_own = stage("dynamo") - stage("stoker backend")
     dynamo_own_wall = stage("dynamo", 1) - stage("stoker backend", 1)
@@ -272,7 +270,16 @@ def _run(layers: int, a: argparse.Namespace, tree: str | None = None) -> dict[st
         "STOKER_CACHE_DIR": os.path.join(root, "stoker"),
         "TRITON_CACHE_DIR": os.path.join(root, "triton"),
     }
-    cmd = [sys.executable, "-W", "ignore", __file__, "--worker", "--layers", str(layers)]
+    cmd = [
+        sys.executable,
+        "-W",
+        "ignore",
+        "-m",
+        "stoker._internal.bench.benchmarks.depth",
+        "--worker",
+        "--layers",
+        str(layers),
+    ]
     cmd += ["--steps", str(a.steps), "--workers", str(a.workers)]
     cmd += [*(["--smoke"] if a.smoke else []), *(["--profile", a.profile] if a.profile else [])]
     t0 = time.perf_counter()
@@ -312,7 +319,7 @@ def report(runs: list[list[dict[str, Any]]], depths: list[int]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", default="2,8", help="depths to compare, the first is the base")
     ap.add_argument("--repeat", type=int, default=3, help="processes per depth")
@@ -323,11 +330,12 @@ def main() -> int:
     ap.add_argument("--json", help="write the raw per-process results here")
     ap.add_argument(
         "--tree",
-        help="also run another checkout (its packages/*/src), alternating with this one",
+        help="also run another checkout (its packages/*/src), alternating with this one; "
+        "its own copy of this module runs there (a checkout from before the harness lacks it)",
     )
     ap.add_argument("--profile", help="cProfile the steps before the steady one into this file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     depths = [int(x) for x in a.layers.split(",")]
     if a.worker:
         print(json.dumps(_worker(depths[0], a.steps, a.workers, a.smoke, a.profile)))

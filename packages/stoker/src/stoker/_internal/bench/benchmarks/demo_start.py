@@ -1,6 +1,6 @@
 """`stoker demo`'s first step, cold and warm, by stage (the CPU warm-start target).
 
-    python tools/bench_demo_start.py [--backend aten,interpret] [--warm 2] [--batch 16] [--no-freeze]
+    python -m stoker._internal.bench.benchmarks.demo_start [--backend aten,interpret] [--warm 2] [--batch 16] [--no-freeze]
 
 The target: on the CPU, with the aten and interpreter executors, `stoker demo` warm is
 within 2x of eager's first step plus load time. For each executor, one cold process
@@ -38,8 +38,7 @@ import tempfile
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_warm import COLD_STAGES, _wrap_stages
+from .warm import COLD_STAGES, _wrap_stages
 
 # stage -> (module, attribute path); see the module docstring. Stages the cold bench
 # times too are taken from its table.
@@ -191,7 +190,17 @@ def _worker(backend: str, batch: int, freeze: bool = True) -> dict[str, Any]:
 
 
 def _run(backend: str, batch: int, env: dict[str, str], freeze: bool) -> dict[str, Any]:
-    cmd = [sys.executable, "-W", "ignore", __file__, "--worker", backend, "--batch", str(batch)]
+    cmd = [
+        sys.executable,
+        "-W",
+        "ignore",
+        "-m",
+        "stoker._internal.bench.benchmarks.demo_start",
+        "--worker",
+        backend,
+        "--batch",
+        str(batch),
+    ]
     cmd += [] if freeze else ["--no-freeze"]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if p.returncode != 0:
@@ -241,7 +250,7 @@ def _table(backend: str, cold: dict[str, Any], warm: list[dict[str, Any]]) -> st
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", default="aten,interpret", help="executors, comma-separated")
     ap.add_argument("--warm", type=int, default=2, help="warm processes per executor")
@@ -251,7 +260,7 @@ def main() -> int:
         "--no-freeze", action="store_true", help="run the steps without the demo's frozen_heap"
     )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.worker:
         print(json.dumps(_worker(a.worker, a.batch, not a.no_freeze)))
         return 0
