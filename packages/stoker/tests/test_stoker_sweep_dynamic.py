@@ -77,7 +77,7 @@ def marking(dims: Sequence[int], step: Callable[..., Any]) -> Callable[..., Any]
 
 def torch_compile(model: nn.Module, *, backend: str, **opts: Any) -> Any:
     """``torch.compile(model, backend="stoker", dynamic=True)`` with the mode's options."""
-    if backend != "aten" or opts:
+    if backend != "auto" or opts:
         return torch.compile(
             model, backend="stoker", dynamic=True, options=dict(opts, backend=backend)
         )

@@ -66,7 +66,7 @@ CPU = DeviceSpec(
     "cpu",
     persistent_rnumel_max=None,
     split=cpu_split,
-    vector_bytes=64,  # AVX-512; narrower machines run the same tile as two or four vectors
+    vector_bytes=32,  # AVX2's width (ccompile.DEFAULT_FLAGS: 256-bit vectors on AVX-512 too)
     parallel_min_work=32768,
     outer_tile=16,
 )

@@ -452,12 +452,18 @@ class CKernelCodegen:
             f"{'const ' if b in reads else ''}{STORAGE[self.buffers[b].dtype]}* {self.ptr_args[b]}"
             for b in reads + writes
         ]
-        params += ["int64_t xnumel", "int64_t rnumel"]
+        params += ["int64_t xnumel_", "int64_t rnumel_"]
         params += [f"{'int64_t' if s.is_integer else 'double'} {s}" for s in syms]
         if self.uses_seed:
             params.append("uint64_t seed")
         head = f"void {k.name}({', '.join(params)}) {{"
-        src = "\n".join([head, *self.lines, "}"]) + "\n"
+        # static sizes are constants of the source: the compiler unrolls a short row and
+        # needs no loop tail (the arguments stay, so every kernel has one signature)
+        sizes = [
+            f"    const int64_t {n} = {int(e) if sympy.sympify(e).is_number else n + '_'};"
+            for n, e in (("xnumel", k.xnumel), ("rnumel", k.rnumel))
+        ]
+        src = "\n".join([head, *sizes, *self.lines, "}"]) + "\n"
         return KernelSource(
             name=k.name,
             source=src,

@@ -39,8 +39,9 @@ CTYPE = {
     torch.uint8: "uint8_t",
     torch.bool: "bool",
 }
-# The C type a buffer of each dtype is stored in.
-STORAGE = {**CTYPE, torch.float16: "_Float16", torch.bfloat16: "uint16_t"}
+# The C type a buffer of each dtype is stored in (bool as bytes: gcc does not vectorize a
+# loop that loads `bool` and stores float)
+STORAGE = {**CTYPE, torch.float16: "_Float16", torch.bfloat16: "uint16_t", torch.bool: "uint8_t"}
 HALF = (torch.float16, torch.bfloat16)
 
 PRELUDE = r"""#include <stdint.h>
@@ -130,10 +131,12 @@ ST_FLOAT_OPS(double, )
 static inline float st_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t st_as_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
+/* exp below -87.3365 (a subnormal result, at most 1.2e-38) is 0, computed from 0: subnormal
+   arithmetic runs a hundred times slower, and a softmax's masked elements would take it */
 #pragma omp declare simd notinbranch
 static inline float st_expf(float x) {
     float xc = x > 88.72283935546875f ? 88.72283935546875f : x;
-    xc = xc < -103.97208404541016f ? -103.97208404541016f : xc;
+    xc = xc < -87.33654022216797f ? 0.0f : xc;
     float n = __builtin_rintf(xc * 1.44269504088896341f);
     float r = xc - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
@@ -147,6 +150,7 @@ static inline float st_expf(float x) {
     int32_t ni = (int32_t)n, n1 = ni >> 1, n2 = ni - n1;
     float y = p * st_as_float((uint32_t)(n1 + 127) << 23) * st_as_float((uint32_t)(n2 + 127) << 23);
     y = x > 88.72283935546875f ? INFINITY : y;
+    y = x < -87.33654022216797f ? 0.0f : y;
     return x != x ? x : y;
 }
 
