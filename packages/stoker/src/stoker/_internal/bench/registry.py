@@ -248,6 +248,28 @@ NO_TARGETS = {"STOKER_TRITON_CHECK_TARGETS": ""}  # no sm_90 cross-compile of ea
 
 register(
     Benchmark(
+        "cpu_step",
+        "stoker-triton",
+        "the CPU backend (C kernels) beside eager and Inductor-CPU: steady step, cold and "
+        "warm compile, at 1 and 2 threads",
+        module="cpu_step",
+        smoke_args=(
+            "--models",
+            "tiny-gpt",
+            "--threads",
+            "1",
+            "--steps",
+            "1",
+            "--rounds",
+            "1",
+            "--smoke",
+            "--backends",
+            "eager,stoker",
+        ),
+    )
+)
+register(
+    Benchmark(
         "shapes",
         "stoker-shapes",
         "guard-check cost: µs per call of a GuardSet over 10 tensors, beside a plain call",
