@@ -11,6 +11,7 @@ each) live in `tools/opinfo_expected.py`.
     python tools/opinfo_sweep.py --ops add,mul,softmax # some ops
     python tools/opinfo_sweep.py --limit 50            # the first 50 ops
     python tools/opinfo_sweep.py --triton              # compile with stoker_triton.compile_graph
+    python tools/opinfo_sweep.py --c                   # the same, to C kernels (the CPU backend)
     python tools/opinfo_sweep.py --triton --dtype bfloat16  # samples in bfloat16 (or float16)
     python tools/opinfo_sweep.py --partition min_cut   # partition with min_cut_partition
     python tools/opinfo_sweep.py --bytes               # saved bytes: min_cut vs torch's min-cut
@@ -125,6 +126,16 @@ def triton_compile(partition: str = "default", check: bool = False) -> Compile:
     except ImportError as e:
         raise SystemExit(f"opinfo_sweep --triton: stoker_triton is not importable ({e})") from e
     return stoker_compile(stoker_triton.compile_graph, partition, check)
+
+
+def c_compile(partition: str = "default", check: bool = False) -> Compile:
+    """stoker-triton's CPU backend: the same pipeline, C kernels (`options={"target": "c"}`)."""
+    from stoker_triton import compile_graph
+
+    def compiler(gm: Any, example_inputs: Any) -> Any:
+        return compile_graph(gm, example_inputs, options={"target": "c"})
+
+    return stoker_compile(compiler, partition, check)
 
 
 def torch_compile() -> Compile:
@@ -466,6 +477,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--triton", action="store_true", help="compile with stoker_triton.compile_graph"
     )
+    ap.add_argument(
+        "--c", action="store_true", help="compile to C kernels (stoker-triton's CPU backend)"
+    )
     ap.add_argument("--backend", choices=["stoker", "torch"], default="stoker")
     ap.add_argument(
         "--partition",
@@ -500,6 +514,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.triton:
         compile_fn = triton_compile(args.partition, args.check)
+    elif args.c:
+        compile_fn = c_compile(args.partition, args.check)
     elif args.backend == "torch":
         compile_fn = torch_compile()
     else:

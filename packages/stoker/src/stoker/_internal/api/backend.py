@@ -599,8 +599,10 @@ def _record_kernels(rec: CompileRecord, report: Any, stage: str) -> None:
         why = reasons.get(op, "no lowering")
         rec.fallbacks.append(f"{op} ×{count}: {why}")
     rec.externs += [f"{stage}: {x}" for x in getattr(report, "extern_calls", None) or []]
+    emitter = "c" if getattr(report, "target", "") == "c" else "triton"
     for name, ms in (getattr(report, "timings_ms", None) or {}).items():
-        rec.time(f"triton {name}", float(ms))
+        # ("c compile": building the C kernels; the C backend's other stages are codegen's)
+        rec.time(name if name.startswith(emitter) else f"{emitter} {name}", float(ms))
     log = logs.logger("kernels")
     log.info("%s: %d kernels, %d fallbacks", _label(rec), len(rec.kernels), len(rec.fallbacks))
     for kr in rec.kernels:

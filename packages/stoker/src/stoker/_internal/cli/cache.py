@@ -24,13 +24,15 @@ KINDS: dict[str, str] = {
     "capture/graphs": "captured graphs: a warm process skips capture and partition",
     "capture/sites": "the last captured graph's key per code site (names what a miss changed)",
     "triton/graphs": "compiled graphs: a warm process loads them instead of compiling",
-    "triton/kernels": "generated Triton kernel modules",
+    "triton/kernels": "generated kernel sources (Triton modules, the C backend's files)",
     "triton/wrappers": "generated wrapper modules",
     "triton/autotune": "max-autotune choices",
     "triton/binaries": "the Triton binary each kernel launched: a warm process loads it directly",
     "triton/compiled": "markers of kernels the compile workers built: a warm process starts none",
     "autograd/graphs": "compiled autograd's retraced backwards: a warm process skips the retrace",
+    "c": "the CPU backend's C kernels: each source (.c) and its shared object (.so)",
 }
+PLAIN = {"c"}  # folders of plain files (not checked entries): counted, never inspected
 
 
 def _versions() -> dict[str, tuple[str, str]]:
@@ -144,7 +146,7 @@ def info(out: TextIO | None = None) -> int:
         files = groups[folder]
         temps = [p for p in files if p.name.endswith(".tmp")]
         entries = [p for p in files if p not in temps]
-        found = [inspect_file(p) for p in entries]
+        found = [inspect_file(p) for p in entries] if folder not in PLAIN else []
         broken = [f for f in found if f[2] is not None]
         want = current.get(folder)
         other = [f for f in found if f[2] is None and want is not None and f[:2] != want]
