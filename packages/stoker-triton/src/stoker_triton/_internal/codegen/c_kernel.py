@@ -151,6 +151,13 @@ class CKernelCodegen:
         self.x_of: Expr = XV
         self.split_inner: Expr | None = None
         self.tile = False  # an outer reduction's tile: row variables are arrays [xi]
+        # Loop-invariant code motion: inside an innermost loop (a pointwise kernel's xi,
+        # a row's r), a value that does not move with its variable (`inner`) is computed
+        # once before the loop, in the enclosing scope (`hoist`: where its lines go, their
+        # indent, that scope), and reused by every later loop over the row
+        self.inner: sympy.Symbol | None = None
+        self.hoist: tuple[int, int, _Scope] | None = None
+        self.moves: dict[str, bool] = {}  # C variable -> whether it moves with `inner`
 
     # -- emission helpers --------------------------------------------------
     def line(self, s: str) -> None:
@@ -160,7 +167,9 @@ class CKernelCodegen:
         self.tmp += 1
         return f"{prefix}{self.tmp}"
 
-    def assign(self, ctype: str, code: str, key: object = None) -> str:
+    def assign(self, ctype: str, code: str, key: object = None, moves: bool = True) -> str:
+        """A local holding `code` (its common subexpression if there is one); one that does
+        not move with the innermost loop's variable is declared before that loop."""
         ckey = ("code", ctype, code)
         hit = self.scope.get(ckey)
         if hit is not None:
@@ -168,11 +177,36 @@ class CKernelCodegen:
                 self.scope.cache[key] = hit
             return hit
         v = self.new_var()
-        self.line(f"{ctype} {v} = {code};")
-        self.scope.cache[ckey] = v
+        scope = self.scope
+        if not moves and self.hoist is not None:
+            at, indent, scope = self.hoist
+            self.lines.insert(at, "    " * indent + f"{ctype} {v} = {code};")
+            self.hoist = (at + 1, indent, scope)
+        else:
+            self.line(f"{ctype} {v} = {code};")
+        self.moves[v] = moves
+        scope.cache[ckey] = v
         if key is not None:
-            self.scope.cache[key] = v
+            scope.cache[key] = v
         return v
+
+    def open_inner(self, var: sympy.Symbol) -> None:
+        """The next lines open the innermost loop over `var`: hoist to here."""
+        self.inner = var
+        self.hoist = (len(self.lines), self.indent, self.scope)
+
+    def close_inner(self) -> None:
+        self.inner, self.hoist = None, None
+
+    def _moves(self, e: Expr) -> bool:
+        """Whether an index expression (as `index` prints it) moves with the inner loop."""
+        if self.inner is None:
+            return True
+        fs = self._loop_form(e).free_symbols
+        return self.inner in fs or any(self.moves.get(str(s), False) for s in fs)
+
+    def _code_moves(self, *codes: str | None) -> bool:
+        return any(c is not None and self.moves.get(c, False) for c in codes)
 
     def push(self) -> None:
         self.scope = _Scope(self.scope)
@@ -189,13 +223,16 @@ class CKernelCodegen:
             self.ptr_args[buf] = f"{kind}_ptr{n}"
         return self.ptr_args[buf]
 
-    def index(self, e: Expr) -> str:
-        """C text of index `e` (in XINDEX, RINDEX and the kernel's symbols)."""
+    def _loop_form(self, e: Expr) -> Expr:
+        """`e` in the loops' variables (xo/xi, or x/r)."""
         e = canonical_index(e)
         if self.split_inner is not None:
-            e = split_index(e, self.split_inner)
-        else:
-            e = e.xreplace({XINDEX: self.x_of, RINDEX: RV})
+            return split_index(e, self.split_inner)
+        return e.xreplace({XINDEX: self.x_of, RINDEX: RV})
+
+    def index(self, e: Expr) -> str:
+        """C text of index `e` (in XINDEX, RINDEX and the kernel's symbols)."""
+        e = self._loop_form(e)
         for s in e.free_symbols:
             if str(s) not in LOOP_NAMES and str(s) not in self.local_names:
                 self.symbols.add(s)
@@ -216,6 +253,7 @@ class CKernelCodegen:
         ct = CTYPE[v.dtype]
         if isinstance(v, IndexValue):
             e = v.expr.xreplace(self._bind(v.indirect, p, mask))
+            moves = self._moves(e)
             if v.dtype.is_floating_point and not _is_int(e):
                 code = c_float(e.xreplace({XINDEX: self.x_of}))
                 for s in e.free_symbols:
@@ -223,27 +261,29 @@ class CKernelCodegen:
                         self.symbols.add(s)
             else:
                 code = self.index(e)
-            return self.assign(ct, cast(f"({code})", torch.int64, v.dtype), key)
+            return self.assign(ct, cast(f"({code})", torch.int64, v.dtype), key, moves)
         if isinstance(v, Load):
             return self.load(v, p, mask, key)
         if isinstance(v, Rand):
             self.uses_seed = True
-            off = self.index(v.offset.xreplace(p.varmap))
+            off_e = v.offset.xreplace(p.varmap)
+            off = self.index(off_e)
             fn = "st_rand" if v.kind == "rand" else "st_randn"
             code = f"{fn}(seed + {v.stream * 1000003}ULL, (uint32_t)({off}))"
-            return self.assign(ct, cast(code, torch.float32, v.dtype), key)
+            return self.assign(ct, cast(code, torch.float32, v.dtype), key, self._moves(off_e))
         assert isinstance(v, Op)
         if v.name == "masked":
             cond = self.value(v.args[0], p, mask)
             inner_mask = cond if mask is None else f"({mask} && {cond})"
             inner = self.value(v.args[1], p, inner_mask)
             other = self.value(v.args[2], p, mask)
-            return self.assign(ct, f"({cond} ? {inner} : {other})", key)
+            code = f"({cond} ? {inner} : {other})"
+            return self.assign(ct, code, key, self._code_moves(cond, inner, other, mask))
         args = [self.value(a, p, mask) for a in v.args]
         code = C_OPS[v.name](args, [a.dtype for a in v.args], v.dtype)
         if v.dtype in HALF and v.name != "to":  # half math rounds as eager stores it
             code = cast(code, torch.float32, v.dtype)
-        return self.assign(ct, code, key)
+        return self.assign(ct, code, key, self._code_moves(*args))
 
     def _bind(
         self, indirect: tuple[tuple[sympy.Symbol, Value], ...], p: Placement, mask: str | None
@@ -251,7 +291,9 @@ class CKernelCodegen:
         subs: dict[sympy.Symbol, Expr] = dict(p.varmap)
         for sym, iv in indirect:
             code = self.value(iv, p, mask)
-            var = self.assign("int64_t", f"(int64_t)({code})", ("ind", code))
+            var = self.assign(
+                "int64_t", f"(int64_t)({code})", ("ind", code), self._code_moves(code)
+            )
             self.local_names.add(var)
             subs[sym] = sympy.Symbol(var, integer=True)
         return subs
@@ -278,7 +320,8 @@ class CKernelCodegen:
         )
         if mask is not None:
             code = f"({mask} ? {code} : ({CTYPE[dt]})0)"
-        return self.assign(CTYPE[v.dtype], cast(code, dt, v.dtype), key)
+        moves = self._moves(e) or self._code_moves(mask)
+        return self.assign(CTYPE[v.dtype], cast(code, dt, v.dtype), key, moves)
 
     def store(self, n: Node, p: Placement, val: str) -> None:
         if n.name in self.sched.internal:
@@ -306,6 +349,8 @@ class CKernelCodegen:
             self.line(f"#pragma omp parallel for if (xnumel >= {self.spec.parallel_min_work})")
             self.line("for (int64_t xo = 0; xo < xnumel / XI; xo++) {")
             self.indent += 1
+            self.push()  # what the xi loop hoists (per xo)
+            self.open_inner(XI)
             self.line("#pragma omp simd")
             self.line("for (int64_t xi = 0; xi < XI; xi++) {")
         elif scatter:
@@ -328,6 +373,8 @@ class CKernelCodegen:
         self.indent -= 1
         self.line("}")
         if self.split_inner is not None:
+            self.close_inner()
+            self.pop()
             self.indent -= 1
             self.line("}")
 
@@ -418,6 +465,7 @@ class CKernelCodegen:
         else:
             clauses = " ".join(c for a in accs.values() for c in a.clauses())
             simd = all(a.vectorizes for a in accs.values())
+            self.open_inner(RV)
             if simd:
                 self.line(f"#pragma omp simd {clauses}".rstrip())
             self.line("for (int64_t r = 0; r < rnumel; r++) {")
@@ -431,6 +479,7 @@ class CKernelCodegen:
                 val = self.value(n.body, p, None)
                 self.store(n, p, val)
         self.pop()
+        self.close_inner()
         self.indent -= 1
         self.line("}")
         if self.tile:
@@ -622,6 +671,7 @@ class _Acc:
             else:
                 m2 = g.new_var("m2")
                 g.line(f"{self.ct} {m2} = 0;")
+                g.open_inner(RV)
                 g.line(f"#pragma omp simd reduction(+:{m2})")
                 g.line("for (int64_t r = 0; r < rnumel; r++) {")
                 g.indent += 1
@@ -630,6 +680,7 @@ class _Acc:
                 g.line(f"const {self.ct} d = {v} - {mean};")
                 g.line(f"{m2} = {m2} + d * d;")
                 g.pop()
+                g.close_inner()
                 g.indent -= 1
                 g.line("}")
                 code = m2
