@@ -281,6 +281,8 @@ class CKernelCodegen:
             return self.assign(ct, code, key, self._code_moves(cond, inner, other, mask))
         args = [self.value(a, p, mask) for a in v.args]
         code = C_OPS[v.name](args, [a.dtype for a in v.args], v.dtype)
+        if v.name == "pow" and isinstance(v.args[1], Const) and v.dtype.is_floating_point:
+            code = _small_power(args[0], float(v.args[1].value), v.dtype) or code
         if v.dtype in HALF and v.name != "to":  # half math rounds as eager stores it
             code = cast(code, torch.float32, v.dtype)
         return self.assign(ct, code, key, self._code_moves(*args))
@@ -526,6 +528,22 @@ class CKernelCodegen:
             has_atomics=self.has_atomics,
             outer=k.is_reduction and kernel_is_outer(k),
         )
+
+
+def _small_power(x: str, e: float, dtype: torch.dtype) -> str | None:
+    """`x ** e` for the exponents eager's CPU pow computes without `pow` (its
+    pow_tensor_scalar kernel: products, a square root, reciprocals), or None."""
+    sqrt = "sqrt" if dtype == torch.float64 else "sqrtf"
+    forms = {
+        1.0: f"({x})",
+        2.0: f"(({x}) * ({x}))",
+        3.0: f"(({x}) * ({x}) * ({x}))",
+        0.5: f"{sqrt}({x})",
+        -0.5: f"(1 / {sqrt}({x}))",
+        -1.0: f"(1 / ({x}))",
+        -2.0: f"(1 / (({x}) * ({x})))",
+    }
+    return forms.get(e)
 
 
 def _inner_extent(size: tuple[Expr, ...]) -> Expr | None:
