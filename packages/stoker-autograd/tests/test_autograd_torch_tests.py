@@ -201,3 +201,30 @@ def test_a_backward_under_a_mode_calls_what_eager_calls(mode: type) -> None:
     assert calls == eager_calls
     assert calls  # the mode saw the backward at all
     torch.testing.assert_close(grad, eager_grad)
+
+
+def test_double_backward_through_a_torch_compiled_forward_raises_eagers_error() -> None:
+    """A ``create_graph`` backward through a forward ``torch.compile`` compiled with an
+    AOT backend leaves torch's double-backward stub in the graph, whose
+    ``_compiled_autograd_key`` cannot be read (its ctx has no ``symints``); the engine
+    asks for it before anything runs.  That backward runs on the eager engine, which
+    raises eager's error (before: an ``AttributeError`` from the engine's cache
+    lookup)."""
+
+    def second_grad(compiled: bool) -> str:
+        torch._dynamo.reset()
+        x = torch.tensor(2.0, requires_grad=True)
+        f = torch.compile(lambda t: t**3, backend="aot_eager")
+        ctx = stoker_autograd.enable() if compiled else torch.enable_grad()
+        with ctx:
+            (first,) = torch.autograd.grad(f(x), x, create_graph=True)
+            torch.testing.assert_close(first, torch.tensor(12.0))  # 3 x^2
+            with pytest.raises(RuntimeError) as error:
+                torch.autograd.grad(first, x, create_graph=True)
+        return str(error.value)
+
+    eager = second_grad(False)
+    assert "does not currently support double backward" in eager
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        assert second_grad(True) == eager
