@@ -39,7 +39,9 @@ TEST_DEPS = [
     "hypothesis>=6.100",
     "numpy",
     "expecttest",
-]  # expecttest: torch.testing._internal (OpInfo)
+    "ninja",
+]  # expecttest: torch.testing._internal (OpInfo); ninja: torch.utils.cpp_extension builds
+# the C++ autograd::Function of stoker-autograd's test_autograd_torch_tests.py with it
 # transformers: the zoo's tiny HF GPT-2/BERT/Llama (pure Python, no torch); tlparse (a
 # binary wheel): reads a TORCH_TRACE of a stoker compile in test_e2e_report_cli.py;
 # accelerate: what transformers' Trainer runs on (test_hf_trainer.py)

@@ -239,3 +239,28 @@ def test_symbolic_sizes_are_stored_as_expressions_and_read_back() -> None:
         text = graphstore._size_json(v)
         assert isinstance(text, str) and reader.size(text) == v.node.expr, text
     assert graphstore._size_json(fake.shape[1]) == 4
+
+
+def test_a_cpp_autograd_function_is_not_stored() -> None:
+    """The engine names a C++ ``autograd::Function``'s node ``CppNode<class><n>``, ``n``
+    counting the classes of that name in the order this process met them: in another
+    process the same name may be another extension's Function (PyTorch's own tests
+    define a dozen ``CustomOpAutogradFunction`` structs), so a stored backward keyed by
+    it could load another Function's traced backward.  A built-in node's name is its
+    type's and stays a key."""
+    from stoker_autograd._internal import ops
+
+    def functional(grads: list[Any], *saved: Any) -> list[Any]:
+        return list(grads)
+
+    def graph_calling(target: Any) -> torch.fx.GraphModule:
+        g = torch.fx.Graph()
+        x = g.placeholder("inputs")
+        g.output([g.call_function(target, ([x],))])
+        return torch.fx.GraphModule(nn.Module(), g)
+
+    cpp = ops.REGISTRY.get(ops.REGISTRY.bind("StokerTestFn", functional, True, True))
+    with pytest.raises(graphstore.Uncacheable, match="C\\+\\+ autograd::Function"):
+        graphstore.graph_text(graph_calling(cpp), {})
+    builtin = ops.REGISTRY.get(ops.REGISTRY.bind("StokerTestBackward0", functional, False, True))
+    assert "bound:StokerTestBackward0" in graphstore.graph_text(graph_calling(builtin), {})

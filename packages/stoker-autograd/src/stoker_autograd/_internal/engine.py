@@ -41,6 +41,7 @@ import contextlib
 import logging
 import sys
 import threading
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -367,7 +368,11 @@ def _route(real: Any, t_outputs: Sequence[Any], args: Any, kwargs: Any) -> Any:
         _eager_under_dispatch_mode()
         return real.run_backward(t_outputs, *args, **kwargs)
     assert entry.session is not None
-    return _run_compiled(real, entry, t_outputs, args, kwargs)
+    try:
+        return _run_compiled(real, entry, t_outputs, args, kwargs)
+    except _Unkeyable as e:
+        _note_unkeyable(e)
+        return _run_eager(real, t_outputs, args, kwargs)
 
 
 def _in_functorch_transform() -> bool:
@@ -528,6 +533,10 @@ def _run_registered(
     RELEASE_NODES[0] = not keep
     try:
         out = real.run_backward(t_outputs, *args, **kwargs)
+    except Exception as e:
+        if _RUNS[0] == runs and STATS.captures == captures and _raised_by_a_key(e):
+            raise _Unkeyable(e) from e  # nothing ran yet: the eager engine runs it
+        raise
     finally:
         RELEASE_NODES[0] = False
         st.routed = None
@@ -537,6 +546,37 @@ def _run_registered(
     if STATS.captures != captures or STATS.compiles != compiles:
         _mirror(STATS.captures - captures, STATS.compiles - compiles)
     return out
+
+
+class _Unkeyable(Exception):
+    """The engine could not key a node of the graph (its ``_compiled_autograd_key``
+    raised) before anything ran; ``__cause__`` is what it raised."""
+
+
+_NOTED_UNKEYABLE: set[str] = set()
+
+
+def _raised_by_a_key(e: BaseException) -> bool:
+    """True when ``e`` came out of a Function's ``_compiled_autograd_key``: the engine
+    reads those while it looks the graph up in its cache, before any node runs.  torch's
+    double-backward stub (``CompiledFunctionBackward``, left in the graph by a
+    ``create_graph`` backward through a torch.compile'd forward) reuses its forward's
+    key, which reads a ``ctx.symints`` the stub's ctx does not have."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_name == "_compiled_autograd_key"
+
+
+def _note_unkeyable(e: _Unkeyable) -> None:
+    cause = f"{type(e.__cause__).__name__}: {e.__cause__}"
+    if cause not in _NOTED_UNKEYABLE:
+        _NOTED_UNKEYABLE.add(cause)
+        warnings.warn(
+            "stoker-autograd: a backward runs on the eager engine: the compiled-autograd "
+            f"engine could not key one of its autograd nodes ({cause})",
+            stacklevel=2,
+        )
 
 
 def _mirror(captures: int, compiles: int) -> None:

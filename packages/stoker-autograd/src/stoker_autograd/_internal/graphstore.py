@@ -147,6 +147,14 @@ def _version() -> str:
 
 def _target_text(t: Any) -> str:
     if isinstance(t, ops.BoundBackward):
+        if t.is_custom_function:
+            # CppNode<name><n>: the C++ class name, numbered in the order this process
+            # bound them; another process may give it to another extension's Function
+            # of the same name, whose traced backward would then be loaded
+            raise Uncacheable(
+                f"{t.__name__} is a C++ autograd::Function, whose name does not identify "
+                "its code in another process"
+            )
         return f"bound:{t.__name__}"
     if isinstance(t, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
         return f"op:{t}"

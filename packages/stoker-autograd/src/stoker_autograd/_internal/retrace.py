@@ -45,6 +45,26 @@ from .graph import PLACEHOLDERS, Position, check_sizes, contiguous_strides, grap
 LISTS = PLACEHOLDERS  # inputs, sizes, scalars, hooks, packed_data
 
 
+# torch's ScalarType numbers (how the engine packs a dtype in tensor metadata) -> dtype
+_DTYPES: dict[int, torch.dtype] = {
+    int(torch.ops.prim.dtype(torch.empty(0, dtype=d))): d
+    for d in (
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+        torch.bool,
+        torch.bfloat16,
+    )
+}
+
+
 class RetraceError(RuntimeError):
     """The captured graph could not be retraced; names the autograd node."""
 
@@ -199,7 +219,65 @@ class _Replayer:
                     fake = torch.empty(sizes[j] or [], dtype=dtype, device=device)
                     results.append(self._check(out[j], fake, what))
                 return results
+            if isinstance(target, ops.BoundBackward):  # a C++ Function, not traceable
+                return self.untraceable(node, out)
         raise RetraceError(f"opaque call {target} cannot be retraced")
+
+    def untraceable(self, node: fx.Node, out: Any) -> list[Any]:
+        """The outputs of a C++ ``autograd::Function`` whose backward may not be traced
+        (``is_traceable = false``, the default): kept as a call, as a custom Python
+        backward is.  Its outputs get the sizes, dtype and device of the engine's
+        ``validate_outputs`` check that follows (the engine passes this node no
+        symbolic sizes of its own), and a size check after the call."""
+        metas: dict[int, Any] = {}
+        count = 0
+        for g in node.users:
+            if g.target is not operator.getitem or not isinstance(g.args[1], int):
+                raise RetraceError(f"{node.target} is read whole, not item by item")
+            k = g.args[1]
+            count = max(count, k + 1)
+            for v in g.users:
+                if getattr(v.target, "__name__", "") != "validate_outputs":
+                    continue
+                outs, checks = v.args[0], v.args[1]
+                if not isinstance(outs, list | tuple) or not isinstance(checks, list | tuple):
+                    continue
+                for o, m in zip(outs, checks, strict=False):
+                    if o is g:
+                        metas[k] = m
+        what = f"{node.target}"
+        results: list[Any] = []
+        for k in range(count):
+            m = metas.get(k)
+            if m is None:
+                if any(g.args[1] == k for g in node.users):
+                    raise RetraceError(
+                        f"output {k} of {what} is used without a validate_outputs check"
+                    )
+                results.append(None)
+                continue
+            options, size = m[0], m[1]
+            device, dtype = options[2], _DTYPES.get(options[3])
+            if dtype is None or not isinstance(device, torch.device):
+                raise RetraceError(f"output {k} of {what}: unknown tensor options {options}")
+            fake = torch.empty([self.size_arg(s) for s in size], dtype=dtype, device=device)
+            results.append(self._check(out[k], fake, what))
+        return results
+
+    def size_arg(self, s: Any) -> Any:
+        """An integer argument of the captured graph: a constant, or a lifted size
+        (``sizes[i]``) read as this retrace's value for it."""
+        if isinstance(s, int):
+            return s
+        if (
+            isinstance(s, fx.Node)
+            and s.target is operator.getitem
+            and isinstance(s.args[0], fx.Node)
+            and s.args[0].op == "placeholder"
+            and isinstance(s.args[1], int)
+        ):
+            return self.item(LISTS.index(str(s.args[0].target)), s.args[1])
+        raise RetraceError(f"size argument {s} is neither a constant nor a lifted size")
 
     def unpack_fake(self, name: str, meta: Any) -> torch.Tensor:
         """What an unpack hook returns: its recorded sizes, symbolic where they were seen
