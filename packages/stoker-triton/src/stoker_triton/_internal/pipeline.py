@@ -213,14 +213,18 @@ region_stats: dict[str, int] = {"graphs": 0, "reused nodes": 0, "mismatches": 0}
 
 
 def choose_target(requested: Any, inputs: Sequence[Any]) -> str:
-    """Which emitter compiles the graph: ``"triton"`` (CUDA inputs, or CPU inputs under
-    Triton's interpreter, `TRITON_INTERPRET=1`) or ``"c"`` (CPU inputs otherwise);
-    `options={"target": ...}` chooses."""
-    if requested is not None:
-        if requested not in ("c", "triton"):
-            raise TypeError(f"compile_graph: target={requested!r}; use 'c' or 'triton'")
-        return str(requested)
-    return "c" if _device(inputs).type == "cpu" and not interpreting() else "triton"
+    """Which emitter compiles the graph: `options={"target": "c"}` C kernels for CPU
+    inputs (what stoker's CPU backend asks for), else Triton (a GPU, Triton's
+    interpreter, or a stand-in driver that tests Triton's launch path on the CPU)."""
+    if requested is None:
+        return "triton"
+    if requested not in ("c", "triton"):
+        raise TypeError(f"compile_graph: target={requested!r}; use 'c' or 'triton'")
+    if requested == "c" and any(
+        isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in inputs
+    ):
+        raise TypeError("compile_graph: target='c' compiles C kernels for CPU tensors only")
+    return str(requested)
 
 
 def _graph_name(gm: torch.fx.GraphModule) -> str:
