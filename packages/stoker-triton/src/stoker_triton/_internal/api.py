@@ -28,7 +28,9 @@ def compile_graph(
     reduction kept whole in one block; above it kernels loop over the row),
     `max_autotune` (on a GPU, time several block/warp configurations per
     kernel and size and keep the fastest, remembered on disk; default: one
-    configuration chosen by heuristics, each kernel compiled once).
+    configuration chosen by heuristics, each kernel compiled once), `target`
+    (``"triton"``, the default, or ``"c"``: C kernels for CPU inputs, built by the
+    system's C compiler).
     """
     from .pipeline import compile_graph_impl
 
