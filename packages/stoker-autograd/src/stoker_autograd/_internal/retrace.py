@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import math
 import operator
 from collections.abc import Iterator, Mapping, Sequence
@@ -771,6 +772,77 @@ def _view_relating_sizes(x: Any, size: Any) -> Any:
     return NotImplemented
 
 
+_VIEWS = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default})
+
+
+def _expr(v: Any) -> Any:
+    """A size's expression (replacements applied), or the int itself."""
+    return v.node.expr if isinstance(v, torch.SymInt) else v
+
+
+def _known_view(op: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``x.view(size)`` built straight as an ``as_strided`` of ``x`` where its strides
+    follow from the sizes' expressions alone, without asking the shape env anything.
+    Else None: the op's own meta kernel, torch's generic reshape, which decides every
+    split and merge through sympy (a few milliseconds per view, most of a symbolic
+    retrace's view cost).  Only when a size is symbolic: static views are cheap.
+
+    The dims are matched group by group as `_relate_view_sizes` relates them (by
+    the sizes' hints); a group must have equal products as expressions (after its
+    replacements), and the input dims it merges must be laid out one inside the
+    next (``stride[i] == stride[i+1] * size[i+1]``), as a view needs.  Then an
+    output dim's stride is the next inner one's times its size, from the group's
+    innermost input stride.  ``-1`` and zero sizes are left to the kernel."""
+    if op not in _VIEWS or kwargs or len(args) != 2:
+        return None
+    x, size = args
+    if not isinstance(x, torch.Tensor) or not isinstance(size, list | tuple):
+        return None
+    shape, strides = list(x.shape), list(x.stride())
+    if all(isinstance(d, int) for d in (*shape, *strides, *size)):
+        return None
+    src = [i for i, d in enumerate(shape) if not (isinstance(d, int) and d == 1)]
+    dst = [j for j, d in enumerate(size) if not (isinstance(d, int) and d == 1)]
+    hs, hd = [_hint(shape[i]) for i in src], [_hint(size[j]) for j in dst]
+    if any(h is None or h < 2 for h in (*hs, *hd)):
+        return None  # -1, 0, a symbolic size with hint 1: the kernel decides
+    out: list[Any] = [None] * len(size)
+    i = j = 0
+    while i < len(src) or j < len(dst):
+        if i == len(src) or j == len(dst):
+            return None  # numels differ: the kernel raises
+        a, b = [src[i]], [dst[j]]
+        pa, pb = hs[i], hd[j]
+        i, j = i + 1, j + 1
+        while pa != pb:  # type: ignore[operator]
+            if pa < pb and i < len(src):  # type: ignore[operator]
+                a.append(src[i])
+                pa *= hs[i]  # type: ignore[operator]
+                i += 1
+            elif pb < pa and j < len(dst):  # type: ignore[operator]
+                b.append(dst[j])
+                pb *= hd[j]  # type: ignore[operator]
+                j += 1
+            else:
+                return None
+        if sympy.Mul(*(_expr(shape[k]) for k in a)) != sympy.Mul(*(_expr(size[k]) for k in b)):
+            return None  # equal only at the hints: a guard the kernel adds
+        for k, k2 in itertools.pairwise(a):
+            if _expr(strides[k]) != _expr(strides[k2]) * _expr(shape[k2]):
+                return None  # not one block of memory: no view (the kernel says so)
+        st = strides[a[-1]]
+        for k in reversed(b):
+            out[k] = st
+            st = st * size[k]
+    inner: Any = 1
+    for k in reversed(range(len(size))):  # size-1 dims: as a contiguous layout has them
+        if out[k] is None:
+            out[k] = inner
+        else:
+            inner = out[k] * size[k]
+    return x.as_strided(size, out, x.storage_offset())
+
+
 @functools.cache
 def _replay_table() -> dict[Any, Any]:
     """The decompositions of the replay: `symbolic_decomps.retrace_table` (stoker-capture
@@ -843,6 +915,8 @@ def _record(
     with disable_proxy_modes_tracing():
         out_proxy = tracer.create_proxy("call_function", op, pargs, pkwargs, name=name)
         with proxy_tensor._enable_thunkify(tracer):
-            out = op(*args, **kwargs)
+            out = _known_view(op, args, kwargs)
+            if out is None:
+                out = op(*args, **kwargs)
         track_tensor_tree(out, out_proxy, constant=None, tracer=tracer)
     return out
