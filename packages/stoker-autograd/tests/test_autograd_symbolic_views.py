@@ -3,7 +3,8 @@
 split and merge through sympy.  The result must be the view torch's kernel makes
 (same sizes and strides, as expressions), where it applies; where it does not
 (``-1``, a merge of dims that are not one block, numels equal only at the hints) it
-must leave the view to the kernel.  End to end: a dynamic backward full of views
+must leave the view to the kernel.  Likewise ``native_layer_norm``'s results
+(``retrace._known_layer_norm``: a checkpointed block recomputes it in the backward).  End to end: a dynamic backward full of views
 retraces without the generic reshape and its gradients equal eager's."""
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def test_a_known_view_is_the_view_torch_makes(case: int) -> None:
             base = _fake(ctx, (*shape[:-1], shape[-1] * (3 if sliced else 1)), dims)
             x = base[..., : shape[-1]] if sliced else base
             size = size_of(*x.shape)
-            ours = retrace._known_view(aten.view.default, (x, size), {})
+            ours = retrace._known_view((x, size), {})
             try:
                 theirs = aten.view.default(x, size)
             except Exception:  # not a view: ours must not make one either
@@ -74,13 +75,31 @@ def test_views_the_sizes_do_not_settle_are_left_to_the_kernel() -> None:
     with ctx.tracing():
         x = _fake(ctx, (4, 6, 8), [Dim("b"), Dim("t"), None])
         b, t, c = x.shape
-        assert retrace._known_view(aten.view.default, (x, [-1, c]), {}) is None
+        assert retrace._known_view((x, [-1, c]), {}) is None
         xt = x.transpose(0, 1)  # (t, b, c): b and t are not one block
-        assert retrace._known_view(aten.view.default, (xt, [t * b, c]), {}) is None
+        assert retrace._known_view((xt, [t * b, c]), {}) is None
         y = _fake(ctx, (24, 8), [Dim("r"), None], arg=1)  # r == b*t only at the hints
-        assert retrace._known_view(aten.view.default, (y, [b, t, c]), {}) is None
+        assert retrace._known_view((y, [b, t, c]), {}) is None
         z = _fake(ctx, (4, 8), [None, None], arg=2)  # static: the kernel is cheap there
-        assert retrace._known_view(aten.view.default, (z, [32]), {}) is None
+        assert retrace._known_view((z, [32]), {}) is None
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_a_known_layer_norm_is_what_the_kernel_makes(affine: bool) -> None:
+    ctx = ShapeContext(policy="auto")
+    with ctx.tracing():
+        x = _fake(ctx, (4, 6, 8), [Dim("b"), Dim("t"), None])
+        w = _fake(ctx, (8,), [None], arg=1) if affine else None
+        args = (x, [8], w, w, 1e-5)
+        ours = retrace._known_layer_norm(args, {})
+        theirs = aten.native_layer_norm.default(*args)
+        assert ours is not None
+        for o, t in zip(ours, theirs, strict=True):
+            assert _exprs(o.shape) == _exprs(t.shape)
+            assert _exprs(o.stride()) == _exprs(t.stride())
+            assert o.dtype == t.dtype
+        # normalized sizes that are not the input's last sizes: the kernel's to refuse
+        assert retrace._known_layer_norm((x, [6, 8], None, None, 1e-5), {}) is None
 
 
 class Heads(nn.Module):

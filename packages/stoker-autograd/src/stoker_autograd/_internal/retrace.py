@@ -772,15 +772,12 @@ def _view_relating_sizes(x: Any, size: Any) -> Any:
     return NotImplemented
 
 
-_VIEWS = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default})
-
-
 def _expr(v: Any) -> Any:
     """A size's expression (replacements applied), or the int itself."""
     return v.node.expr if isinstance(v, torch.SymInt) else v
 
 
-def _known_view(op: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+def _known_view(args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
     """``x.view(size)`` built straight as an ``as_strided`` of ``x`` where its strides
     follow from the sizes' expressions alone, without asking the shape env anything.
     Else None: the op's own meta kernel, torch's generic reshape, which decides every
@@ -793,7 +790,7 @@ def _known_view(op: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | No
     next (``stride[i] == stride[i+1] * size[i+1]``), as a view needs.  Then an
     output dim's stride is the next inner one's times its size, from the group's
     innermost input stride.  ``-1`` and zero sizes are left to the kernel."""
-    if op not in _VIEWS or kwargs or len(args) != 2:
+    if kwargs or len(args) != 2:
         return None
     x, size = args
     if not isinstance(x, torch.Tensor) or not isinstance(size, list | tuple):
@@ -841,6 +838,51 @@ def _known_view(op: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | No
         else:
             inner = out[k] * size[k]
     return x.as_strided(size, out, x.storage_offset())
+
+
+def _known_layer_norm(args: Any, kwargs: dict[str, Any]) -> tuple[torch.Tensor, ...] | None:
+    """``aten.native_layer_norm``'s results made as its fake kernel makes them (``out``
+    contiguous in the input's dtype; ``mean`` and ``rstd`` contiguous, of the leading
+    sizes then ones), without running the kernel: torch's is the Python reference,
+    a dozen ops whose broadcasts and reductions each ask sympy about the sizes, about
+    25 ms a call over symbolic sizes (a checkpointed block recomputes two per
+    backward).  Only where the normalized sizes are the input's last sizes as
+    expressions (the kernel's only check that could add a guard), a floating input,
+    a symbolic size; else None (the kernel)."""
+    if kwargs or len(args) != 5:
+        return None
+    x, normalized, weight, bias, _eps = args
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+        return None
+    n = len(normalized)
+    shape = list(x.shape)
+    if n < 1 or n > len(shape) or all(isinstance(d, int) for d in shape):
+        return None
+    tail = [_expr(d) for d in shape[len(shape) - n :]]
+    if tail != [_expr(d) for d in normalized]:
+        return None
+    for p in (weight, bias):
+        if p is not None and (
+            not isinstance(p, torch.Tensor) or [_expr(d) for d in p.shape] != tail
+        ):
+            return None
+    if x.device.type in ("cpu", "mtia") or x.dtype in (torch.float32, torch.float64):
+        stat_dtype = x.dtype
+    else:
+        stat_dtype = torch.float32  # the reference's opmath for half types
+    stats = [*shape[: len(shape) - n], *([1] * n)]
+    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    mean = torch.empty(stats, dtype=stat_dtype, device=x.device)
+    rstd = torch.empty(stats, dtype=stat_dtype, device=x.device)
+    return out, mean, rstd
+
+
+_KNOWN: dict[Any, Any] = {
+    torch.ops.aten.view.default: _known_view,
+    torch.ops.aten._unsafe_view.default: _known_view,
+    torch.ops.aten.native_layer_norm.default: _known_layer_norm,
+}
+"""Ops whose fake result the retrace builds itself over symbolic sizes (`_record`)."""
 
 
 @functools.cache
@@ -915,7 +957,8 @@ def _record(
     with disable_proxy_modes_tracing():
         out_proxy = tracer.create_proxy("call_function", op, pargs, pkwargs, name=name)
         with proxy_tensor._enable_thunkify(tracer):
-            out = _known_view(op, args, kwargs)
+            known = _KNOWN.get(op)
+            out = None if known is None else known(args, kwargs)
             if out is None:
                 out = op(*args, **kwargs)
         track_tensor_tree(out, out_proxy, constant=None, tracer=tracer)
