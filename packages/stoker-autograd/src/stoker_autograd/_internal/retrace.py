@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import math
 import operator
 from collections.abc import Iterator, Mapping, Sequence
@@ -771,6 +772,119 @@ def _view_relating_sizes(x: Any, size: Any) -> Any:
     return NotImplemented
 
 
+def _expr(v: Any) -> Any:
+    """A size's expression (replacements applied), or the int itself."""
+    return v.node.expr if isinstance(v, torch.SymInt) else v
+
+
+def _known_view(args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``x.view(size)`` built straight as an ``as_strided`` of ``x`` where its strides
+    follow from the sizes' expressions alone, without asking the shape env anything.
+    Else None: the op's own meta kernel, torch's generic reshape, which decides every
+    split and merge through sympy (a few milliseconds per view, most of a symbolic
+    retrace's view cost).  Only when a size is symbolic: static views are cheap.
+
+    The dims are matched group by group as `_relate_view_sizes` relates them (by
+    the sizes' hints); a group must have equal products as expressions (after its
+    replacements), and the input dims it merges must be laid out one inside the
+    next (``stride[i] == stride[i+1] * size[i+1]``), as a view needs.  Then an
+    output dim's stride is the next inner one's times its size, from the group's
+    innermost input stride.  ``-1`` and zero sizes are left to the kernel."""
+    if kwargs or len(args) != 2:
+        return None
+    x, size = args
+    if not isinstance(x, torch.Tensor) or not isinstance(size, list | tuple):
+        return None
+    shape, strides = list(x.shape), list(x.stride())
+    if all(isinstance(d, int) for d in (*shape, *strides, *size)):
+        return None
+    src = [i for i, d in enumerate(shape) if not (isinstance(d, int) and d == 1)]
+    dst = [j for j, d in enumerate(size) if not (isinstance(d, int) and d == 1)]
+    hs, hd = [_hint(shape[i]) for i in src], [_hint(size[j]) for j in dst]
+    if any(h is None or h < 2 for h in (*hs, *hd)):
+        return None  # -1, 0, a symbolic size with hint 1: the kernel decides
+    out: list[Any] = [None] * len(size)
+    i = j = 0
+    while i < len(src) or j < len(dst):
+        if i == len(src) or j == len(dst):
+            return None  # numels differ: the kernel raises
+        a, b = [src[i]], [dst[j]]
+        pa, pb = hs[i], hd[j]
+        i, j = i + 1, j + 1
+        while pa != pb:  # type: ignore[operator]
+            if pa < pb and i < len(src):  # type: ignore[operator]
+                a.append(src[i])
+                pa *= hs[i]  # type: ignore[operator]
+                i += 1
+            elif pb < pa and j < len(dst):  # type: ignore[operator]
+                b.append(dst[j])
+                pb *= hd[j]  # type: ignore[operator]
+                j += 1
+            else:
+                return None
+        if sympy.Mul(*(_expr(shape[k]) for k in a)) != sympy.Mul(*(_expr(size[k]) for k in b)):
+            return None  # equal only at the hints: a guard the kernel adds
+        for k, k2 in itertools.pairwise(a):
+            if _expr(strides[k]) != _expr(strides[k2]) * _expr(shape[k2]):
+                return None  # not one block of memory: no view (the kernel says so)
+        st = strides[a[-1]]
+        for k in reversed(b):
+            out[k] = st
+            st = st * size[k]
+    inner: Any = 1
+    for k in reversed(range(len(size))):  # size-1 dims: as a contiguous layout has them
+        if out[k] is None:
+            out[k] = inner
+        else:
+            inner = out[k] * size[k]
+    return x.as_strided(size, out, x.storage_offset())
+
+
+def _known_layer_norm(args: Any, kwargs: dict[str, Any]) -> tuple[torch.Tensor, ...] | None:
+    """``aten.native_layer_norm``'s results made as its fake kernel makes them (``out``
+    contiguous in the input's dtype; ``mean`` and ``rstd`` contiguous, of the leading
+    sizes then ones), without running the kernel: torch's is the Python reference,
+    a dozen ops whose broadcasts and reductions each ask sympy about the sizes, about
+    25 ms a call over symbolic sizes (a checkpointed block recomputes two per
+    backward).  Only where the normalized sizes are the input's last sizes as
+    expressions (the kernel's only check that could add a guard), a floating input,
+    a symbolic size; else None (the kernel)."""
+    if kwargs or len(args) != 5:
+        return None
+    x, normalized, weight, bias, _eps = args
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+        return None
+    n = len(normalized)
+    shape = list(x.shape)
+    if n < 1 or n > len(shape) or all(isinstance(d, int) for d in shape):
+        return None
+    tail = [_expr(d) for d in shape[len(shape) - n :]]
+    if tail != [_expr(d) for d in normalized]:
+        return None
+    for p in (weight, bias):
+        if p is not None and (
+            not isinstance(p, torch.Tensor) or [_expr(d) for d in p.shape] != tail
+        ):
+            return None
+    if x.device.type in ("cpu", "mtia") or x.dtype in (torch.float32, torch.float64):
+        stat_dtype = x.dtype
+    else:
+        stat_dtype = torch.float32  # the reference's opmath for half types
+    stats = [*shape[: len(shape) - n], *([1] * n)]
+    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    mean = torch.empty(stats, dtype=stat_dtype, device=x.device)
+    rstd = torch.empty(stats, dtype=stat_dtype, device=x.device)
+    return out, mean, rstd
+
+
+_KNOWN: dict[Any, Any] = {
+    torch.ops.aten.view.default: _known_view,
+    torch.ops.aten._unsafe_view.default: _known_view,
+    torch.ops.aten.native_layer_norm.default: _known_layer_norm,
+}
+"""Ops whose fake result the retrace builds itself over symbolic sizes (`_record`)."""
+
+
 @functools.cache
 def _replay_table() -> dict[Any, Any]:
     """The decompositions of the replay: `symbolic_decomps.retrace_table` (stoker-capture
@@ -843,6 +957,9 @@ def _record(
     with disable_proxy_modes_tracing():
         out_proxy = tracer.create_proxy("call_function", op, pargs, pkwargs, name=name)
         with proxy_tensor._enable_thunkify(tracer):
-            out = op(*args, **kwargs)
+            known = _KNOWN.get(op)
+            out = None if known is None else known(args, kwargs)
+            if out is None:
+                out = op(*args, **kwargs)
         track_tensor_tree(out, out_proxy, constant=None, tracer=tracer)
     return out

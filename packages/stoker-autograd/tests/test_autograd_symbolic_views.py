@@ -1,0 +1,166 @@
+"""Views over symbolic sizes in the retrace: built from the sizes' expressions
+(``retrace._known_view``) instead of torch's generic reshape, which decides every
+split and merge through sympy.  The result must be the view torch's kernel makes
+(same sizes and strides, as expressions), where it applies; where it does not
+(``-1``, a merge of dims that are not one block, numels equal only at the hints) it
+must leave the view to the kernel.  Likewise ``native_layer_norm``'s results
+(``retrace._known_layer_norm``: a checkpointed block recomputes it in the backward).  End to end: a dynamic backward full of views
+retraces without the generic reshape and its gradients equal eager's."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+
+import stoker_autograd
+from stoker_autograd._internal import retrace, runtime
+from stoker_shapes import Dim, ShapeContext, Source
+
+stoker_capture = pytest.importorskip("stoker_capture")
+aten = torch.ops.aten
+
+
+def _fake(ctx: ShapeContext, shape: tuple[int, ...], dims: list[Any], arg: int = 0) -> Any:
+    """A fake of ``shape`` with symbolic sizes where ``dims`` name a `Dim`; made outside
+    the fake mode (a real tensor to fakeify)."""
+    with ctx.fake_mode, torch._subclasses.fake_tensor.unset_fake_temporarily():
+        real = torch.empty(shape)
+    return ctx.fakeify(real, Source.arg(arg), dynamic=dims)
+
+
+def _exprs(v: Any) -> list[Any]:
+    return [retrace._expr(d) for d in v]
+
+
+# (input shape, its dims' Dim names (None: static), view size from the input's sizes)
+CASES = [
+    ((4, 6, 8), ["b", "t", None], lambda b, t, c: [b * t, c]),  # merge
+    ((24, 8), ["r", None], lambda r, c: [r, 2, 4]),  # split the static dim
+    ((4, 6, 8), ["b", "t", None], lambda b, t, c: [b, t, 2, 4]),  # heads
+    ((4, 6, 8), ["b", "t", None], lambda b, t, c: [1, b, t, 1, c, 1]),  # size-1 dims
+    ((4, 6, 8), ["b", None, None], lambda b, t, c: [b, t * c]),
+    ((4, 6, 8), ["b", "t", None], lambda b, t, c: [b * t * c]),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_a_known_view_is_the_view_torch_makes(case: int) -> None:
+    shape, names, size_of = CASES[case]
+    for sliced in (False, True):  # contiguous, and a slice of a wider last dim (qkv.split)
+        ctx = ShapeContext(policy="auto")
+        dims = [Dim(n) if n else None for n in names]
+        with ctx.tracing():
+            base = _fake(ctx, (*shape[:-1], shape[-1] * (3 if sliced else 1)), dims)
+            x = base[..., : shape[-1]] if sliced else base
+            size = size_of(*x.shape)
+            ours = retrace._known_view((x, size), {})
+            try:
+                theirs = aten.view.default(x, size)
+            except Exception:  # not a view: ours must not make one either
+                assert ours is None, (shape, size, sliced)
+                continue
+        assert ours is not None, (shape, size, sliced)
+        assert _exprs(ours.shape) == _exprs(theirs.shape)
+        assert _exprs(ours.stride()) == _exprs(theirs.stride()), (shape, size, sliced)
+        assert retrace._expr(ours.storage_offset()) == retrace._expr(theirs.storage_offset())
+        assert ours._base is not None  # a view of the input, as the kernel's
+
+
+def test_views_the_sizes_do_not_settle_are_left_to_the_kernel() -> None:
+    ctx = ShapeContext(policy="auto")
+    with ctx.tracing():
+        x = _fake(ctx, (4, 6, 8), [Dim("b"), Dim("t"), None])
+        b, t, c = x.shape
+        assert retrace._known_view((x, [-1, c]), {}) is None
+        xt = x.transpose(0, 1)  # (t, b, c): b and t are not one block
+        assert retrace._known_view((xt, [t * b, c]), {}) is None
+        y = _fake(ctx, (24, 8), [Dim("r"), None], arg=1)  # r == b*t only at the hints
+        assert retrace._known_view((y, [b, t, c]), {}) is None
+        z = _fake(ctx, (4, 8), [None, None], arg=2)  # static: the kernel is cheap there
+        assert retrace._known_view((z, [32]), {}) is None
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_a_known_layer_norm_is_what_the_kernel_makes(affine: bool) -> None:
+    ctx = ShapeContext(policy="auto")
+    with ctx.tracing():
+        x = _fake(ctx, (4, 6, 8), [Dim("b"), Dim("t"), None])
+        w = _fake(ctx, (8,), [None], arg=1) if affine else None
+        args = (x, [8], w, w, 1e-5)
+        ours = retrace._known_layer_norm(args, {})
+        theirs = aten.native_layer_norm.default(*args)
+        assert ours is not None
+        for o, t in zip(ours, theirs, strict=True):
+            assert _exprs(o.shape) == _exprs(t.shape)
+            assert _exprs(o.stride()) == _exprs(t.stride())
+            assert o.dtype == t.dtype
+        # normalized sizes that are not the input's last sizes: the kernel's to refuse
+        assert retrace._known_layer_norm((x, [6, 8], None, None, 1e-5), {}) is None
+
+
+class Heads(nn.Module):
+    """qkv split into heads by views of ``(B, T, C)`` slices, merged back by a view."""
+
+    def __init__(self, c: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(c, 3 * c)
+        self.proj = nn.Linear(c, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads) for z in self.qkv(x).split(c, -1))
+        a = (q * k).softmax(-1) * v
+        return self.proj(a.contiguous().view(b, t, c)).view(b * t, c)  # type: ignore[no-any-return]
+
+
+def test_a_symbolic_backward_of_views_skips_the_generic_reshape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Counts torch's generic reshape on symbolic inputs during the retrace: none left
+    (before `_known_view`, every view of the backward went through it), and the
+    gradients equal eager's at each size."""
+    generic, replay = torch._refs._reshape_view_helper, runtime.retrace  # type: ignore[attr-defined]
+    symbolic_calls: list[Any] = []
+    retracing: list[bool] = []
+
+    def counting(a: Any, *shape: Any, **kw: Any) -> Any:
+        if retracing and any(isinstance(d, torch.SymInt) for d in (*a.shape, *a.stride())):
+            symbolic_calls.append((a.shape, shape))
+        return generic(a, *shape, **kw)
+
+    calls: list[bool] = []
+
+    def in_retrace(*args: Any, **kwargs: Any) -> Any:
+        calls.append(True)
+        retracing.append(True)
+        try:
+            return replay(*args, **kwargs)
+        finally:
+            retracing.pop()
+
+    monkeypatch.setattr(torch._refs, "_reshape_view_helper", counting)
+    monkeypatch.setattr(runtime, "retrace", in_retrace)
+    torch.manual_seed(0)
+    model = Heads()
+    ref = copy.deepcopy(model)
+    fn = stoker_capture.aot_module(model, dynamic="dynamic")
+    stoker_autograd.reset_stats()
+    with stoker_autograd.enable(dynamic=True):
+        for b, t in [(2, 5), (3, 7), (4, 6)]:
+            x = torch.randn(b, t, 16)
+            model.zero_grad()
+            ref.zero_grad()
+            fn(x).pow(2).sum().backward()
+            with stoker_autograd.disabled():
+                ref(x).pow(2).sum().backward()
+            for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None
+                torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert stoker_autograd.stats().get("compiles", 0) >= 1
+    assert calls  # the backward was retraced (with symbolic sizes: the forward's)
+    assert not symbolic_calls, symbolic_calls
