@@ -23,6 +23,14 @@ from pathlib import Path
 import pytest
 import torch
 
+# The C backend's objects are keyed by their source, the compiler, its flags and the CPU,
+# so the tests share one folder of them (many tests, each with a cache folder of its
+# own, compile the same small kernels): each distinct kernel is built once per machine.
+# A test that checks what a cold cache builds sets its own (or removes the variable).
+os.environ.setdefault(
+    "STOKER_C_OBJECT_DIR", os.path.join(tempfile.gettempdir(), f"stoker-test-c-{os.getuid()}")
+)
+
 
 @pytest.fixture(autouse=True)
 def _seed_from_test_id(request: pytest.FixtureRequest) -> None:

@@ -131,7 +131,8 @@ def _install(
 def _install_timm(session: nox.Session) -> dict[str, str]:
     """timm in the venv and torchvision's files beside it (`TORCHVISION`); the
     environment variable that shows the timm test where they are."""
-    session.install(NO_COMPILE, "--no-deps", TIMM)
+    # pillow: torchvision's Python parts import it (its datasets and transforms)
+    session.install(NO_COMPILE, "--no-deps", TIMM, "pillow")
     venv = getattr(session.virtualenv, "location", None) or str(ROOT / ".nox")
     where = Path(venv) / "torchvision-only"
     session.install(NO_COMPILE, "--no-deps", "--upgrade", "--target", str(where), TORCHVISION)

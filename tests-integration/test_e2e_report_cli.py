@@ -173,7 +173,8 @@ def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, str, 
 def test_cli_demo_few_steps(demo_runs: list[tuple[str, str, Path]]) -> None:
     out, err, report = demo_runs[0]
     for needle in (
-        "executor: aten",
+        "executor: c",
+        "C kernels",
         "compile time",
         "of which: ",
         "on-disk caches: cold (hits 0, ",

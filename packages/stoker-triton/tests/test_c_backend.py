@@ -273,6 +273,7 @@ def test_a_failing_compile_names_graph_kernel_and_source(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("STOKER_C_OBJECT_DIR", raising=False)
     monkeypatch.setenv("STOKER_CFLAGS", "-O1 -fno-such-flag-for-stoker")
     ccompile._identity.cache_clear()
     x = torch.randn(3, 7)
@@ -301,6 +302,7 @@ print(json.dumps({"cache": fn.report.cache, "ms": fn.report.timings_ms.get("c co
 """.replace("HERE", repr(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "STOKER_CACHE_DIR": str(tmp_path), "STOKER_TRITON_GRAPH_CACHE": "1"}
     env.pop("TRITON_INTERPRET", None)
+    env.pop("STOKER_C_OBJECT_DIR", None)  # the objects in this cache, built by the first
     import json
 
     runs = []

@@ -89,12 +89,16 @@ def store() -> Any:
 def _code_version() -> str:
     """torch, triton and stoker-triton versions and a hash of stoker-triton's sources
     (a changed generator, released or not, never reads an older entry)."""
-    import triton
+    from importlib.metadata import PackageNotFoundError, version
 
     from ..__about__ import __version__
 
+    try:  # (read from the metadata: importing triton is not needed for C kernels)
+        triton_version = version("triton")
+    except PackageNotFoundError:
+        triton_version = "none"
     h = source_hash(Path(__file__).resolve().parent.parent)
-    return f"torch {torch.__version__} triton {triton.__version__} stoker-triton {__version__} {h}"
+    return f"torch {torch.__version__} triton {triton_version} stoker-triton {__version__} {h}"
 
 
 def _target() -> str:
@@ -198,6 +202,12 @@ def save(key: str, entry: Entry) -> None:
     when the entry cannot be pickled (an output structure of an unregistered type)."""
     add_variant(store(), key, entry, "compiling again", MAX_VARIANTS, Uncacheable)
     count("writes")
+    WRITTEN_HERE.add(key)
+
+
+# keys this process wrote: a hit on one is a graph compiled again in the same run, not a
+# warm start (`CompileReport.cache_local`)
+WRITTEN_HERE: set[str] = set()
 
 
 def _read(key: str) -> tuple[list[Entry], str]:

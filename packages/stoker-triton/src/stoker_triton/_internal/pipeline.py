@@ -276,6 +276,7 @@ def _load_cached(
         report.cache = got
         return None
     entry = got.entry
+    report.cache_local = key in graphcache.WRITTEN_HERE
     if target == "c":  # the objects by their sources' keys: built before, loaded
         from .runtime.cload import load_c_files
 

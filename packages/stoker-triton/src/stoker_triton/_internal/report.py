@@ -58,6 +58,7 @@ class CompileReport:
     wrapper_path: str = ""
     # the compiled-graph cache: "hit", "miss (<why>)", "uncacheable: <why>", "" (off)
     cache: str = ""
+    cache_local: bool = False  # a hit on an entry this process wrote (the same graph again)
     # the IR and the schedule as text, printed when first asked for (printing every
     # sympy index of a large graph costs seconds that a compile does not need)
     text_of: dict[str, str | Callable[[], str]] = dataclasses.field(

@@ -5,9 +5,9 @@ else ``cc``, ``gcc``, ``clang``. Flags: ``$STOKER_CFLAGS`` replaces `DEFAULT_FLA
 (``-O3 -march=native -mprefer-vector-width=256``, and what every build needs: OpenMP, position-independent
 code, no FMA contraction, so a sum is rounded where eager rounds it).
 
-Each kernel is one shared object, stored under ``$STOKER_CACHE_DIR/c/`` by the hash
-of its source, the compiler's identity and the flags (`object_key`): a warm start
-finds every object built and compiles nothing. Objects are written through a
+Each kernel is one shared object, stored under ``$STOKER_CACHE_DIR/c/`` (or
+``$STOKER_C_OBJECT_DIR``) by the hash of its source, the compiler's identity and the
+flags (`object_key`): a warm start finds every object built and compiles nothing. Objects are written through a
 temporary file and a rename, so a half-written one is never loaded. The compiler
 is its own process, so builds run side by side from a thread pool (`build_all`),
 one per core; nothing here imports torch.
@@ -111,7 +111,11 @@ def object_key(source: str) -> str:
 
 
 def object_dir(root: Path) -> Path:
-    return root / "c"
+    """Where the objects live: ``$STOKER_C_OBJECT_DIR`` if set (one folder several
+    caches share: the objects are keyed by everything they depend on), else
+    ``<root>/c``."""
+    shared = os.environ.get("STOKER_C_OBJECT_DIR")
+    return Path(shared) if shared else root / "c"
 
 
 def build(source: str, key: str, root: Path) -> Path:

@@ -413,7 +413,11 @@ def _compile_with_executor(
         stage = "backward" if backward_segment else _stage_of(gm)
         _record_kernels(rec, getattr(fn, "report", None), stage)
     if report is not None:
-        report.count_cache(getattr(getattr(fn, "report", None), "cache", ""))
+        rep = getattr(fn, "report", None)
+        outcome = getattr(rep, "cache", "")
+        if outcome == "hit" and getattr(rep, "cache_local", False):
+            outcome = "hit (compiled earlier in this process)"  # not a warm start's hit
+        report.count_cache(outcome)
     return fn  # type: ignore[no-any-return]
 
 
