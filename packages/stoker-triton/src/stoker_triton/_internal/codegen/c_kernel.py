@@ -61,7 +61,7 @@ from ..scheduler import (
     store_index,
 )
 from .c_ops import C_OPS, CTYPE, HALF, PRELUDE, STORAGE, c_float, c_index, cast, literal
-from .kernel import KernelSource
+from .kernel import KernelSource, _Scope  # (common subexpressions per loop body)
 
 XO = sympy.Symbol("xo", integer=True, nonnegative=True)
 XI = sympy.Symbol("xi", integer=True, nonnegative=True)
@@ -110,22 +110,6 @@ def split_index(e: Expr, inner: Expr) -> Expr:
 
     out = go(canonical_index(e))
     return out.xreplace({XINDEX: XO * inner + XI})
-
-
-class _Scope:
-    """Common subexpressions of one loop body (a child sees its parents')."""
-
-    def __init__(self, parent: _Scope | None) -> None:
-        self.parent = parent
-        self.cache: dict[object, str] = {}
-
-    def get(self, key: object) -> str | None:
-        s: _Scope | None = self
-        while s is not None:
-            if key in s.cache:
-                return s.cache[key]
-            s = s.parent
-        return None
 
 
 class CKernelCodegen:
