@@ -9,11 +9,12 @@ choices that differ:
   rows are always walked by loops (a CPU), so no row length is ever guarded;
 - `split`: how many partial reductions a long reduction with few outputs is split
   into (`tiling.split_factor` on a GPU: enough programs to fill it);
-- `vector_bytes`: the widest vector register (the C emitter's outer-reduction tile);
+- `vector_bytes`: the vector width the compiler is told to use (the C emitter's
+  outer-reduction tile follows from it);
 - `parallel_min_work`: the elements a kernel must touch before its outer loop runs
   on several threads (below it, a thread's start costs more than it saves);
-- `outer_tile`: how many neighbouring outputs an outer reduction (`x.sum(0)`)
-  accumulates side by side, so that its loads run along contiguous memory.
+- `outer_tile` (from `vector_bytes`): how many neighbouring outputs an outer reduction
+  (`x.sum(0)`) accumulates side by side, so that its loads run along contiguous memory.
 
 Imports only the IR's size helpers: lowering and the scheduler both read it.
 """
@@ -33,7 +34,11 @@ class DeviceSpec:
     split: Callable[[Expr, Expr, bool], int]  # (xnumel, rnumel, outer) -> partials
     vector_bytes: int = 0
     parallel_min_work: int = 0
-    outer_tile: int = 1
+
+    @property
+    def outer_tile(self) -> int:
+        """Outputs an outer reduction accumulates side by side: two vectors of float32."""
+        return max(1, 2 * self.vector_bytes // 4)
 
 
 def gpu_spec(persistent_rnumel_max: int) -> DeviceSpec:
@@ -68,5 +73,4 @@ CPU = DeviceSpec(
     split=cpu_split,
     vector_bytes=32,  # AVX2's width (ccompile.DEFAULT_FLAGS: 256-bit vectors on AVX-512 too)
     parallel_min_work=32768,
-    outer_tile=16,
 )
