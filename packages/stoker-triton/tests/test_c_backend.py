@@ -122,6 +122,51 @@ def test_indexing_gather_scatter_and_padding() -> None:
     check(f, w, idx, x, atol=1e-5, rtol=1e-5)
 
 
+def test_one_index_per_line_scatter_is_a_pointwise_select() -> None:
+    """nll_loss's backward scatters one value per row into zeros: no scatter kernel, the
+    softmax backward reads the select in its own loop; ignore_index, a scatter along
+    dim 0 and a tensor source agree with eager."""
+
+    def f(x: torch.Tensor, t: torch.Tensor, j: torch.Tensor, s: torch.Tensor) -> Any:
+        loss = F.cross_entropy(x, t, ignore_index=3)
+        (g,) = torch.autograd.grad(loss, [x])
+        return g, torch.zeros(5, 9).scatter(0, j, s), x.scatter(1, j[:, :1].T.repeat(6, 1), 2.5)
+
+    x = torch.randn(6, 9, requires_grad=True)
+    t = torch.tensor([0, 3, 8, 3, 1, 7])
+    j = torch.tensor([[4, 1, 0, 2, 2, 0, 1, 0, 3]])
+    s = torch.randn(1, 9)
+    fn = compile_graph(trace(f, x, t, j, s), [x, t, j, s], options=C)
+    assert "scatter" not in [k.kind for k in fn.report.kernels]
+    for a in ([x, t, j, s], [torch.randn(6, 9, requires_grad=True), t.flip(0), 4 - j, s * 3]):
+        assert_same(fn(*a), f(*a), atol=1e-6, rtol=1e-5)
+
+
+def test_libm_calls_vectorize_and_agree_with_eager() -> None:
+    """sin, cos, pow, atan2, ... over the vector math library agree with eager's CPU
+    kernels in float32 and float64, special values included."""
+    special = [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-40, 3e38, 1e10, 0.5]
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = x.abs()
+        return (
+            torch.sin(x) * torch.cos(x * 3),
+            torch.tan(x),
+            torch.atan2(x, x.flip(0) + 0.5),
+            torch.pow(y, x * 0.37),
+            torch.expm1(x.clamp(max=80)),
+            torch.log1p(y) + torch.log2(y) + torch.log10(y),
+            torch.asinh(x) + torch.atan(x),
+        )
+
+    for dt in (torch.float32, torch.float64):
+        x = torch.cat([torch.randn(2000, dtype=dt) * 30, torch.tensor(special, dtype=dt)])
+        fn = compile_graph(trace(f, x), [x], options=C)
+        tol = 2e-6 if dt == torch.float32 else 1e-12
+        for a in (x, torch.randn_like(x) * 300):
+            assert_same(fn(a), f(a), atol=tol, rtol=tol)
+
+
 def test_random_numbers_follow_the_seed_and_the_distribution() -> None:
     def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return F.dropout(x, 0.3, training=True), torch.randn_like(x)

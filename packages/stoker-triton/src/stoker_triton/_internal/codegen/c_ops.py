@@ -49,6 +49,60 @@ PRELUDE = r"""#include <stdint.h>
 #include <math.h>
 #include <string.h>
 
+#if defined(STOKER_MVEC) && defined(__x86_64__) && defined(__GLIBC__)
+/* glibc's libmvec: the vectorizer calls its 4- and 8-lane forms instead of libm per lane */
+#pragma omp declare simd notinbranch
+float sinf(float);
+#pragma omp declare simd notinbranch
+float cosf(float);
+#pragma omp declare simd notinbranch
+float powf(float, float);
+#pragma omp declare simd notinbranch
+double sin(double);
+#pragma omp declare simd notinbranch
+double cos(double);
+#pragma omp declare simd notinbranch
+double exp(double);
+#pragma omp declare simd notinbranch
+double log(double);
+#pragma omp declare simd notinbranch
+double pow(double, double);
+#if __GLIBC_PREREQ(2, 35)
+#pragma omp declare simd notinbranch
+float tanf(float);
+#pragma omp declare simd notinbranch
+float asinf(float);
+#pragma omp declare simd notinbranch
+float acosf(float);
+#pragma omp declare simd notinbranch
+float atanf(float);
+#pragma omp declare simd notinbranch
+float atan2f(float, float);
+#pragma omp declare simd notinbranch
+float sinhf(float);
+#pragma omp declare simd notinbranch
+float coshf(float);
+#pragma omp declare simd notinbranch
+float asinhf(float);
+#pragma omp declare simd notinbranch
+float acoshf(float);
+#pragma omp declare simd notinbranch
+float atanhf(float);
+#pragma omp declare simd notinbranch
+float expm1f(float);
+#pragma omp declare simd notinbranch
+float exp2f(float);
+#pragma omp declare simd notinbranch
+float log1pf(float);
+#pragma omp declare simd notinbranch
+float log2f(float);
+#pragma omp declare simd notinbranch
+float log10f(float);
+#pragma omp declare simd notinbranch
+float erfcf(float);
+#endif
+#endif
+
 #define ST_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define ST_MAX(a, b) ((a) > (b) ? (a) : (b))
 

@@ -40,7 +40,7 @@ REQUIRED_FLAGS = (
     "-shared -fPIC -fopenmp -std=gnu11 -ffp-contract=off -fno-math-errno -fno-trapping-math"
 )
 CANDIDATES = ("cc", "gcc", "clang")
-FORMAT = "1"  # bump when the objects' calling convention changes
+FORMAT = "2"  # bump when the objects' calling convention changes
 
 
 class CCompilerMissing(RuntimeError):
@@ -76,7 +76,35 @@ def compiler_or_raise() -> str:
 
 
 def flags() -> list[str]:
-    return shlex.split(os.environ.get("STOKER_CFLAGS", DEFAULT_FLAGS)) + REQUIRED_FLAGS.split()
+    """The compile flags: ``$STOKER_CFLAGS`` (else `DEFAULT_FLAGS`), the required ones, and
+    ``-DSTOKER_MVEC`` where glibc's vector math library is there to link."""
+    own = shlex.split(os.environ.get("STOKER_CFLAGS", DEFAULT_FLAGS)) + REQUIRED_FLAGS.split()
+    cc = find_compiler()
+    if cc is not None and _has_libmvec(cc):
+        own.append("-DSTOKER_MVEC=1")
+    return own
+
+
+def libraries() -> list[str]:
+    """What each object links, after its source."""
+    cc = find_compiler()
+    return (["-lmvec"] if cc is not None and _has_libmvec(cc) else []) + ["-lm"]
+
+
+@functools.cache
+def _has_libmvec(cc: str) -> bool:
+    """glibc's vector math library (``libmvec``: sinf, cosf, powf, ... on 4 or 8 lanes)
+    is there for `cc` to link, on x86-64, where the prelude declares its functions
+    ``omp declare simd`` so that the vectorizer calls them instead of looping libm."""
+    if os.uname().machine not in ("x86_64", "amd64"):
+        return False
+    try:
+        found = subprocess.run(
+            [cc, "-print-file-name=libmvec.so"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return os.path.isabs(found) and os.path.exists(found)
 
 
 @functools.cache
@@ -131,7 +159,7 @@ def build(source: str, key: str, root: Path) -> Path:
     cc = compiler_or_raise()
     fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".so", dir=out_dir)
     os.close(fd)
-    cmd = [cc, *flags(), str(c_file), "-o", tmp, "-lm"]
+    cmd = [cc, *flags(), str(c_file), "-o", tmp, *libraries()]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:

@@ -7,6 +7,8 @@ semantics); indices are not bounds-checked (an out-of-range index is
 undefined behaviour, as in a CUDA kernel). A scatter writes into a fresh
 copy of its base (never into an input); `accumulate=True` and scatter_add
 use atomic adds; plain stores with duplicate indices keep one of the values.
+A plain scatter with one index per line (nll_loss's backward) is a pointwise
+select instead (`_one_hot`).
 An accumulating scatter into a dtype `tl.atomic_add` lacks on sm_90 (int8,
 uint8, int16, bool) runs as an aten call in the graph (`_aten_accumulate`).
 """
@@ -230,6 +232,37 @@ def index_put(
     )
 
 
+def _one_hot(
+    ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue, src: Any
+) -> TensorValue | None:
+    """A plain scatter with one index per line along `dim` that covers every other
+    dim of `x` (``zeros.scatter(1, target[:, None], -1.0)`` in nll_loss's backward) as
+    a pointwise value: ``idx[dim] == index[.., 0, ..] ? src : x``. No scatter kernel, no
+    buffer, and the consumer reads it in its own loop. None where the shape is not that."""
+    if x.ndim == 0 or index.ndim != x.ndim or index.size[dim] != 1:
+        return None
+    if any(index.size[d] != x.size[d] for d in range(x.ndim) if d != dim):
+        return None
+    if isinstance(src, TensorValue) and (
+        src.ndim != x.ndim or any(src.size[d] != x.size[d] for d in range(x.ndim) if d != dim)
+    ):
+        return None
+    from ..ir import IndexValue
+
+    def loader(idx: tuple[Expr, ...]) -> Value:
+        line = list(idx)
+        line[dim] = sympy.Integer(0)
+        at = _wrapped(index.load(tuple(line)), x.size[dim])
+        hit = Op("eq", (IndexValue(idx[dim], torch.int64), at), torch.bool)
+        if isinstance(src, TensorValue):
+            value = cast(src.load(tuple(line)), x.dtype)
+        else:
+            value = Const(const_value(src, x.dtype), x.dtype)
+        return Op("where", (hit, value, x.load(idx)), x.dtype)
+
+    return TensorValue(x.size, x.dtype, ctx.device, loader)
+
+
 @register("indexing", aten.scatter_add, aten.scatter)
 def scatter_add(
     ctx: LoweringContext,
@@ -250,6 +283,10 @@ def scatter_add(
         if done is not None:
             return done
     dim = dim + x.ndim if dim < 0 else dim
+    if mode == "store":
+        one_hot = _one_hot(ctx, x, dim, index, src)
+        if one_hot is not None:
+            return one_hot
     target = _fresh_copy(ctx, x)
 
     def index_fn(idx: Sequence[Expr]) -> tuple[list[Any], list[tuple[sympy.Symbol, Value]]]:
