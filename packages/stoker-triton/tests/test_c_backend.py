@@ -265,20 +265,26 @@ def _vectorized_lines(source: str, tmp_path: Any) -> set[int]:
     return {int(m) for m in re.findall(r"k\.c:(\d+):\d+: optimized: loop vectorized", done.stderr)}
 
 
-def _simd_loop_lines(source: str) -> list[int]:
-    """The `for` lines of the simd loops that read memory (the hot loops; a tile's
-    finishing loop over its few outputs is not one)."""
+def _simd_loop_lines(source: str) -> list[range]:
+    """The lines (1-based, `for` to closing brace) of the simd loops that read memory
+    (the hot loops; a tile's finishing loop over its few outputs is not one)."""
     lines = source.splitlines()
-    return [
-        i + 2
-        for i, ln in enumerate(lines)
-        if ("#pragma omp simd" in ln or "parallel for simd" in ln) and "in_ptr" in lines[i + 2]
-    ]
+    out = []
+    for i, ln in enumerate(lines):
+        if "#pragma omp simd" not in ln and "parallel for simd" not in ln:
+            continue
+        loop = lines[i + 1]
+        close = loop[: len(loop) - len(loop.lstrip())] + "}"
+        end = next(j for j in range(i + 2, len(lines)) if lines[j] == close)
+        if any("in_ptr" in b for b in lines[i + 2 : end]):
+            out.append(range(i + 2, end + 2))
+    return out
 
 
 def test_inner_loops_vectorize(tmp_path: Any) -> None:
-    """The compiler's own report: every simd loop of a pointwise kernel (with exp) and
-    of an inner and an outer reduction is vectorized."""
+    """The compiler's own report: every simd loop of a pointwise kernel (with exp), of
+    an inner and an outer reduction, of a kernel with masked loads and sin, and of a
+    max-pool (a reduction over rows shorter than a vector) is vectorized."""
     from stoker_triton._internal.codegen.c_kernel import kernel_file_source
 
     version = subprocess.run(
@@ -294,13 +300,21 @@ def test_inner_loops_vectorize(tmp_path: Any) -> None:
     kernels += compile_graph(trace(lambda x: x.sum(0), x), [x], options=C).report.kernels
     kinds = [k.kind for k in kernels]
     assert kinds == ["pointwise", "persistent-reduction", "persistent-reduction"], kinds
+    # masked loads (padding, a concatenation), libm through libmvec, a 2x2 window
+    img = torch.randn(4, 8, 16, 16)
+    for g, a in (
+        (lambda x, b: torch.sin(torch.cat([F.pad(x, (1, 2)), b.expand(256, 128)], 1)), (x, b)),
+        (lambda y: F.max_pool2d(torch.relu(y), 2), (img,)),
+    ):
+        kernels += compile_graph(trace(g, *a), list(a), options=C).report.kernels
+    assert len(kernels) == 5, [k.kind for k in kernels]
     for k in kernels:
         src = kernel_file_source(type("K", (), {"source": k.source, "name": k.name})(), "kern")
         want = _simd_loop_lines(src)
         assert want, k.source
         got = _vectorized_lines(src, tmp_path)
-        # (gcc names a loop by its `for` line or its body's first line)
-        missed = [ln for ln in want if not {ln, ln + 1} & got]
+        # (gcc names a loop by its `for` line or a line of its body)
+        missed = [lines.start for lines in want if not set(lines) & got]
         assert not missed, (k.name, missed, sorted(got), k.source)
 
 

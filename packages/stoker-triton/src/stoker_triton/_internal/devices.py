@@ -14,7 +14,9 @@ choices that differ:
 - `parallel_min_work`: the elements a kernel must touch before its outer loop runs
   on several threads (below it, a thread's start costs more than it saves);
 - `outer_tile` (from `vector_bytes`): how many neighbouring outputs an outer reduction
-  (`x.sum(0)`) accumulates side by side, so that its loads run along contiguous memory.
+  (`x.sum(0)`) accumulates side by side, so that its loads run along contiguous memory;
+- `short_row_max` (from `vector_bytes`): rows up to this length are reduced the same
+  way, outputs side by side, since one row fills no vector.
 
 Imports only the IR's size helpers: lowering and the scheduler both read it.
 """
@@ -39,6 +41,12 @@ class DeviceSpec:
     def outer_tile(self) -> int:
         """Outputs an outer reduction accumulates side by side: two vectors of float32."""
         return max(1, 2 * self.vector_bytes // 4)
+
+    @property
+    def short_row_max(self) -> int:
+        """The longest static reduction row walked like an outer reduction (outputs side
+        by side): one vector of float32; a shorter row fills no vector on its own."""
+        return self.vector_bytes // 4
 
 
 def gpu_spec(persistent_rnumel_max: int) -> DeviceSpec:

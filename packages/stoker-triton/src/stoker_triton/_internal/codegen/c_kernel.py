@@ -14,7 +14,9 @@ loops are the CPU's (the device description, `devices.py`, gives their sizes):
   `simd` loop over r with the reductions as OpenMP `reduction` clauses;
 - an *outer* reduction (`x.sum(0)`, `tiling.is_outer`) walks `outer_tile`
   neighbouring outputs side by side: for each r, a `simd` loop over the tile,
-  one accumulator per output, so its loads run along contiguous memory.
+  one accumulator per output, so its loads run along contiguous memory; so does
+  a reduction whose row is shorter than a vector (`short_row_max`: a 2x2 pooling
+  window), which would otherwise run scalar.
 
 A value a kernel produces is a C local: a reduction's result and a kept-space
 node's value per row (per tile element in an outer reduction); a reduced-space
@@ -295,8 +297,15 @@ class CKernelCodegen:
         e = v.index.xreplace(self._bind(v.indirect, p, mask))
         idx = self.index(e)
         ptr = self.ptr(v.buf)
-        raw = f"{ptr}[{idx}]"
-        dt = self.buffers[v.buf].dtype
+        buf = self.buffers[v.buf]
+        dt = buf.dtype
+        moves = self._moves(e) or self._code_moves(mask)
+        # A masked load of a buffer that has elements reads element 0 where the mask is
+        # off, then selects: a load the vectorizer can do for every lane (a gather),
+        # where `mask ? p[i] : 0` (which may not touch p[i]) keeps the loop scalar.
+        # A buffer that may be empty keeps the conditional form: it has no element 0.
+        safe = mask is not None and _nonempty(buf.size)
+        raw = f"{ptr}[{mask} ? ({idx}) : 0]" if safe else f"{ptr}[{idx}]"
         code = (
             f"st_bf16_to_f32({raw})"
             if dt == torch.bfloat16
@@ -304,9 +313,10 @@ class CKernelCodegen:
             if dt == torch.float16
             else raw
         )
+        if safe:
+            code = self.assign(CTYPE[dt], code, None, moves)
         if mask is not None:
             code = f"({mask} ? {code} : ({CTYPE[dt]})0)"
-        moves = self._moves(e) or self._code_moves(mask)
         return self.assign(CTYPE[v.dtype], cast(code, dt, v.dtype), key, moves)
 
     def store(self, n: Node, p: Placement, val: str) -> None:
@@ -387,9 +397,8 @@ class CKernelCodegen:
     # -- reduction kernels -------------------------------------------------
     def reduction(self) -> None:
         k = self.k
-        outer = kernel_is_outer(k) and k.xnumel != 1
         work = f"xnumel * rnumel >= {self.spec.parallel_min_work}"
-        if outer:
+        if self._tiled():
             t = self.spec.outer_tile
             self.tile = True
             self.x_of = sympy.Symbol("x0", integer=True, nonnegative=True) + XI
@@ -411,6 +420,19 @@ class CKernelCodegen:
         self.pop()
         self.indent -= 1
         self.line("}")
+
+    def _tiled(self) -> bool:
+        """Whether the kernel walks `outer_tile` outputs side by side (simd across
+        outputs) rather than one row at a time (simd along the row): an outer reduction,
+        whose rows are strided, and a row too short to fill a vector (a 2x2 max-pool
+        window, a softmax over 4 heads), where a row-wise loop would run scalar."""
+        k = self.k
+        if k.xnumel == 1:
+            return False
+        if kernel_is_outer(k):
+            return True
+        r = sympy.sympify(k.rnumel)
+        return bool(r.is_number) and int(r) <= self.spec.short_row_max
 
     def _row_loop(self) -> None:
         """Open a loop over the tile's outputs (an outer reduction only)."""
@@ -512,6 +534,11 @@ class CKernelCodegen:
             has_atomics=self.has_atomics,
             outer=k.is_reduction and kernel_is_outer(k),
         )
+
+
+def _nonempty(size: tuple[Expr, ...]) -> bool:
+    """Whether a buffer of `size` surely has an element (static sizes, none zero)."""
+    return all(sympy.sympify(d).is_number and int(d) > 0 for d in size)
 
 
 def _small_power(x: str, e: float, dtype: torch.dtype) -> str | None:
