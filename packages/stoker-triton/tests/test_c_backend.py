@@ -63,6 +63,21 @@ def test_inner_and_outer_reductions() -> None:
     check(f, torch.randn(5, 37, 19), atol=1e-4, rtol=1e-4)
 
 
+def test_batch_norm_rows_walked_run_by_run() -> None:
+    """A BatchNorm over NCHW reduces, per channel, N runs of H*W contiguous values: the
+    row is walked run by run (ro, ri); mean, variance, an arg-max's index and the
+    backward agree with eager."""
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = F.batch_norm(x, None, None, w, None, training=True)
+        (g,) = torch.autograd.grad((y.relu() * x).sum(), [w])
+        flat = x.transpose(0, 1).flatten(1)
+        return y, g, x.var((0, 2, 3)), x.permute(1, 0, 2, 3).flatten(1).argmax(-1), flat.amax(1)
+
+    fn = check(f, torch.randn(3, 5, 6, 7), torch.randn(5, requires_grad=True), atol=1e-4)
+    assert any("ro < rnumel / RI" in k.source for k in fn.report.kernels)
+
+
 def test_softmax_layer_norm_gelu_fuse_into_few_kernels() -> None:
     def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         y = F.gelu(F.layer_norm(x, (64,), w, b))
@@ -120,6 +135,18 @@ def test_indexing_gather_scatter_and_padding() -> None:
 
     w, idx, x = torch.randn(10, 4), torch.randint(0, 10, (3, 5)), torch.randn(5, 7)
     check(f, w, idx, x, atol=1e-5, rtol=1e-5)
+
+
+def test_a_load_under_nested_masks_stays_in_its_loop() -> None:
+    """A padded concatenation of broadcast columns: each load's index is the same for
+    the whole row (it could move out of the inner loop) but its mask, two conditions,
+    is not; the load stays where its mask is defined."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        cat = torch.cat([x[:, :1].expand(-1, 8), x[:, 1:2].expand(-1, 8)], 1)
+        return F.pad(cat, (3, 5), value=2.0) * 3
+
+    check(f, torch.randn(8, 4))
 
 
 def test_one_index_per_line_scatter_is_a_pointwise_select() -> None:
@@ -283,8 +310,9 @@ def _simd_loop_lines(source: str) -> list[range]:
 
 def test_inner_loops_vectorize(tmp_path: Any) -> None:
     """The compiler's own report: every simd loop of a pointwise kernel (with exp), of
-    an inner and an outer reduction, of a kernel with masked loads and sin, and of a
-    max-pool (a reduction over rows shorter than a vector) is vectorized."""
+    an inner and an outer reduction, of a kernel with masked loads and sin, of a
+    max-pool (a reduction over rows shorter than a vector) and of a BatchNorm (rows
+    walked run by run) is vectorized."""
     from stoker_triton._internal.codegen.c_kernel import kernel_file_source
 
     version = subprocess.run(
@@ -305,9 +333,10 @@ def test_inner_loops_vectorize(tmp_path: Any) -> None:
     for g, a in (
         (lambda x, b: torch.sin(torch.cat([F.pad(x, (1, 2)), b.expand(256, 128)], 1)), (x, b)),
         (lambda y: F.max_pool2d(torch.relu(y), 2), (img,)),
+        (lambda y: F.batch_norm(y, None, None, training=True), (img,)),  # run by run
     ):
         kernels += compile_graph(trace(g, *a), list(a), options=C).report.kernels
-    assert len(kernels) == 5, [k.kind for k in kernels]
+    assert len(kernels) == 7, [k.kind for k in kernels]
     for k in kernels:
         src = kernel_file_source(type("K", (), {"source": k.source, "name": k.name})(), "kern")
         want = _simd_loop_lines(src)

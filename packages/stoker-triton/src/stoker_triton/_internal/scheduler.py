@@ -123,8 +123,10 @@ class Schedule:
 
 
 def simplify_index(e: Expr) -> Expr:
-    """Fold `m*FloorDiv(F, d*m) + ModularIndexing(F, d, m)` into `FloorDiv(F, d)`
-    (what decomposing and re-flattening contiguous dims produces)."""
+    """Fold `m*FloorDiv(F, d*m) + ModularIndexing(F, d, m)` into `FloorDiv(F, d)`, and
+    `m*ModularIndexing(F, d*m, n) + ModularIndexing(F, d, m)` into
+    `ModularIndexing(F, d, m*n)` (what decomposing and re-flattening contiguous dims
+    produces: `r % 16 + 16 * (r // 16 % 16)` is `r % 256`)."""
     for _ in range(8):
         if not isinstance(e, sympy.Add):
             return e
@@ -149,12 +151,15 @@ def simplify_index(e: Expr) -> Expr:
                 else:
                     mult = c2
                 if (
-                    isinstance(r2, FloorDiv)
+                    isinstance(r2, FloorDiv | ModularIndexing)
                     and r2.args[0] == base
                     and sympy.simplify(r2.args[1] - div * mod) == 0
                     and sympy.simplify(mult - coeff * mod) == 0
                 ):
-                    new = coeff * (base if div == 1 else FloorDiv(base, div))
+                    if isinstance(r2, ModularIndexing):  # two neighbouring digits: one
+                        new = coeff * ModularIndexing(base, div, mod * r2.args[2])
+                    else:
+                        new = coeff * (base if div == 1 else FloorDiv(base, div))
                     terms = [x for k, x in enumerate(terms) if k not in (i, j)] + [new]
                     changed = True
                     break

@@ -11,7 +11,9 @@ loops are the CPU's (the device description, `devices.py`, gives their sizes):
   `#pragma omp simd`;
 - an *inner* reduction (`x.sum(-1)`) runs one row per iteration of the parallel
   x loop, and each segment of the row (`scheduler.loop_segments`) is one
-  `simd` loop over r with the reductions as OpenMP `reduction` clauses;
+  `simd` loop over r with the reductions as OpenMP `reduction` clauses; where
+  the row is several contiguous runs (a BatchNorm's N x H*W per channel), a loop
+  over the runs (`ro`) around a `simd` loop along one (`ri`);
 - an *outer* reduction (`x.sum(0)`, `tiling.is_outer`) walks `outer_tile`
   neighbouring outputs side by side: for each r, a `simd` loop over the tile,
   one accumulator per output, so its loads run along contiguous memory; so does
@@ -32,6 +34,8 @@ the Triton emitter names them, so a repeated kernel has one source), `xnumel`,
 """
 
 from __future__ import annotations
+
+import re
 
 import sympy
 import torch
@@ -69,40 +73,51 @@ XO = sympy.Symbol("xo", integer=True, nonnegative=True)
 XI = sympy.Symbol("xi", integer=True, nonnegative=True)
 XV = sympy.Symbol("x", integer=True, nonnegative=True)
 RV = sympy.Symbol("r", integer=True, nonnegative=True)
-LOOP_NAMES = {"xo", "xi", "x", "r", "x0", "xn", "xb", "xnumel", "rnumel", "seed", "XI"}
+RO = sympy.Symbol("ro", integer=True, nonnegative=True)
+RI = sympy.Symbol("ri", integer=True, nonnegative=True)
+LOOP_NAMES = {"xo", "xi", "x", "r", "ro", "ri", "x0", "xn", "xb", "xnumel", "rnumel", "seed"}
+LOOP_NAMES |= {"XI", "RI"}
 
 Node = PointwiseNode | ReductionNode | ScatterNode
+_NAME = re.compile(r"[A-Za-z_]\w*")
 
 
 def _is_int(e: Expr) -> bool:
     return bool(sympy.sympify(e).is_integer) and bool(sympy.sympify(e).is_nonnegative)
 
 
-def split_index(e: Expr, inner: Expr) -> Expr:
-    """`e` (in XINDEX) with XINDEX = xo * inner + xi, 0 <= xi < inner: a FloorDiv or
-    ModularIndexing of XINDEX that falls on the split becomes one of xo or of xi."""
+def split_index(
+    e: Expr,
+    inner: Expr,
+    var: sympy.Symbol = XINDEX,
+    outer_var: sympy.Symbol = XO,
+    inner_var: sympy.Symbol = XI,
+) -> Expr:
+    """`e` (in `var`, XINDEX by default) with var = xo * inner + xi, 0 <= xi < inner: a
+    FloorDiv or ModularIndexing of `var` that falls on the split becomes one of xo or
+    of xi (`outer_var`, `inner_var`: the names of xo and xi, for a row's ro and ri)."""
 
     def go(u: Expr) -> Expr:
-        if isinstance(u, FloorDiv | ModularIndexing) and u.args[0] == XINDEX:
+        if isinstance(u, FloorDiv | ModularIndexing) and u.args[0] == var:
             d = u.args[1]
             m = u.args[2] if isinstance(u, ModularIndexing) else None
             q = sympy.simplify(d / inner)
             if _is_int(q) and q != 0:
                 if m is None:
-                    return XO if q == 1 else FloorDiv(XO, q)
-                return ModularIndexing(XO, q, m)
+                    return outer_var if q == 1 else FloorDiv(outer_var, q)
+                return ModularIndexing(outer_var, q, m)
             q2 = sympy.simplify(inner / d)
             if _is_int(q2) and q2 != 0:
-                lo = XI if d == 1 else FloorDiv(XI, d)
+                lo = inner_var if d == 1 else FloorDiv(inner_var, d)
                 if m is None:
-                    return XO * q2 + lo
+                    return outer_var * q2 + lo
                 if q2 == m:  # xi // d < inner // d == m
                     return lo
                 if _is_int(sympy.simplify(q2 / m)):
-                    return ModularIndexing(XI, d, m)
+                    return ModularIndexing(inner_var, d, m)
                 k = sympy.simplify(m / q2)
                 if _is_int(k):
-                    return ModularIndexing(XO, 1, k) * q2 + lo
+                    return ModularIndexing(outer_var, 1, k) * q2 + lo
         if not u.args:
             return u
         args = [go(a) for a in u.args]
@@ -111,7 +126,7 @@ def split_index(e: Expr, inner: Expr) -> Expr:
         return u.func(*args)
 
     out = go(canonical_index(e))
-    return out.xreplace({XINDEX: XO * inner + XI})
+    return out.xreplace({var: outer_var * inner + inner_var})
 
 
 class CKernelCodegen:
@@ -136,6 +151,7 @@ class CKernelCodegen:
         # how the kernel's index variables print: XINDEX / RINDEX -> C expressions
         self.x_of: Expr = XV
         self.split_inner: Expr | None = None
+        self.r_inner: Expr | None = None  # a row walked as ro * RI + ri (inner reductions)
         self.tile = False  # an outer reduction's tile: row variables are arrays [xi]
         # Loop-invariant code motion: inside an innermost loop (a pointwise kernel's xi,
         # a row's r), a value that does not move with its variable (`inner`) is computed
@@ -192,7 +208,21 @@ class CKernelCodegen:
         return self.inner in fs or any(self.moves.get(str(s), False) for s in fs)
 
     def _code_moves(self, *codes: str | None) -> bool:
-        return any(c is not None and self.moves.get(c, False) for c in codes)
+        """Whether C text moves with the inner loop: a local that does, or (a compound
+        mask, `(t5 && t10)`) any name in it that does."""
+        for c in codes:
+            if c is None:
+                continue
+            if c in self.moves:
+                if self.moves[c]:
+                    return True
+                continue
+            for name in _NAME.findall(c):
+                if self.moves.get(name, False) or (
+                    self.inner is not None and name == str(self.inner)
+                ):
+                    return True
+        return False
 
     def push(self) -> None:
         self.scope = _Scope(self.scope)
@@ -214,6 +244,8 @@ class CKernelCodegen:
         e = canonical_index(e)
         if self.split_inner is not None:
             return split_index(e, self.split_inner)
+        if self.r_inner is not None:
+            e = split_index(e, self.r_inner, RINDEX, RO, RI)
         return e.xreplace({XINDEX: self.x_of, RINDEX: RV})
 
     def index(self, e: Expr) -> str:
@@ -411,6 +443,12 @@ class CKernelCodegen:
             self.line(f"#pragma omp parallel for if ({work})")
             self.line("for (int64_t x = 0; x < xnumel; x++) {")
             self.indent += 1
+            red = next(n for n in k.nodes if isinstance(n, ReductionNode))
+            inner = _inner_extent(red.reduce_size)
+            if inner is not None and inner != k.rnumel:
+                self.r_inner = inner
+                self._note_symbols(inner)
+                self.line(f"const int64_t RI = {c_index(inner)};")
         self.push()
         for seg in loop_segments(k, online=False):
             if not k.placements[seg[0].name].reduced_space:
@@ -473,11 +511,7 @@ class CKernelCodegen:
         else:
             clauses = " ".join(c for a in accs.values() for c in a.clauses())
             simd = all(a.vectorizes for a in accs.values())
-            self.open_inner(RV)
-            if simd:
-                self.line(f"#pragma omp simd {clauses}".rstrip())
-            self.line("for (int64_t r = 0; r < rnumel; r++) {")
-            self.indent += 1
+            self.open_row(f"#pragma omp simd {clauses}".rstrip() if simd else None)
         self.push()
         for n in seg:
             p = self.k.placements[n.name]
@@ -487,14 +521,46 @@ class CKernelCodegen:
                 val = self.value(n.body, p, None)
                 self.store(n, p, val)
         self.pop()
-        self.close_inner()
-        self.indent -= 1
-        self.line("}")
         if self.tile:
             self.indent -= 1
             self.line("}")
+            self.indent -= 1
+            self.line("}")
+        else:
+            self.close_row()
         for n in reds:
             accs[n.name].finish()
+
+    def open_row(self, pragma: str | None) -> None:
+        """Open a loop over the row (`r`), its body at the next line: one loop, or, where
+        the row's last dims are a contiguous run (`r_inner`), a loop over runs (`ro`) and
+        a `pragma` loop within one (`ri`), whose loads then run along memory. `r` is
+        defined either way (an arg-reduction's index)."""
+        if self.r_inner is None:
+            self.open_inner(RV)
+            if pragma:
+                self.line(pragma)
+            self.line("for (int64_t r = 0; r < rnumel; r++) {")
+            self.indent += 1
+            return
+        self.line("for (int64_t ro = 0; ro < rnumel / RI; ro++) {")
+        self.indent += 1
+        self.push()  # what the ri loop hoists (per ro)
+        self.open_inner(RI)
+        if pragma:
+            self.line(pragma)
+        self.line("for (int64_t ri = 0; ri < RI; ri++) {")
+        self.indent += 1
+        self.line("const int64_t r = ro * RI + ri;")
+
+    def close_row(self) -> None:
+        self.close_inner()
+        self.indent -= 1
+        self.line("}")
+        if self.r_inner is not None:
+            self.pop()
+            self.indent -= 1
+            self.line("}")
 
     def finish(self) -> KernelSource:
         k = self.k
@@ -700,18 +766,13 @@ class _Acc:
             else:
                 m2 = g.new_var("m2")
                 g.line(f"{self.ct} {m2} = 0;")
-                g.open_inner(RV)
-                g.line(f"#pragma omp simd reduction(+:{m2})")
-                g.line("for (int64_t r = 0; r < rnumel; r++) {")
-                g.indent += 1
+                g.open_row(f"#pragma omp simd reduction(+:{m2})")
                 g.push()
                 v = g.value(n.body, p, None)
                 g.line(f"const {self.ct} d = {v} - {mean};")
                 g.line(f"{m2} = {m2} + d * d;")
                 g.pop()
-                g.close_inner()
-                g.indent -= 1
-                g.line("}")
+                g.close_row()
                 code = m2
         elif t == "welford_mean":
             code = f"{a} / ({self.ct})rnumel"
