@@ -13,6 +13,8 @@ choices that differ:
   outer-reduction tile follows from it);
 - `parallel_min_work`: the elements a kernel must touch before its outer loop runs
   on several threads (below it, a thread's start costs more than it saves);
+- `wide_loop_min`: the shortest simd loop that asks for the CPU's widest vectors
+  (16 float lanes with AVX-512; a shorter loop keeps `vector_bytes`);
 - `outer_tile` (from `vector_bytes`): how many neighbouring outputs an outer reduction
   (`x.sum(0)`) accumulates side by side, so that its loads run along contiguous memory;
 - `short_row_max` (from `vector_bytes`): rows up to this length are reduced the same
@@ -36,6 +38,7 @@ class DeviceSpec:
     split: Callable[[Expr, Expr, bool], int]  # (xnumel, rnumel, outer) -> partials
     vector_bytes: int = 0
     parallel_min_work: int = 0
+    wide_loop_min: int = 0
 
     @property
     def outer_tile(self) -> int:
@@ -81,4 +84,5 @@ CPU = DeviceSpec(
     split=cpu_split,
     vector_bytes=32,  # AVX2's width (ccompile.DEFAULT_FLAGS: 256-bit vectors on AVX-512 too)
     parallel_min_work=32768,
+    wide_loop_min=64,
 )

@@ -379,13 +379,16 @@ class CKernelCodegen:
             self.indent += 1
             self.push()  # what the xi loop hoists (per xo)
             self.open_inner(XI)
-            self.line("#pragma omp simd")
+            self.line(f"#pragma omp simd{self._wide(inner)}")
             self.line("for (int64_t xi = 0; xi < XI; xi++) {")
         elif scatter:
             # serial: an accumulating scatter adds in one fixed order (bit for bit)
             self.line("for (int64_t x = 0; x < xnumel; x++) {")
         else:
-            self.line(f"#pragma omp parallel for simd if (xnumel >= {self.spec.parallel_min_work})")
+            self.line(
+                f"#pragma omp parallel for simd{self._wide(k.xnumel)}"
+                f" if (xnumel >= {self.spec.parallel_min_work})"
+            )
             self.line("for (int64_t x = 0; x < xnumel; x++) {")
         self.indent += 1
         self.push()
@@ -511,7 +514,8 @@ class CKernelCodegen:
         else:
             clauses = " ".join(c for a in accs.values() for c in a.clauses())
             simd = all(a.vectorizes for a in accs.values())
-            self.open_row(f"#pragma omp simd {clauses}".rstrip() if simd else None)
+            row = self.r_inner if self.r_inner is not None else self.k.rnumel
+            self.open_row(f"#pragma omp simd{self._wide(row)} {clauses}".rstrip() if simd else None)
         self.push()
         for n in seg:
             p = self.k.placements[n.name]
@@ -530,6 +534,16 @@ class CKernelCodegen:
             self.close_row()
         for n in reds:
             accs[n.name].finish()
+
+    def _wide(self, trip: Expr) -> str:
+        """The simdlen clause of a simd loop of `trip` iterations: the CPU's widest
+        vectors (`ST_WIDE` lanes: 16 where there is AVX-512) for a long loop, whose
+        transcendental math then runs half as many vector instructions; none for a short
+        one (a row of 32 runs as four 8-lane vectors, not two 16-lane ones and a tail)."""
+        t = sympy.sympify(trip)
+        if t.is_number and int(t) < self.spec.wide_loop_min:
+            return ""
+        return " simdlen(ST_WIDE)"
 
     def open_row(self, pragma: str | None) -> None:
         """Open a loop over the row (`r`), its body at the next line: one loop, or, where
@@ -766,7 +780,8 @@ class _Acc:
             else:
                 m2 = g.new_var("m2")
                 g.line(f"{self.ct} {m2} = 0;")
-                g.open_row(f"#pragma omp simd reduction(+:{m2})")
+                row = g.r_inner if g.r_inner is not None else g.k.rnumel
+                g.open_row(f"#pragma omp simd{g._wide(row)} reduction(+:{m2})")
                 g.push()
                 v = g.value(n.body, p, None)
                 g.line(f"const {self.ct} d = {v} - {mean};")

@@ -103,6 +103,13 @@ float erfcf(float);
 #endif
 #endif
 
+/* lanes of a long simd loop (`simdlen(ST_WIDE)`): 512-bit vectors where there are */
+#if defined(__AVX512F__)
+#define ST_WIDE 16
+#else
+#define ST_WIDE 8
+#endif
+
 #define ST_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define ST_MAX(a, b) ((a) > (b) ? (a) : (b))
 
