@@ -149,6 +149,20 @@ def test_a_load_under_nested_masks_stays_in_its_loop() -> None:
     check(f, torch.randn(8, 4))
 
 
+def test_a_head_split_loops_along_its_runs() -> None:
+    """Attention heads merged back (`o.transpose(1, 2).reshape(B, T, H * D)`): the rows
+    of the output are H*D long but the input runs only D; the inner loop walks one run
+    (unit stride, no gather)."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2).reshape(2, 16, 128) * 2
+
+    fn = check(f, torch.randn(2, 4, 16, 32))
+    (k,) = fn.report.kernels
+    assert "XI = 32;" in k.source, k.source
+    assert "xi /" not in k.source and "xi %" not in k.source, k.source
+
+
 def test_one_index_per_line_scatter_is_a_pointwise_select() -> None:
     """nll_loss's backward scatters one value per row into zeros: no scatter kernel, the
     softmax backward reads the select in its own loop; ignore_index, a scatter along

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import sympy
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
@@ -122,11 +122,39 @@ class Schedule:
         return "\n".join(lines)
 
 
+def _unnest(e: Expr) -> Expr:
+    """Digits of digits as digits of the index (static divisors only):
+    ``FloorDiv(MI(F, a, m), b)`` is ``MI(F, a*b, m/b)`` and ``MI(MI(F, a, m), b, n)``
+    is ``MI(F, a*b, min(m/b, n))`` where b divides m and one of m/b, n divides the
+    other (what a flattened row's inner digit becomes after a view splits it)."""
+
+    def num(*xs: Any) -> bool:
+        return all(sympy.sympify(x).is_Integer for x in xs)
+
+    def fix(u: Expr) -> Expr:
+        if isinstance(u, FloorDiv | ModularIndexing) and isinstance(u.args[0], ModularIndexing):
+            f, a, m = u.args[0].args
+            b = u.args[1]
+            if num(a, m, b) and int(m) % int(b) == 0:
+                q = int(m) // int(b)
+                if isinstance(u, FloorDiv):
+                    return ModularIndexing(f, a * b, q)
+                n = u.args[2]
+                if num(n) and (q % int(n) == 0 or int(n) % q == 0):
+                    return ModularIndexing(f, a * b, min(q, int(n)))
+        return u
+
+    if not e.has(ModularIndexing):
+        return e
+    return e.replace(lambda u: isinstance(u, FloorDiv | ModularIndexing), fix)
+
+
 def simplify_index(e: Expr) -> Expr:
     """Fold `m*FloorDiv(F, d*m) + ModularIndexing(F, d, m)` into `FloorDiv(F, d)`, and
     `m*ModularIndexing(F, d*m, n) + ModularIndexing(F, d, m)` into
     `ModularIndexing(F, d, m*n)` (what decomposing and re-flattening contiguous dims
     produces: `r % 16 + 16 * (r // 16 % 16)` is `r % 256`)."""
+    e = _unnest(e)
     for _ in range(8):
         if not isinstance(e, sympy.Add):
             return e

@@ -54,6 +54,7 @@ from ..ir import (
     ReductionNode,
     ScatterNode,
     Value,
+    loads_of,
 )
 from ..scheduler import (
     RINDEX,
@@ -63,6 +64,7 @@ from ..scheduler import (
     Schedule,
     canonical_index,
     kernel_is_outer,
+    load_index,
     loop_segments,
     store_index,
 )
@@ -367,8 +369,10 @@ class CKernelCodegen:
     def pointwise(self) -> None:
         k = self.k
         first = k.nodes[0]
-        inner = _inner_extent(first.size)
         scatter = isinstance(first, ScatterNode)
+        inner = _inner_extent(first.size)
+        if inner is not None and not scatter:
+            inner = self._contiguous_inner(inner)
         self.line("if (xnumel <= 0) return;")
         if inner is not None and inner != k.xnumel and not scatter:
             self.split_inner = inner
@@ -408,6 +412,33 @@ class CKernelCodegen:
             self.pop()
             self.indent -= 1
             self.line("}")
+
+    def _contiguous_inner(self, inner: Expr) -> Expr:
+        """The xi loop's extent: `inner`, or the largest divisor of it (8 at least) under
+        which every load and store of the kernel walks memory along xi. A head split
+        (`x.view(B, T, H, D).transpose(1, 2)`) reads runs of D inside rows of H*D: a loop
+        over the row gathers, a loop over one run loads whole vectors."""
+        if not inner.is_number:
+            return inner
+        exprs: list[Expr] = []
+        for n in self.k.nodes:
+            p = self.k.placements[n.name]
+            exprs += [load_index(ld, p) for ld in loads_of(n.body) if not ld.indirect]
+            if isinstance(n, PointwiseNode) and n.name not in self.sched.internal:
+                exprs.append(store_index(self.buffers[n.name], n, p))
+
+        def along(c: int) -> bool:
+            for e in exprs:
+                for u in sympy.preorder_traversal(split_index(e, sympy.Integer(c))):
+                    if isinstance(u, FloorDiv | ModularIndexing) and XI in u.free_symbols:
+                        return False
+            return True
+
+        extent = int(inner)
+        for c in sorted((d for d in range(8, extent + 1) if extent % d == 0), reverse=True):
+            if along(c):
+                return sympy.Integer(c)
+        return inner
 
     def scatter(self, n: ScatterNode, p: Placement) -> None:
         val = self.value(n.body, p, None)
