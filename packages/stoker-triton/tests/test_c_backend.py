@@ -163,6 +163,22 @@ def test_a_head_split_loops_along_its_runs() -> None:
     assert "xi /" not in k.source and "xi %" not in k.source, k.source
 
 
+def test_a_scatter_is_simd_only_where_its_lanes_write_apart() -> None:
+    """An embedding's backward adds whole rows (repeated indices among them): serial
+    over rows, one fixed order, and simd along a row, whose lanes write distinct
+    elements. A scatter_add whose index moves along the row stays serial."""
+
+    def f(w: torch.Tensor, idx: torch.Tensor, j: torch.Tensor, s: torch.Tensor) -> Any:
+        (g,) = torch.autograd.grad((F.embedding(idx, w) * torch.arange(64.0)).sum(), [w])
+        return g, torch.zeros(4, 64).scatter_add(1, j, s)
+
+    w, idx = torch.randn(100, 64, requires_grad=True), torch.randint(0, 20, (8, 33))
+    j, s = torch.randint(0, 64, (4, 64)), torch.randn(4, 64)
+    fn = check(f, w, idx, j, s)
+    simd = ["#pragma omp simd" in k.source for k in fn.report.kernels if k.kind == "scatter"]
+    assert sorted(simd) == [False, True], [k.source for k in fn.report.kernels]
+
+
 def test_one_index_per_line_scatter_is_a_pointwise_select() -> None:
     """nll_loss's backward scatters one value per row into zeros: no scatter kernel, the
     softmax backward reads the select in its own loop; ignore_index, a scatter along

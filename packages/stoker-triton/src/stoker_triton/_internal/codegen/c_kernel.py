@@ -154,6 +154,7 @@ class CKernelCodegen:
         self.x_of: Expr = XV
         self.split_inner: Expr | None = None
         self.r_inner: Expr | None = None  # a row walked as ro * RI + ri (inner reductions)
+        self.simd_at: int | None = None  # where a scatter's xi loop gets its simd pragma
         self.tile = False  # an outer reduction's tile: row variables are arrays [xi]
         # Loop-invariant code motion: inside an innermost loop (a pointwise kernel's xi,
         # a row's r), a value that does not move with its variable (`inner`) is computed
@@ -385,6 +386,18 @@ class CKernelCodegen:
             self.open_inner(XI)
             self.line(f"#pragma omp simd{self._wide(inner)}")
             self.line("for (int64_t xi = 0; xi < XI; xi++) {")
+        elif scatter and inner is not None and inner != k.xnumel and len(k.nodes) == 1:
+            # serial over xo: an accumulating scatter adds in one fixed order (bit for
+            # bit); the xi loop is simd where its lanes write distinct elements
+            self.split_inner = inner
+            self.line(f"const int64_t XI = {c_index(inner)};")
+            self._note_symbols(inner)
+            self.line("for (int64_t xo = 0; xo < xnumel / XI; xo++) {")
+            self.indent += 1
+            self.push()
+            self.open_inner(XI)
+            self.simd_at = len(self.lines)
+            self.line("for (int64_t xi = 0; xi < XI; xi++) {")
         elif scatter:
             # serial: an accumulating scatter adds in one fixed order (bit for bit)
             self.line("for (int64_t x = 0; x < xnumel; x++) {")
@@ -442,8 +455,17 @@ class CKernelCodegen:
 
     def scatter(self, n: ScatterNode, p: Placement) -> None:
         val = self.value(n.body, p, None)
-        e = n.index.xreplace(self._bind(n.indirect, p, None))
+        binds = self._bind(n.indirect, p, None)
+        e = n.index.xreplace(binds)
         idx = self.index(e)
+        if self.simd_at is not None and self._lanes_apart(e, binds):
+            # (the loop's `for` has moved down by the lines hoisted above it since)
+            at = next(
+                i
+                for i in range(self.simd_at, len(self.lines))
+                if "for (int64_t xi" in self.lines[i]
+            )
+            self.lines.insert(at, "    " * (self.indent - 1) + "#pragma omp simd")
         ptr = self.ptr(n.name)
         dt = self.buffers[n.name].dtype
         if n.mode == "add":
@@ -454,6 +476,22 @@ class CKernelCodegen:
             self.line(f"{ptr}[{idx}] = {self._to_storage(total, dt)};")
         else:
             self.line(f"{ptr}[{idx}] = {self._to_storage(val, dt)};")
+
+    def _lanes_apart(self, e: Expr, binds: dict[sympy.Symbol, Expr]) -> bool:
+        """Whether the lanes of the xi loop write distinct elements: the target index is
+        `c * xi` (c a nonzero constant) plus what does not move with xi (the indirect
+        indices among it computed before the loop)."""
+        f = self._loop_form(e)
+        if any(
+            isinstance(u, FloorDiv | ModularIndexing) and XI in u.free_symbols
+            for u in sympy.preorder_traversal(f)
+        ):
+            return False
+        c = sympy.diff(f, XI)
+        if not (c.is_Integer and c != 0):
+            return False
+        ind = {str(v) for k, v in binds.items() if str(k).startswith("ind")}
+        return not any(self.moves.get(name, True) for name in ind)
 
     def _note_symbols(self, e: Expr) -> None:
         for s in sympy.sympify(e).free_symbols:
