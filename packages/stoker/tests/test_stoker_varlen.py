@@ -1,7 +1,7 @@
 """A new sequence length every step (padding-free batches): ``stoker.compile``'s default
 (automatic dynamic) compiles the forward and compiled autograd's backward once static,
 once more symbolic at the second length, and never after; each step's loss and
-gradients match eager's (docs/benchmarks.md, "Varying sequence lengths")."""
+gradients match eager's (docs/benchmarks.md, "A new sequence length every step")."""
 
 from __future__ import annotations
 
