@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import pytest
 import torch
@@ -138,6 +139,35 @@ def test_lazy_backward_matches_and_frozen_env_rejects_new_guards() -> None:
         y = compiled(torch.randn(5, 4, requires_grad=True), torch.randn(4, 3, requires_grad=True))
         with pytest.raises(StokerCaptureError, match="lazy_backward=False"):
             y.sum().backward()
+
+
+def test_lazy_backward_fallback_runs_the_graph_uncompiled_where_it_needs_a_guard() -> None:
+    """With ``lazy_backward_fallback`` the backward whose late compile needs a guard runs
+    its graph as it is, with a warning, and its gradients are eager's at every size."""
+    f = lambda x, w: (x @ w).sigmoid()  # noqa: E731
+    compiles: list[int] = []
+
+    def guarding(gm, example_inputs):  # a backward compiler that branches on a size
+        compiles.append(len(compiles))
+        for t in example_inputs:
+            if isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape[0] % 2 == 0:
+                pass
+        return gm
+
+    compiled = aot_function(
+        f, bw_compiler=guarding, lazy_backward=True, lazy_backward_fallback=True, dynamic="dynamic"
+    )
+    for n, warns in ((5, True), (6, False), (9, False)):  # one compile attempt, one warning
+        x, w = torch.randn(n, 4, requires_grad=True), torch.randn(4, 3, requires_grad=True)
+        x0, w0 = x.detach().requires_grad_(), w.detach().requires_grad_()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            compiled(x, w).square().sum().backward()
+        assert any("runs uncompiled" in str(m.message) for m in seen) == warns, seen
+        f(x0, w0).square().sum().backward()
+        torch.testing.assert_close(x.grad, x0.grad)
+        torch.testing.assert_close(w.grad, w0.grad)
+    assert compiles == [0]
 
 
 def test_debug_checks_lint_every_stage() -> None:

@@ -5,7 +5,8 @@ inlines stoker-capture's AOT backward *graph* into the graph it captures and
 compiles that: the AOT backward's own compiled version was built at lowering
 time and never launched (gpt-m: 47 kernels lowered, generated, loaded and
 compiled by the workers for nothing).  It is now compiled at its first call,
-which only a backward outside compiled autograd makes.
+which only a backward outside compiled autograd makes, with static sizes and
+symbolic ones alike.
 """
 
 from __future__ import annotations
@@ -91,7 +92,31 @@ def test_a_backward_outside_compiled_autograd_compiles_it_at_its_first_call(
         torch.testing.assert_close(p.grad, q.grad)
 
 
-def test_dynamic_shapes_compile_the_backward_at_lowering(aot_compiles: list[str]) -> None:
-    # a late compile could add a guard that can no longer be checked: not deferred
+def test_dynamic_shapes_compile_no_aot_backward_either(aot_compiles: list[str]) -> None:
+    """Symbolic sizes (``dynamic=True``, or automatic dynamic's recompile at a second
+    size) defer the AOT backward too: a new sequence length every step paid a third of
+    its one recompile building the AOT backward's kernels for nothing."""
     _train(compiled_autograd=True, dynamic=True, sizes=[4, 5])
+    assert _kinds(aot_compiles) == ["forward"], aot_compiles
+    aot_compiles.clear()
+    _train(compiled_autograd=True, dynamic=None, sizes=[4, 5, 7])
+    assert _kinds(aot_compiles) == ["forward", "forward"], aot_compiles
+
+
+def test_a_dynamic_backward_outside_compiled_autograd_compiles_at_its_first_call(
+    aot_compiles: list[str],
+) -> None:
+    """The late compile of a symbolic backward: compiled (no new guard needed) or, where
+    it would need one, run uncompiled with a warning; either way eager's gradients."""
+    m, ref = _model(), _model()
+    c = stoker.compile(m, dynamic=True)
+    for n in (4, 5, 7):
+        x = torch.randn(n, 6)
+        m.zero_grad()
+        ref.zero_grad()
+        with stoker.autograd_enabled(False):  # the engine calls the AOT backward itself
+            (c(x) ** 2).sum().backward()
+        (ref(x) ** 2).sum().backward()
+        for p, q in zip(m.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
     assert _kinds(aot_compiles) == ["forward", "backward"], aot_compiles

@@ -275,6 +275,7 @@ def aot_function(
     partition: Callable[..., Any] | None = None,
     memory_budget: float | None = None,
     lazy_backward: bool = False,
+    lazy_backward_fallback: bool = False,
     debug_checks: bool | None = None,
     limit: int = 8,
 ) -> AOTCompiled:
@@ -282,6 +283,8 @@ def aot_function(
 
     ``dynamic``: "auto" (a size that changes recompiles once, symbolically),
     "static" or "dynamic".  A module is compiled as `aot_module` says.
+    ``lazy_backward``: compile the backward at its first call; a compile that then needs
+    a new guard raises, or with ``lazy_backward_fallback`` runs the graph uncompiled.
     """
     cfg = AOTConfig(
         partition=partition,
@@ -290,6 +293,7 @@ def aot_function(
         bw_compiler=bw_compiler,
         dynamic=dynamic,
         lazy_backward=lazy_backward,
+        lazy_backward_fallback=lazy_backward_fallback,
     )
     if debug_checks is not None:
         cfg.debug_checks = debug_checks
@@ -305,6 +309,7 @@ def aot_module(
     partition: Callable[..., Any] | None = None,
     memory_budget: float | None = None,
     lazy_backward: bool = False,
+    lazy_backward_fallback: bool = False,
     debug_checks: bool | None = None,
     limit: int = 8,
 ) -> AOTCompiled:
@@ -324,6 +329,7 @@ def aot_module(
         partition=partition,
         memory_budget=memory_budget,
         lazy_backward=lazy_backward,
+        lazy_backward_fallback=lazy_backward_fallback,
         debug_checks=debug_checks,
         limit=limit,
     )

@@ -46,6 +46,9 @@ class AOTConfig:
     dynamic: str = "auto"
     # compile the backward at its first use, with the shape env frozen (default: at lowering)
     lazy_backward: bool = False
+    # with lazy_backward: a backward whose late compile needs a new guard (which can no
+    # longer be checked) runs its graph as it is (the aten executor), instead of raising
+    lazy_backward_fallback: bool = False
     # lint every graph between stages (also on with the environment variable STOKER_CHECK=1)
     debug_checks: bool = field(default_factory=lambda: os.environ.get("STOKER_CHECK", "") == "1")
     # decomposition table for capture; None means torch's core-aten decompositions

@@ -30,6 +30,7 @@ def dynamo_backend(
     debug_checks: bool | None = None,
     cache: bool | None = None,
     lazy_backward: bool = False,
+    lazy_backward_fallback: bool = False,
 ) -> Callable[..., Any]:
     """A torch.compile backend: ``torch.compile(model, backend=dynamo_backend())``.
 
@@ -41,6 +42,9 @@ def dynamo_backend(
     function's ``cache_outcome`` says what the cache did ("hit", "miss (why)").
     ``lazy_backward``: compile the backward at its first call (`AOTConfig`), for a
     caller whose backward usually never calls it (compiled autograd inlines it).
+    ``lazy_backward_fallback``: a lazy backward whose compile needs a new guard (a size
+    the compiler specializes on, too late to be checked) runs its graph uncompiled
+    instead of raising; what makes deferring safe with symbolic sizes.
     """
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
@@ -52,6 +56,7 @@ def dynamo_backend(
             dynamic="static",
             guard_params=False,
             lazy_backward=lazy_backward,
+            lazy_backward_fallback=lazy_backward_fallback,
         )
         if debug_checks is not None:
             cfg.debug_checks = debug_checks

@@ -8,6 +8,7 @@ in the guard set: seed 002), and wrapped in stoker's own autograd.Function.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,7 +147,9 @@ def _stage2_compile(
     # compile the forward now, the backward now (default) or at its first use
     fw = run_compiler(fw_compiler, part.fw, state)
     if cfg.lazy_backward:
-        bw: Callable[..., Any] = _LazyBackward(bw_compiler, part.bw, state)
+        bw: Callable[..., Any] = _LazyBackward(
+            bw_compiler, part.bw, state, cfg.lazy_backward_fallback
+        )
     else:
         bw = run_compiler(bw_compiler, part.bw, state)
     # wrap both in stoker's autograd.Function, with the runtime wrappers around it
@@ -164,11 +167,15 @@ class _LazyBackward:
 
     Anything the compilation would assume about shapes (a guard, a
     specialization) could no longer be checked before the forward runs, so it
-    is an error here, not a silently ignored guard.
+    is an error here, not a silently ignored guard; with ``fallback`` the graph
+    then runs as it is (the aten executor: right at every size the forward's
+    guards admit), and a warning says so.
     """
 
-    def __init__(self, compiler: Compiler, gm: fx.GraphModule, state: AOTState) -> None:
-        self.compiler, self.gm, self.state = compiler, gm, state
+    def __init__(
+        self, compiler: Compiler, gm: fx.GraphModule, state: AOTState, fallback: bool = False
+    ) -> None:
+        self.compiler, self.gm, self.state, self.fallback = compiler, gm, state, fallback
         self.compiled: Callable[..., Any] | None = None
 
     def __call__(self, *args: Any) -> Any:
@@ -178,12 +185,29 @@ class _LazyBackward:
         """Called with the list (`call_boxed`): the compiled backward frees each saved
         tensor after its last reader, as one compiled eagerly does."""
         if self.compiled is None:
-            compiled = self._compile()
+            compiled = self._compile_or_fall_back() if self.fallback else self._compile()
             # a graph run as is (the aten executor): boxed, as make_function_class does
             self.compiled = (
                 mark_boxed(compiled) if isinstance(compiled, fx.GraphModule) else compiled
             )
         return call_boxed(self.compiled, args)
+
+    def _compile_or_fall_back(self) -> Callable[..., Any]:
+        """`_compile`, or the graph as it is (a copy made first: a compiler that failed
+        half-way may have changed the graph it was given)."""
+        graph = fx.Graph()
+        graph.output(graph.graph_copy(self.gm.graph, {}))
+        kept = fx.GraphModule(self.gm, graph, type(self.gm).__name__)
+        try:
+            return self._compile()
+        except _LateGuardError as e:
+            warnings.warn(
+                f"{self.state.name}: its backward, compiled at its first call, needed a new "
+                f"assumption about input shapes {e.detail}, too late to be guarded; it runs "
+                "uncompiled (the aten executor).",
+                stacklevel=4,
+            )
+            return kept
 
     def _compile(self) -> Callable[..., Any]:
         env = self.state.ctx.shape_env
@@ -213,12 +237,21 @@ class _LazyBackward:
         return compiled
 
     def _error(self, detail: str) -> StokerCaptureError:
-        return StokerCaptureError(
+        return _LateGuardError(
+            detail,
             f"{self.state.name}: compiling the backward lazily (lazy_backward=True) needed a new "
             f"assumption about input shapes {detail}, which can no longer be guarded.  Compile "
             "the backward at lowering time (lazy_backward=False) so its guards join the "
-            "forward's."
+            "forward's.",
         )
+
+
+class _LateGuardError(StokerCaptureError):
+    """A lazily compiled backward needed a new guard on the input sizes (``detail``)."""
+
+    def __init__(self, detail: str, message: str) -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 def _ignored_guards(env: Any) -> int:

@@ -182,8 +182,10 @@ class StokerBackend:
         try:
             # With compiled autograd on, the backward's first run inlines the AOT backward
             # graph into its own captured graph, so the AOT backward is compiled only if
-            # something calls it (static shapes: no guard can come of compiling it late)
-            lazy_bw = opts.compiled_autograd and _static(gm, example_inputs)
+            # something calls it (a backward outside compiled autograd). With symbolic
+            # sizes, that late compile may need a guard the forward can no longer check:
+            # the graph then runs uncompiled, with a warning (stoker-capture's fallback)
+            lazy_bw = opts.compiled_autograd
             inner = _capture_backend(compiler, opts, lazy_bw)
             compiled: CompiledCallable = inner(gm, example_inputs)
         except Exception as e:
@@ -541,7 +543,7 @@ def _capture_backend(
         "compiler": compiler,
         "partition": partition,
         "memory_budget": opts.memory_budget,
-        **({"lazy_backward": True} if lazy_backward else {}),
+        **({"lazy_backward": True, "lazy_backward_fallback": True} if lazy_backward else {}),
         **opts.extra,
     }
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
@@ -616,19 +618,6 @@ def _record_kernels(rec: CompileRecord, report: Any, stage: str) -> None:
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def _static(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
-    """Whether the graph's inputs have only static sizes (no SymInt anywhere)."""
-    vals = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
-    for v in [*example_inputs, *vals]:
-        if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
-            return False
-        if isinstance(v, torch.Tensor) and not all(
-            isinstance(d, int) for d in (*v.shape, *v.stride(), v.storage_offset())
-        ):
-            return False
-    return True
 
 
 def _public_options(o: CompileOptions) -> dict[str, Any]:

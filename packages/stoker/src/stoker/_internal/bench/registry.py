@@ -270,6 +270,19 @@ register(
 )
 register(
     Benchmark(
+        "varlen",
+        "stoker",
+        "a new sequence length every step: the step at the 1st, 2nd, 3rd and 10th new "
+        "length and the graphs compiled, eager / stoker / Inductor",
+        module="varlen",
+        # the aten executor: the C backend's two cold builds double the smoke's time, and
+        # packages/stoker/tests/test_stoker_varlen.py holds it to the same target
+        smoke_args=("--smoke", "--backends", "eager,stoker", "--backend", "aten", "--check"),
+        rows=lambda doc: flatten_rows(doc["rows"] if isinstance(doc, dict) else doc),
+    )
+)
+register(
+    Benchmark(
         "shapes",
         "stoker-shapes",
         "guard-check cost: µs per call of a GuardSet over 10 tensors, beside a plain call",
