@@ -40,7 +40,6 @@ import re
 import sympy
 import torch
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
-from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from ..devices import DeviceSpec
 from ..ir import (
@@ -82,17 +81,6 @@ LOOP_NAMES = {"xo", "xi", "x", "r", "ro", "ri", "x0", "xn", "xb", "xnumel", "rnu
 LOOP_NAMES |= {"XI", "RI"}
 
 Node = PointwiseNode | ReductionNode | ScatterNode
-# int64 ops computed in int32 where their range fits (their C text is type-agnostic)
-_NARROW_OPS = frozenset(
-    {"add", "sub", "mul", "neg", "where", "masked", "maximum", "minimum", "identity"}
-)
-_COMPARE = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "where", "masked"})
-_INT_RANGE = {
-    torch.int32: (-(2**31), 2**31 - 1),
-    torch.int16: (-(2**15), 2**15 - 1),
-    torch.int8: (-128, 127),
-    torch.uint8: (0, 255),
-}
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
 
@@ -167,11 +155,6 @@ class CKernelCodegen:
         self.split_inner: Expr | None = None
         self.r_inner: Expr | None = None  # a row walked as ro * RI + ri (inner reductions)
         self.simd_at: int | None = None  # where a scatter's xi loop gets its simd pragma
-        # int64 values whose range fits int32 (index arithmetic: a pooling window's
-        # bounds checks, a concatenation's offsets) are computed in int32: twice the
-        # lanes, and no 64-bit multiplies and divides the vector units lack
-        self.ranges: dict[tuple[int, object], tuple[int, int] | None] = {}
-        self.narrow: set[str] = set()  # C locals held as int32_t
         self.tile = False  # an outer reduction's tile: row variables are arrays [xi]
         # Loop-invariant code motion: inside an innermost loop (a pointwise kernel's xi,
         # a row's r), a value that does not move with its variable (`inner`) is computed
@@ -299,8 +282,6 @@ class CKernelCodegen:
                         self.symbols.add(s)
             else:
                 code = self.index(e)
-            if self._fits_int32(v, p):
-                return self._narrow_assign(f"(int32_t)({code})", key, moves)
             return self.assign(ct, cast(f"({code})", torch.int64, v.dtype), key, moves)
         if isinstance(v, Load):
             return self.load(v, p, mask, key)
@@ -318,142 +299,14 @@ class CKernelCodegen:
             inner = self.value(v.args[1], p, inner_mask)
             other = self.value(v.args[2], p, mask)
             code = f"({cond} ? {inner} : {other})"
-            moves = self._code_moves(cond, inner, other, mask)
-            if v.dtype == torch.int64 and self._fits_int32(v, p):
-                return self._narrow_assign(code, key, moves)
-            return self.assign(ct, code, key, moves)
+            return self.assign(ct, code, key, self._code_moves(cond, inner, other, mask))
         args = [self.value(a, p, mask) for a in v.args]
-        moves = self._code_moves(*args)
-        narrow = (
-            v.dtype == torch.int64
-            and (
-                v.name in _NARROW_OPS or (v.name == "to" and not v.args[0].dtype.is_floating_point)
-            )
-            and self._fits_int32(v, p)
-        )
-        if narrow:  # int64 constants among the arguments as int32 ones
-            args = [
-                f"((int32_t){int(a.value)})"
-                if isinstance(a, Const) and a.dtype == torch.int64
-                else c
-                for a, c in zip(v.args, args)
-            ]
-        elif v.name not in _COMPARE:  # an int32 argument widens before the arithmetic
-            args = [f"((int64_t)({c}))" if c in self.narrow else c for c in args]
         code = C_OPS[v.name](args, [a.dtype for a in v.args], v.dtype)
         if v.name == "pow" and isinstance(v.args[1], Const) and v.dtype.is_floating_point:
             code = _small_power(args[0], float(v.args[1].value), v.dtype) or code
         if v.dtype in HALF and v.name != "to":  # half math rounds as eager stores it
             code = cast(code, torch.float32, v.dtype)
-        if narrow:
-            return self._narrow_assign(code, key, moves)
-        return self.assign(ct, code, key, moves)
-
-    def _narrow_assign(self, code: str, key: object, moves: bool) -> str:
-        var = self.assign("int32_t", code, key, moves)
-        self.narrow.add(var)
-        return var
-
-    def _fits_int32(self, v: Value, p: Placement) -> bool:
-        r = self._range(v, p)
-        return r is not None and -(2**31) <= r[0] and r[1] < 2**31
-
-    def _range(self, v: Value, p: Placement) -> tuple[int, int] | None:
-        """Bounds of an integer value over the kernel's loops (static sizes), or None."""
-        k = (id(v), p.key())
-        if k in self.ranges:
-            return self.ranges[k]
-        self.ranges[k] = None  # (a value is a DAG: no cycle, but be safe)
-        r = self._range_of(v, p)
-        self.ranges[k] = r
-        return r
-
-    def _range_of(self, v: Value, p: Placement) -> tuple[int, int] | None:
-        if v.dtype == torch.bool:
-            return (0, 1)
-        if v.dtype.is_floating_point or v.dtype.is_complex:
-            return None
-        if isinstance(v, Const):
-            return (int(v.value), int(v.value))
-        if isinstance(v, Load):
-            if v.dtype == torch.int64 or v.dtype not in _INT_RANGE:
-                return None
-            return _INT_RANGE[v.dtype]
-        if isinstance(v, IndexValue):
-            extra: dict[sympy.Symbol, tuple[int, int]] = {}
-            for sym, iv in v.indirect:
-                r = self._range(iv, p)
-                if r is None:
-                    return None
-                extra[sym] = r
-            return self._index_range(v.expr.xreplace(p.varmap), extra)
-        if not isinstance(v, Op):
-            return None
-        rs = [self._range(a, p) for a in v.args]
-        name = v.name
-        if name == "masked":
-            a, b = rs[1], rs[2]
-            return None if a is None or b is None else (min(a[0], b[0]), max(a[1], b[1]))
-        if name == "where":
-            a, b = rs[1], rs[2]
-            return None if a is None or b is None else (min(a[0], b[0]), max(a[1], b[1]))
-        known = [r for r in rs if r is not None]
-        if len(known) != len(rs) or not known:
-            return None
-        if name in ("identity", "to"):
-            return known[0]
-        if name == "neg":
-            return (-known[0][1], -known[0][0])
-        if name == "abs":
-            lo, hi = known[0]
-            return (0 if lo <= 0 <= hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi)))
-        if name in ("add", "sub", "mul", "maximum", "minimum") and len(known) == 2:
-            (a0, a1), (b0, b1) = known
-            if name == "add":
-                return (a0 + b0, a1 + b1)
-            if name == "sub":
-                return (a0 - b1, a1 - b0)
-            if name == "maximum":
-                return (max(a0, b0), max(a1, b1))
-            if name == "minimum":
-                return (min(a0, b0), min(a1, b1))
-            prods = [a0 * b0, a0 * b1, a1 * b0, a1 * b1]
-            return (min(prods), max(prods))
-        if name in ("floordiv", "remainder") and isinstance(v.args[1], Const):
-            d = int(v.args[1].value)
-            lo, hi = known[0]
-            if d <= 0:
-                return None
-            return (lo // d, hi // d) if name == "floordiv" else (0, d - 1)
-        return None
-
-    def _index_range(
-        self, e: Expr, extra: dict[sympy.Symbol, tuple[int, int]] | None = None
-    ) -> tuple[int, int] | None:
-        """Bounds of an index expression over x in [0, xnumel), r in [0, rnumel) and
-        the indirect indices in `extra` within theirs."""
-        xn, rn = sympy.sympify(self.k.xnumel), sympy.sympify(self.k.rnumel)
-        extra = extra or {}
-        if not (xn.is_number and rn.is_number) or not e.free_symbols <= {
-            XINDEX,
-            RINDEX,
-            *extra,
-        }:
-            return None
-        ranges = {
-            XINDEX: ValueRanges(0, max(int(xn) - 1, 0)),
-            RINDEX: ValueRanges(0, max(int(rn) - 1, 0)),
-        }
-        ranges.update({s: ValueRanges(lo, hi) for s, (lo, hi) in extra.items()})
-        try:
-            vr = bound_sympy(canonical_index(e), ranges)
-        except Exception:  # (a form the bound analysis does not know: stay int64)
-            return None
-        if not (vr.lower.is_number and vr.upper.is_number) or not (
-            vr.lower.is_finite and vr.upper.is_finite
-        ):
-            return None
-        return (int(sympy.floor(vr.lower)), int(sympy.ceiling(vr.upper)))
+        return self.assign(ct, code, key, self._code_moves(*args))
 
     def _bind(
         self, indirect: tuple[tuple[sympy.Symbol, Value], ...], p: Placement, mask: str | None
@@ -461,7 +314,6 @@ class CKernelCodegen:
         subs: dict[sympy.Symbol, Expr] = dict(p.varmap)
         for sym, iv in indirect:
             code = self.value(iv, p, mask)
-            # int64 whatever its range: it is a term of pointer offsets (`128 * ind`)
             var = self.assign(
                 "int64_t", f"(int64_t)({code})", ("ind", code), self._code_moves(code)
             )
