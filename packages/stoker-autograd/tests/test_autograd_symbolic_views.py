@@ -171,6 +171,81 @@ def test_a_known_pointwise_backward_is_what_the_kernel_makes(case: int, dtype: t
         assert retrace._known_pointwise_backward((g, y.to(other), *extra), kwargs) is None
 
 
+def _pointwise_cases(x: Any, mask: Any, bias: Any, half: Any, ints: Any) -> list[Any]:
+    scalar = torch.tensor(2.0)  # zero-dim: promotes by category only
+    return [
+        (aten.where.self, (mask, x, x), {}),  # a (1, 1, T, T) mask broadcast
+        (aten.where.self, (mask, x, scalar), {}),
+        (aten.clamp.default, (x, 0.0, 1.0), {}),
+        (aten.clamp.default, (ints, 0), {}),
+        (aten.gelu.default, (x,), {"approximate": "tanh"}),
+        (aten.add.Tensor, (x, bias), {}),  # a (T,) bias broadcast
+        (aten.add.Tensor, (x, half), {}),  # float32 + bfloat16
+        (aten.add.Tensor, (half, scalar), {}),  # stays bfloat16
+        (aten.mul.Tensor, (ints, 0.5), {}),  # int64 * float: the default dtype
+        (aten.div.Tensor, (ints, ints), {}),  # true division of ints
+        (aten.ge.Scalar, (x, 0), {}),
+        (aten.bitwise_not.default, (mask,), {}),
+        (aten.sigmoid.default, (ints,), {}),
+    ]
+
+
+@pytest.mark.parametrize("case", range(13))
+def test_a_known_pointwise_result_is_what_the_kernel_makes(case: int) -> None:
+    ctx = ShapeContext(policy="auto")
+    bt = [Dim("b"), None, Dim("t"), Dim("t")]
+    with ctx.tracing():
+        x = _fake(ctx, (2, 3, 5, 5), bt)
+        mask = _fake(ctx, (1, 1, 5, 5), [None, None, Dim("t"), Dim("t")], 1, torch.bool)
+        bias = _fake(ctx, (5,), [Dim("t")], 2)
+        half = _fake(ctx, (2, 3, 5, 5), bt, 3, torch.bfloat16)
+        ints = _fake(ctx, (2, 3, 5, 5), bt, 4, torch.int64)
+        op, args, kwargs = _pointwise_cases(x, mask, bias, half, ints)[case]
+        ours = retrace._known_pointwise(op, args, kwargs)
+        theirs = op(*args, **kwargs)
+        assert ours is not None
+        assert _exprs(ours.shape) == _exprs(theirs.shape)
+        assert _exprs(ours.stride()) == _exprs(theirs.stride())
+        assert ours.dtype == theirs.dtype
+        # an operand that is not contiguous: the kernel's layout rules
+        xt = x.transpose(2, 3)
+        assert retrace._known_pointwise(aten.add.Tensor, (x, xt), {}) is None
+        # sizes equal only at the hints: the kernel's guard
+        other = _fake(ctx, (2, 3, 5, 5), [Dim("b"), None, Dim("u"), Dim("t")], 5)
+        assert retrace._known_pointwise(aten.add.Tensor, (x, other), {}) is None
+
+
+def test_known_addmm_and_contiguous_clone_are_what_the_kernels_make() -> None:
+    ctx = ShapeContext(policy="auto")
+    with ctx.tracing():
+        x = _fake(ctx, (10, 8), [Dim("r"), None])
+        w = _fake(ctx, (6, 8), [None, None], 1)
+        b = _fake(ctx, (6,), [None], 2)
+        y = _fake(ctx, (4, 3, 8), [Dim("b"), None, Dim("t")], 3)
+        cases = [
+            (aten.addmm.default, (b, x, w.t()), {}, retrace._known_addmm),
+            (aten.addmm.default, (b, x, w.t()), {"beta": 0.5}, retrace._known_addmm),
+            (aten.addmm.default, (b.view(1, 6), x, w.t()), {}, retrace._known_addmm),
+            (
+                aten.clone.default,
+                (y.transpose(1, 2),),
+                {"memory_format": torch.contiguous_format},
+                retrace._known_clone,
+            ),
+            (aten.clone.default, (y,), {}, retrace._known_clone),
+        ]
+        for op, args, kwargs, known in cases:
+            ours = known(args, kwargs)
+            theirs = op(*args, **kwargs)
+            assert ours is not None, (op, kwargs)
+            assert _exprs(ours.shape) == _exprs(theirs.shape)
+            assert _exprs(ours.stride()) == _exprs(theirs.stride())
+            assert ours.dtype == theirs.dtype
+        # inner sizes that differ as expressions (equal at the hints): the kernel's guard
+        z = _fake(ctx, (8, 6), [Dim("k"), None], 4)
+        assert retrace._known_addmm((b, x, z), {}) is None
+
+
 class Heads(nn.Module):
     """qkv split into heads by views of ``(B, T, C)`` slices, merged back by a view."""
 
@@ -300,6 +375,15 @@ def test_a_symbolic_backward_of_fused_backwards_skips_their_decompositions(
             retracing.pop()
 
     monkeypatch.setattr(runtime, "retrace", in_retrace)
+    built: list[str] = []
+    monkeypatch.setattr(
+        retrace, "_known_pointwise", _counting(retrace._known_pointwise, "_known_pointwise", built)
+    )
+    monkeypatch.setitem(
+        retrace._KNOWN,
+        aten.native_layer_norm_backward.default,
+        _counting(retrace._known_layer_norm_backward, "layer_norm_backward", built),
+    )
     torch.manual_seed(0)
     model = Block()
     ref = copy.deepcopy(model)
@@ -322,3 +406,17 @@ def test_a_symbolic_backward_of_fused_backwards_skips_their_decompositions(
                 torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
     assert stoker_autograd.stats().get("compiles", 0) >= 1
     assert not symbolic_calls, symbolic_calls
+    # the recomputed forward's pointwise ops, the layer norms' backwards
+    assert {"_known_pointwise", "layer_norm_backward"} <= set(built), built
+
+
+def _counting(fn: Any, name: str, built: list[str]) -> Any:
+    """``fn``, noting ``name`` in ``built`` each time it builds a result."""
+
+    def wrapped(*args: Any) -> Any:
+        out = fn(*args)
+        if out is not None:
+            built.append(name)
+        return out
+
+    return wrapped

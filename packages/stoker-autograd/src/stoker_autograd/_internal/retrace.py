@@ -986,11 +986,140 @@ def _known_pointwise_backward(args: Any, kwargs: dict[str, Any]) -> torch.Tensor
     return torch.empty(shape, dtype=dtype, device=a.device)
 
 
+def _known_addmm(args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``addmm(bias, a, b)``'s result: contiguous ``(M, N)`` in their dtype (its fake
+    kernel is torch's decomposition, an ``mm`` then a broadcasting add and scale, about
+    3 ms a call over symbolic sizes).  Only where the inner sizes are one expression,
+    the bias is ``(N,)``, ``(1, N)`` or ``(M, N)`` as expressions, one floating dtype,
+    one device, a symbolic size; else None (the kernel)."""
+    if len(args) != 3 or any(k not in ("beta", "alpha") for k in kwargs):
+        return None
+    bias, a, b = args
+    if not all(isinstance(t, torch.Tensor) and t.layout == torch.strided for t in args):
+        return None
+    if a.dim() != 2 or b.dim() != 2 or not a.dtype.is_floating_point:
+        return None
+    if bias.dtype != a.dtype or b.dtype != a.dtype or not (bias.device == a.device == b.device):
+        return None
+    m, k = a.shape
+    k2, n = b.shape
+    if all(isinstance(d, int) for d in (m, k, k2, n)) or _expr(k) != _expr(k2):
+        return None
+    if [_expr(d) for d in bias.shape] not in ([_expr(n)], [1, _expr(n)], [_expr(m), _expr(n)]):
+        return None
+    return torch.empty([m, n], dtype=a.dtype, device=a.device)
+
+
+def _known_clone(args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``clone(x, memory_format=torch.contiguous_format)``: contiguous of ``x``'s sizes
+    whatever its strides (its fake kernel, torch's reference, asks sympy about them).
+    Another memory format: the pointwise rule (`_known_pointwise`)."""
+    if len(args) != 1 or kwargs != {"memory_format": torch.contiguous_format}:
+        return _known_pointwise(torch.ops.aten.clone.default, args, kwargs)
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or x.layout != torch.strided:
+        return None
+    if all(isinstance(d, int) for d in x.shape):
+        return None
+    return torch.empty(list(x.shape), dtype=x.dtype, device=x.device)
+
+
+_DTYPES_OF: dict[tuple[Any, ...], torch.dtype | None] = {}
+"""Result dtype of a pointwise op per argument signature (`_pointwise_dtype`)."""
+
+
+def _pointwise_dtype(op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> torch.dtype | None:
+    """The dtype of ``op(*args, **kwargs)``'s result, from its fake kernel run once per
+    signature on one-element tensors (type promotion reads only dtypes, which tensors
+    are zero-dim, and the kinds of scalars), or None where the kernel refuses them."""
+    key: list[Any] = [op]
+    probe: list[Any] = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.dim() == 0, a.device))
+            probe.append(torch.empty([] if a.dim() == 0 else [1], dtype=a.dtype, device=a.device))
+        elif isinstance(a, torch.SymInt | torch.SymFloat | torch.SymBool):
+            key.append(a.node.pytype)
+            probe.append(a.node.pytype(1))
+        elif isinstance(a, bool | int | float | complex):
+            key.append(type(a))
+            probe.append(a)
+        elif a is None or isinstance(a, str | torch.dtype | torch.device | torch.layout):
+            key.append(a)
+            probe.append(a)
+        else:
+            return None
+    k = tuple(key)
+    if k not in _DTYPES_OF:
+        n = len(args)
+        try:
+            out = op(*probe[:n], **dict(zip(kwargs, probe[n:], strict=True)))
+        except Exception:
+            out = None
+        _DTYPES_OF[k] = out.dtype if isinstance(out, torch.Tensor) else None
+    return _DTYPES_OF[k]
+
+
+def _known_pointwise(op: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """A pointwise op's result (``where``, ``clamp``, ``add``, comparisons, ...) made
+    from its operands' sizes as expressions, where its fake kernel (torch's Python
+    reference) asks sympy about every broadcast (1-10 ms a call over symbolic sizes).
+    Only where no question is open: each dim of the operands (aligned from the right)
+    is a static 1 or one expression, every operand is contiguous by its expressions
+    (the result is then contiguous), they share a device (zero-dim ones aside), and a
+    size is symbolic; the dtype comes from `_pointwise_dtype`.  Else None (the kernel)."""
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    full = [t for t in tensors if t.dim() > 0]
+    if not full or any(t.layout != torch.strided for t in tensors):
+        return None
+    device = full[0].device
+    if any(t.device != device for t in full):
+        return None
+    ndim = max(t.dim() for t in full)
+    sizes: list[Any] = [1] * ndim
+    exprs: list[Any] = [1] * ndim
+    symbolic = False
+    for t in full:
+        off = ndim - t.dim()
+        for i, d in enumerate(t.shape):
+            e = _expr(d)
+            if isinstance(d, torch.SymInt):
+                symbolic = True
+            if isinstance(e, int) and e == 1:
+                continue
+            if isinstance(exprs[off + i], int) and exprs[off + i] == 1:
+                sizes[off + i], exprs[off + i] = d, e
+            elif exprs[off + i] != e:
+                return None  # equal only at the hints, or not at all: the kernel decides
+        if not _contiguous_by_exprs(t):
+            return None
+    if not symbolic:
+        return None
+    dtype = _pointwise_dtype(op, args, kwargs)
+    if dtype is None:
+        return None
+    return torch.empty(sizes, dtype=dtype, device=device)
+
+
+@functools.cache
+def _is_pointwise(op: Any) -> bool:
+    """An aten op tagged pointwise, functional, with one tensor result."""
+    return (
+        isinstance(op, torch._ops.OpOverload)
+        and torch.Tag.pointwise in op.tags
+        and not op._schema.is_mutable
+        and len(op._schema.returns) == 1
+        and str(op._schema.returns[0].type) == "Tensor"
+    )
+
+
 _KNOWN: dict[Any, Any] = {
     torch.ops.aten.view.default: _known_view,
     torch.ops.aten._unsafe_view.default: _known_view,
     torch.ops.aten.native_layer_norm.default: _known_layer_norm,
     torch.ops.aten.native_layer_norm_backward.default: _known_layer_norm_backward,
+    torch.ops.aten.addmm.default: _known_addmm,
+    torch.ops.aten.clone.default: _known_clone,
     **{
         getattr(torch.ops.aten, name).default: _known_pointwise_backward
         for name in (
@@ -1098,7 +1227,12 @@ def _record(
         out_proxy = tracer.create_proxy("call_function", op, pargs, pkwargs, name=name)
         with proxy_tensor._enable_thunkify(tracer):
             known = _KNOWN.get(op)
-            out = None if known is None else known(args, kwargs)
+            if known is not None:
+                out = known(args, kwargs)
+            elif _is_pointwise(op):
+                out = _known_pointwise(op, args, kwargs)
+            else:
+                out = None
             if out is None:
                 out = op(*args, **kwargs)
         _track(tracer, out, out_proxy)
