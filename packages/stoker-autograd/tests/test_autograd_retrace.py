@@ -98,6 +98,7 @@ def test_recorded_ops_make_the_proxy_modes_graph(
     assert len(fast) == 2  # one static AOT function per batch size
     assert "aten.mm.default" in recorded and "aten.view.default" in recorded
     monkeypatch.setattr(retrace, "_recorded_as_is", lambda op: False)  # the proxy mode only
+    monkeypatch.setattr(retrace, "_kept_whole", lambda op: False)
     slow = _variants(_run([3, 3, 4, 4]))
     assert fast == slow
 
@@ -127,8 +128,24 @@ def test_recorded_ops_with_symbolic_sizes(
         isinstance(v, torch.Tensor) and v.dim() and isinstance(v.shape[0], torch.SymInt)
         for v in vals
     )
+    real_as_is, real_whole = retrace._recorded_as_is, retrace._kept_whole
     monkeypatch.setattr(retrace, "_recorded_as_is", lambda op: False)
+    monkeypatch.setattr(retrace, "_kept_whole", lambda op: False)
     slow = retrace.retrace(gm, inputs, sizes, scalars, sources, unpack, dynamic)
+    assert _graph(fast.gm) == _graph(slow.gm)
+    guards = [[(g.kind, g.code) for g in rt.guards().guards] for rt in (fast, slow)]
+    # torch's node metadata asks the shape env whether each result is contiguous, and
+    # that may add a guard (here ``s != 8`` for a permute): the recorded nodes' metadata
+    # (`retrace._tensor_meta`) asks nothing, so its guards are a subset of those ...
+    assert set(guards[0]) <= set(guards[1])
+    # ... and, with that metadata for every node, the very guards of the proxy mode
+    from torch.fx.experimental import proxy_tensor
+
+    monkeypatch.setattr(proxy_tensor, "_extract_tensor_metadata", retrace._tensor_meta)
+    slow = retrace.retrace(gm, inputs, sizes, scalars, sources, unpack, dynamic)
+    monkeypatch.setattr(retrace, "_recorded_as_is", real_as_is)
+    monkeypatch.setattr(retrace, "_kept_whole", real_whole)
+    fast = retrace.retrace(gm, inputs, sizes, scalars, sources, unpack, dynamic)
     assert _graph(fast.gm) == _graph(slow.gm)
     guards = [[(g.kind, g.code) for g in rt.guards().guards] for rt in (fast, slow)]
     assert guards[0] == guards[1]
@@ -142,6 +159,11 @@ def test_ops_the_proxy_mode_changes_are_not_recorded_as_is() -> None:
     assert not retrace._recorded_as_is(aten.add_.Tensor)  # mutates an input
     assert not retrace._recorded_as_is(aten._softmax_backward_data.default)  # decomposed
     assert not retrace._recorded_as_is(aten.native_layer_norm_backward.default)
+    # fused backwards kept whole unless their dtypes mix: recorded after their table entry
+    assert retrace._kept_whole(aten.native_layer_norm_backward.default)
+    assert retrace._kept_whole(aten._softmax_backward_data.default)
+    assert not retrace._kept_whole(aten.silu_backward.default)  # CompositeImplicitAutograd
+    assert not retrace._kept_whole(aten.mm.default)  # recorded as is
     assert not retrace._recorded_as_is(aten.lift_fresh.default)
     assert not retrace._recorded_as_is(aten._local_scalar_dense.default)  # data-dependent
     assert not retrace._recorded_as_is(torch.tanh)  # not an OpOverload

@@ -36,6 +36,7 @@ from torch.fx.experimental.proxy_tensor import (
     fetch_object_proxy,
     track_tensor_tree,
 )
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from stoker_shapes import Dim, GuardSet, Origin, ShapeContext, Source
 
@@ -688,6 +689,13 @@ def _replay_node(rp: _Replayer, node: fx.Node, placeholders: dict[fx.Node, int])
         if out is not NotImplemented:
             env[node] = out
             return
+    elif _kept_whole(node.target):  # a fused backward: its table entry decides
+        out = _replay_table()[node.target](*args, **kwargs)  # traced where it decomposes
+        if out is NotImplemented:  # kept whole: recorded as the proxy mode would
+            out = _record(rp, node.target, args, kwargs, leaves)  # type: ignore[arg-type]
+        if out is not NotImplemented:
+            env[node] = out
+            return
     env[node] = node.target(*args, **kwargs)  # type: ignore[operator]
 
 
@@ -877,10 +885,252 @@ def _known_layer_norm(args: Any, kwargs: dict[str, Any]) -> tuple[torch.Tensor, 
     return out, mean, rstd
 
 
+def _known_layer_norm_backward(
+    args: Any, kwargs: dict[str, Any]
+) -> tuple[torch.Tensor | None, ...] | None:
+    """``aten.native_layer_norm_backward``'s results made as its fake kernel makes them,
+    without running it: the kernel is torch's decomposition, about twenty ops whose
+    broadcasts and reductions each ask sympy about the sizes (about 20 ms a call over
+    symbolic sizes, against 1.5 ms static; every layer norm of the model has one).
+    The decomposition computes on contiguous copies, so ``grad_input`` is contiguous
+    of the input's sizes in its dtype, and ``grad_weight``/``grad_bias`` contiguous of
+    the normalized sizes in the weight's/bias's dtype (None where masked off or where
+    there is no weight/bias).  Only where nothing could add a guard: ``grad_out`` of the
+    input's sizes, ``mean``/``rstd`` of the leading sizes then ones (as the forward
+    made them), normalized sizes, weight and bias the input's last sizes, all as
+    expressions; no size zero; a floating input, a symbolic size.  Else None."""
+    if kwargs or len(args) != 8:
+        return None
+    grad, x, normalized, mean, rstd, weight, bias, mask = args
+    if not all(isinstance(t, torch.Tensor) for t in (grad, x, mean, rstd)):
+        return None
+    if not x.dtype.is_floating_point or len(mask) != 3:
+        return None
+    n = len(normalized)
+    shape = list(x.shape)
+    if n < 1 or n > len(shape) or all(isinstance(d, int) for d in shape):
+        return None
+    if any(h is None or h < 1 for h in (_hint(d) for d in shape)):
+        return None  # an empty input: the kernel returns zeros of other dtypes
+    exprs = [_expr(d) for d in shape]
+    lead, tail = exprs[: len(shape) - n], exprs[len(shape) - n :]
+    if [_expr(d) for d in grad.shape] != exprs or [_expr(d) for d in normalized] != tail:
+        return None
+    stats = [*lead, *([1] * n)]
+    if [_expr(d) for d in mean.shape] != stats or [_expr(d) for d in rstd.shape] != stats:
+        return None
+    for p in (weight, bias):
+        if p is not None and (
+            not isinstance(p, torch.Tensor) or [_expr(d) for d in p.shape] != tail
+        ):
+            return None
+    inner = shape[len(shape) - n :]
+    d_input = torch.empty(shape, dtype=x.dtype, device=x.device) if mask[0] else None
+    d_weight = (
+        torch.empty(inner, dtype=weight.dtype, device=x.device)
+        if mask[1] and weight is not None
+        else None
+    )
+    d_bias = (
+        torch.empty(inner, dtype=bias.dtype, device=x.device)
+        if mask[2] and bias is not None
+        else None
+    )
+    return d_input, d_weight, d_bias
+
+
+def _contiguous_by_exprs(t: torch.Tensor) -> bool:
+    """Are ``t``'s strides the contiguous strides of its sizes, as expressions (size-1
+    dims skipped)?  No question to the shape env; False where only a guard would say."""
+    want: Any = 1
+    for d, st in zip(reversed(t.shape), reversed(t.stride()), strict=True):
+        size = _expr(d)
+        if size == 1:
+            continue
+        if _expr(st) != want:
+            return False
+        want = want * size
+    return True
+
+
+def _known_pointwise_backward(args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The result of a fused pointwise backward (``gelu_backward(grad, self)``,
+    ``_softmax_backward_data(grad, output, dim, input_dtype)``, ...), made as its fake
+    kernel makes it: torch's decomposition, a handful of broadcasting ops that each
+    ask sympy about the sizes (about 10 ms a call over symbolic sizes).  Only where
+    its two tensors have one dtype and the same sizes as expressions and are both
+    contiguous (by their expressions): the result is then contiguous of those sizes,
+    in their dtype, or ``input_dtype`` for the softmax backwards (the kernel casts to
+    it).  Else None (the kernel)."""
+    if len(args) < 2:
+        return None
+    a, b = args[0], args[1]
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return None
+    if a.layout != torch.strided or b.layout != torch.strided:
+        return None
+    if a.dtype != b.dtype or not a.dtype.is_floating_point or a.device != b.device:
+        return None
+    if any(isinstance(v, torch.Tensor) for v in (*args[2:], *kwargs.values())):
+        return None
+    shape = list(a.shape)
+    if all(isinstance(d, int) for d in shape):
+        return None
+    if [_expr(d) for d in shape] != [_expr(d) for d in b.shape]:
+        return None
+    if not (_contiguous_by_exprs(a) and _contiguous_by_exprs(b)):
+        return None
+    dtype = a.dtype
+    if len(args) == 4 and isinstance(args[3], torch.dtype):  # the softmax backwards
+        dtype = args[3]
+    return torch.empty(shape, dtype=dtype, device=a.device)
+
+
+def _known_addmm(args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``addmm(bias, a, b)``'s result: contiguous ``(M, N)`` in their dtype (its fake
+    kernel is torch's decomposition, an ``mm`` then a broadcasting add and scale, about
+    3 ms a call over symbolic sizes).  Only where the inner sizes are one expression,
+    the bias is ``(N,)``, ``(1, N)`` or ``(M, N)`` as expressions, one floating dtype,
+    one device, a symbolic size; else None (the kernel)."""
+    if len(args) != 3 or any(k not in ("beta", "alpha") for k in kwargs):
+        return None
+    bias, a, b = args
+    if not all(isinstance(t, torch.Tensor) and t.layout == torch.strided for t in args):
+        return None
+    if a.dim() != 2 or b.dim() != 2 or not a.dtype.is_floating_point:
+        return None
+    if bias.dtype != a.dtype or b.dtype != a.dtype or not (bias.device == a.device == b.device):
+        return None
+    m, k = a.shape
+    k2, n = b.shape
+    if all(isinstance(d, int) for d in (m, k, k2, n)) or _expr(k) != _expr(k2):
+        return None
+    if [_expr(d) for d in bias.shape] not in ([_expr(n)], [1, _expr(n)], [_expr(m), _expr(n)]):
+        return None
+    return torch.empty([m, n], dtype=a.dtype, device=a.device)
+
+
+def _known_clone(args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``clone(x, memory_format=torch.contiguous_format)``: contiguous of ``x``'s sizes
+    whatever its strides (its fake kernel, torch's reference, asks sympy about them).
+    Another memory format: the pointwise rule (`_known_pointwise`)."""
+    if len(args) != 1 or kwargs != {"memory_format": torch.contiguous_format}:
+        return _known_pointwise(torch.ops.aten.clone.default, args, kwargs)
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or x.layout != torch.strided:
+        return None
+    if all(isinstance(d, int) for d in x.shape):
+        return None
+    return torch.empty(list(x.shape), dtype=x.dtype, device=x.device)
+
+
+_DTYPES_OF: dict[tuple[Any, ...], torch.dtype | None] = {}
+"""Result dtype of a pointwise op per argument signature (`_pointwise_dtype`)."""
+
+
+def _pointwise_dtype(op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> torch.dtype | None:
+    """The dtype of ``op(*args, **kwargs)``'s result, from its fake kernel run once per
+    signature on one-element tensors (type promotion reads only dtypes, which tensors
+    are zero-dim, and the kinds of scalars), or None where the kernel refuses them."""
+    key: list[Any] = [op]
+    probe: list[Any] = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.dim() == 0, a.device))
+            probe.append(torch.empty([] if a.dim() == 0 else [1], dtype=a.dtype, device=a.device))
+        elif isinstance(a, torch.SymInt | torch.SymFloat | torch.SymBool):
+            key.append(a.node.pytype)
+            probe.append(a.node.pytype(1))
+        elif isinstance(a, bool | int | float | complex):
+            key.append(type(a))
+            probe.append(a)
+        elif a is None or isinstance(a, str | torch.dtype | torch.device | torch.layout):
+            key.append(a)
+            probe.append(a)
+        else:
+            return None
+    k = tuple(key)
+    if k not in _DTYPES_OF:
+        n = len(args)
+        try:
+            out = op(*probe[:n], **dict(zip(kwargs, probe[n:], strict=True)))
+        except Exception:
+            out = None
+        _DTYPES_OF[k] = out.dtype if isinstance(out, torch.Tensor) else None
+    return _DTYPES_OF[k]
+
+
+def _known_pointwise(op: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """A pointwise op's result (``where``, ``clamp``, ``add``, comparisons, ...) made
+    from its operands' sizes as expressions, where its fake kernel (torch's Python
+    reference) asks sympy about every broadcast (1-10 ms a call over symbolic sizes).
+    Only where no question is open: each dim of the operands (aligned from the right)
+    is a static 1 or one expression, every operand is contiguous by its expressions
+    (the result is then contiguous), they share a device (zero-dim ones aside), and a
+    size is symbolic; the dtype comes from `_pointwise_dtype`.  Else None (the kernel)."""
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    full = [t for t in tensors if t.dim() > 0]
+    if not full or any(t.layout != torch.strided for t in tensors):
+        return None
+    device = full[0].device
+    if any(t.device != device for t in full):
+        return None
+    ndim = max(t.dim() for t in full)
+    sizes: list[Any] = [1] * ndim
+    exprs: list[Any] = [1] * ndim
+    symbolic = False
+    for t in full:
+        off = ndim - t.dim()
+        for i, d in enumerate(t.shape):
+            e = _expr(d)
+            if isinstance(d, torch.SymInt):
+                symbolic = True
+            if isinstance(e, int) and e == 1:
+                continue
+            if isinstance(exprs[off + i], int) and exprs[off + i] == 1:
+                sizes[off + i], exprs[off + i] = d, e
+            elif exprs[off + i] != e:
+                return None  # equal only at the hints, or not at all: the kernel decides
+        if not _contiguous_by_exprs(t):
+            return None
+    if not symbolic:
+        return None
+    dtype = _pointwise_dtype(op, args, kwargs)
+    if dtype is None:
+        return None
+    return torch.empty(sizes, dtype=dtype, device=device)
+
+
+@functools.cache
+def _is_pointwise(op: Any) -> bool:
+    """An aten op tagged pointwise, functional, with one tensor result."""
+    return (
+        isinstance(op, torch._ops.OpOverload)
+        and torch.Tag.pointwise in op.tags
+        and not op._schema.is_mutable
+        and len(op._schema.returns) == 1
+        and str(op._schema.returns[0].type) == "Tensor"
+    )
+
+
 _KNOWN: dict[Any, Any] = {
     torch.ops.aten.view.default: _known_view,
     torch.ops.aten._unsafe_view.default: _known_view,
     torch.ops.aten.native_layer_norm.default: _known_layer_norm,
+    torch.ops.aten.native_layer_norm_backward.default: _known_layer_norm_backward,
+    torch.ops.aten.addmm.default: _known_addmm,
+    torch.ops.aten.clone.default: _known_clone,
+    **{
+        getattr(torch.ops.aten, name).default: _known_pointwise_backward
+        for name in (
+            "gelu_backward",
+            "_softmax_backward_data",
+            "_log_softmax_backward_data",
+            "threshold_backward",
+            "sigmoid_backward",
+            "tanh_backward",
+        )  # silu_backward is CompositeImplicitAutograd: the proxy mode decomposes it
+    },
 }
 """Ops whose fake result the retrace builds itself over symbolic sizes (`_record`)."""
 
@@ -930,6 +1180,25 @@ def _recorded_as_is(op: Any) -> bool:
     )
 
 
+@functools.cache
+def _kept_whole(op: Any) -> bool:
+    """Is ``op`` a fused backward of the replay's table whose result the retrace builds
+    (`_KNOWN`), and that the proxy mode records as one node when its table entry keeps
+    it whole (``stoker_capture``'s ``KEEP_WHOLE_IN_BACKWARD``: unless its dtypes mix)?
+    The replay then asks the entry itself and records the op with `_record`, so that
+    its fake result comes from `_KNOWN` instead of torch's decomposition run as the
+    fake kernel (about twenty ops asking sympy over symbolic sizes)."""
+    from .symbolic_decomps import retrace_table
+
+    return (
+        op in _KNOWN
+        and op in retrace_table()
+        and ProxyTorchDispatchMode not in op.python_key_table
+        and not op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
+        and not op._schema.is_mutable
+    )
+
+
 def _record(
     rp: _Replayer,
     op: torch._ops.OpOverload,
@@ -958,8 +1227,54 @@ def _record(
         out_proxy = tracer.create_proxy("call_function", op, pargs, pkwargs, name=name)
         with proxy_tensor._enable_thunkify(tracer):
             known = _KNOWN.get(op)
-            out = None if known is None else known(args, kwargs)
+            if known is not None:
+                out = known(args, kwargs)
+            elif _is_pointwise(op):
+                out = _known_pointwise(op, args, kwargs)
+            else:
+                out = None
             if out is None:
                 out = op(*args, **kwargs)
-        track_tensor_tree(out, out_proxy, constant=None, tracer=tracer)
+        _track(tracer, out, out_proxy)
     return out
+
+
+def _track(tracer: PythonKeyTracer, out: Any, proxy: fx.Proxy) -> None:
+    """``track_tensor_tree(out, proxy)`` for an op's result (a tensor, or a tuple of
+    tensors and Nones), with each node's ``tensor_meta`` from `_tensor_meta`.  torch's
+    asks the shape env whether each result is contiguous in three memory formats, a
+    dozen sympy questions per result over symbolic sizes, for a field that only
+    describes the node (the retraced graph's readers use ``val``)."""
+    proxy_tensor._set_unbacked_bindings(out, proxy)
+    if isinstance(out, torch.Tensor) and out.layout == torch.strided:
+        proxy_tensor.track_tensor(out, proxy, constant=None, tracer=tracer)
+        proxy.node.meta["val"] = proxy_tensor.extract_val(out)
+        proxy.node.meta["tensor_meta"] = _tensor_meta(out)
+        return
+    if isinstance(out, tuple | list) and all(
+        o is None or (isinstance(o, torch.Tensor) and o.layout == torch.strided) for o in out
+    ):
+        proxy.node.meta["val"] = proxy_tensor.extract_val(out)
+        for i, o in enumerate(out):
+            # as torch's: a getitem for every item (dead ones go later)
+            item: Any = proxy[i]  # type: ignore[index]
+            if o is not None:
+                proxy_tensor.track_tensor(o, item, constant=None, tracer=tracer)
+                item.node.meta["val"] = proxy_tensor.extract_val(o)
+                item.node.meta["tensor_meta"] = _tensor_meta(o)
+        return
+    track_tensor_tree(out, proxy, constant=None, tracer=tracer)
+
+
+def _tensor_meta(t: torch.Tensor) -> Any:
+    """torch's ``TensorMetadata`` of ``t``; where a size or stride is symbolic, its
+    ``memory_format`` is ``contiguous_format`` when the strides are the contiguous
+    strides of the sizes as expressions (size-1 dims skipped), else None, instead of
+    torch's three contiguity checks through the shape env (about 0.1 ms a node)."""
+    shape, strides = t.shape, t.stride()
+    if all(isinstance(d, int) for d in (*shape, *strides)):
+        return _extract_tensor_metadata(t)
+    meta = _extract_tensor_metadata(t, include_contiguity=False)
+    if not _contiguous_by_exprs(t):
+        return meta
+    return meta._replace(memory_format=torch.contiguous_format)
