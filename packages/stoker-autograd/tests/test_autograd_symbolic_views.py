@@ -50,6 +50,8 @@ CASES = [
     ((4, 6, 8), ["b", "t", None], lambda b, t, c: [1, b, t, 1, c, 1]),  # size-1 dims
     ((4, 6, 8), ["b", None, None], lambda b, t, c: [b, t * c]),
     ((4, 6, 8), ["b", "t", None], lambda b, t, c: [b * t * c]),
+    ((4, 6, 8), ["b", "t", None], lambda b, t, c: [-1, c]),  # a hole the sizes fill
+    ((4, 6, 8), ["b", "t", None], lambda b, t, c: [b, -1, 2, 4]),
 ]
 
 
@@ -63,7 +65,10 @@ def test_a_known_view_is_the_view_torch_makes(case: int) -> None:
             base = _fake(ctx, (*shape[:-1], shape[-1] * (3 if sliced else 1)), dims)
             x = base[..., : shape[-1]] if sliced else base
             size = size_of(*x.shape)
+            env = next(d.node.shape_env for d in x.shape if isinstance(d, torch.SymInt))
+            n_guards = len(env.guards)
             ours = retrace._known_view((x, size), {})
+            assert len(env.guards) == n_guards, env.guards[n_guards:]  # asked nothing
             try:
                 theirs = aten.view.default(x, size)
             except Exception:  # not a view: ours must not make one either
@@ -81,7 +86,8 @@ def test_views_the_sizes_do_not_settle_are_left_to_the_kernel() -> None:
     with ctx.tracing():
         x = _fake(ctx, (4, 6, 8), [Dim("b"), Dim("t"), None])
         b, t, c = x.shape
-        assert retrace._known_view((x, [-1, c]), {}) is None
+        assert retrace._known_view((x, [-1, 3]), {}) is None  # b*t*8 / 3: not whole
+        assert retrace._known_view((x, [-1, -1]), {}) is None
         xt = x.transpose(0, 1)  # (t, b, c): b and t are not one block
         assert retrace._known_view((xt, [t * b, c]), {}) is None
         y = _fake(ctx, (24, 8), [Dim("r"), None], arg=1)  # r == b*t only at the hints

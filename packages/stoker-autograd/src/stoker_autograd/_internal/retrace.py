@@ -785,6 +785,28 @@ def _expr(v: Any) -> Any:
     return v.node.expr if isinstance(v, torch.SymInt) else v
 
 
+def _fill_hole(shape: list[Any], size: list[Any], hole: int) -> list[Any] | None:
+    """`size` with its -1 at `hole` replaced by numel / (the other sizes), where that
+    quotient is a whole expression (``b*t*768 / 768``: ``b*t``), else None. The new
+    size is SymInt arithmetic (a floor division the expressions settle: no guard)."""
+    rest = [d for k, d in enumerate(size) if k != hole]
+    if any(isinstance(d, int) and d <= 0 for d in rest):
+        return None
+    q = sympy.Mul(*(_expr(d) for d in shape)) / sympy.Mul(*(_expr(d) for d in rest))
+    if sympy.fraction(q)[1] != 1 or not (q.is_positive and q.is_integer):
+        return None
+    total: Any = 1
+    for d in shape:
+        total = total * d
+    div: Any = 1
+    for d in rest:
+        div = div * d
+    filled = total // div
+    if _expr(filled) != q:
+        return None
+    return [*size[:hole], filled, *size[hole + 1 :]]
+
+
 def _known_view(args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
     """``x.view(size)`` built straight as an ``as_strided`` of ``x`` where its strides
     follow from the sizes' expressions alone, without asking the shape env anything.
@@ -797,7 +819,8 @@ def _known_view(args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
     replacements), and the input dims it merges must be laid out one inside the
     next (``stride[i] == stride[i+1] * size[i+1]``), as a view needs.  Then an
     output dim's stride is the next inner one's times its size, from the group's
-    innermost input stride.  ``-1`` and zero sizes are left to the kernel."""
+    innermost input stride.  One ``-1`` is filled from the sizes' expressions where
+    they divide exactly (`_fill_hole`); zero sizes are left to the kernel."""
     if kwargs or len(args) != 2:
         return None
     x, size = args
@@ -806,6 +829,11 @@ def _known_view(args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
     shape, strides = list(x.shape), list(x.stride())
     if all(isinstance(d, int) for d in (*shape, *strides, *size)):
         return None
+    holes = [k for k, d in enumerate(size) if isinstance(d, int) and d == -1]
+    if len(holes) == 1:  # `x.view(-1, c)`: the hole from the sizes' expressions
+        size = _fill_hole(shape, list(size), holes[0])
+        if size is None:
+            return None
     src = [i for i, d in enumerate(shape) if not (isinstance(d, int) and d == 1)]
     dst = [j for j, d in enumerate(size) if not (isinstance(d, int) and d == 1)]
     hs, hd = [_hint(shape[i]) for i in src], [_hint(size[j]) for j in dst]
