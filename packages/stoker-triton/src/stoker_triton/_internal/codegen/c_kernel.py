@@ -583,8 +583,7 @@ class CKernelCodegen:
         else:
             clauses = " ".join(c for a in accs.values() for c in a.clauses())
             simd = all(a.vectorizes for a in accs.values())
-            row = self.r_inner if self.r_inner is not None else self.k.rnumel
-            self.open_row(f"#pragma omp simd{self._wide(row)} {clauses}".rstrip() if simd else None)
+            self.open_row(clauses if simd else None)
         self.push()
         for n in seg:
             p = self.k.placements[n.name]
@@ -614,11 +613,15 @@ class CKernelCodegen:
             return ""
         return " simdlen(ST_WIDE)"
 
-    def open_row(self, pragma: str | None) -> None:
+    def open_row(self, clauses: str | None) -> None:
         """Open a loop over the row (`r`), its body at the next line: one loop, or, where
         the row's last dims are a contiguous run (`r_inner`), a loop over runs (`ro`) and
-        a `pragma` loop within one (`ri`), whose loads then run along memory. `r` is
-        defined either way (an arg-reduction's index)."""
+        a loop within one (`ri`), whose loads then run along memory. The innermost loop
+        is `omp simd` with `clauses` (None: not simd). `r` is defined either way (an
+        arg-reduction's index)."""
+        trip = self.r_inner if self.r_inner is not None else self.k.rnumel
+        pragma = None if clauses is None else f"#pragma omp simd{self._wide(trip)} {clauses}"
+        pragma = pragma.rstrip() if pragma else None
         if self.r_inner is None:
             self.open_inner(RV)
             if pragma:
@@ -849,8 +852,7 @@ class _Acc:
             else:
                 m2 = g.new_var("m2")
                 g.line(f"{self.ct} {m2} = 0;")
-                row = g.r_inner if g.r_inner is not None else g.k.rnumel
-                g.open_row(f"#pragma omp simd{g._wide(row)} reduction(+:{m2})")
+                g.open_row(f"reduction(+:{m2})")
                 g.push()
                 v = g.value(n.body, p, None)
                 g.line(f"const {self.ct} d = {v} - {mean};")
