@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from triton_helpers import assert_same, compile_dynamic, fresh, trace
 
 C = {"target": "c"}
+SIGN_TEST = re.compile(r"[<>]=? \(\(\(int64_t\)0LL\)\)")  # `i < 0`, `i >= 0` in a kernel
 
 
 def check(f: Any, *args: Any, atol: float = 1e-5, rtol: float = 1e-5, runs: int = 2) -> Any:
@@ -135,6 +136,30 @@ def test_indexing_gather_scatter_and_padding() -> None:
 
     w, idx, x = torch.randn(10, 4), torch.randint(0, 10, (3, 5)), torch.randn(5, 7)
     check(f, w, idx, x, atol=1e-5, rtol=1e-5)
+
+
+def test_tests_the_loop_ranges_decide_fold_and_the_others_stay() -> None:
+    """A 2x2 max-pool's window positions lie inside the input: no wrap, no bounds test,
+    and its gather of a fused BatchNorm's output indexes in int32 (which gcc vectorizes).
+    A padded pool keeps its bounds test; a gather through negative indices keeps its
+    wrap. All agree with eager, indices included."""
+
+    def pool(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = F.batch_norm(x, None, None, w, None, training=True).relu()
+        return F.max_pool2d_with_indices(y, 2)
+
+    def padded(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return F.max_pool2d_with_indices(x, 3, stride=2, padding=1, ceil_mode=True)
+
+    def negative(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return x[idx] * 2
+
+    fn = check(pool, torch.randn(4, 8, 16, 16), torch.randn(8))
+    (k,) = [k for k in fn.report.kernels if "(int32_t)(" in k.source]
+    assert not SIGN_TEST.search(k.source), k.source
+    fn = check(padded, torch.randn(2, 3, 9, 11))
+    assert any(SIGN_TEST.search(k.source) for k in fn.report.kernels)
+    check(negative, torch.randn(10, 5), torch.randint(-10, 10, (7,)))
 
 
 def test_a_load_under_nested_masks_stays_in_its_loop() -> None:
@@ -364,9 +389,10 @@ def test_inner_loops_vectorize(tmp_path: Any) -> None:
         (lambda x, b: torch.sin(torch.cat([F.pad(x, (1, 2)), b.expand(256, 128)], 1)), (x, b)),
         (lambda y: F.max_pool2d(torch.relu(y), 2), (img,)),
         (lambda y: F.batch_norm(y, None, None, training=True), (img,)),  # run by run
+        (lambda y: F.max_pool2d(F.batch_norm(y, None, None, training=True).relu(), 2), (img,)),
     ):
         kernels += compile_graph(trace(g, *a), list(a), options=C).report.kernels
-    assert len(kernels) == 7, [k.kind for k in kernels]
+    assert len(kernels) == 9, [k.kind for k in kernels]
     for k in kernels:
         src = kernel_file_source(type("K", (), {"source": k.source, "name": k.name})(), "kern")
         want = _simd_loop_lines(src)

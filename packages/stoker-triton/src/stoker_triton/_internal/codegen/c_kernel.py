@@ -329,12 +329,17 @@ class CKernelCodegen:
                 return self.row(reg)
             # a reduced-space value of this kernel: the same expression at this point
             return self.value(prod.body, self.k.placements[prod.name], mask)
-        e = v.index.xreplace(self._bind(v.indirect, p, mask))
+        binds = self._bind(v.indirect, p, mask)
+        e = v.index.xreplace(binds)
         idx = self.index(e)
         ptr = self.ptr(v.buf)
         buf = self.buffers[v.buf]
         dt = buf.dtype
         moves = self._moves(e) or self._code_moves(mask)
+        if v.indirect and _fits_int32(buf) and self._gathers(binds):
+            # gcc vectorizes a gather of 32-bit values through 32-bit offsets, not 64-bit
+            # ones (at 256-bit vectors); every valid offset into this buffer fits
+            idx = f"(int32_t)({idx})"
         # A masked load of a buffer that has elements reads element 0 where the mask is
         # off, then selects: a load the vectorizer can do for every lane (a gather),
         # where `mask ? p[i] : 0` (which may not touch p[i]) keeps the loop scalar.
@@ -492,6 +497,13 @@ class CKernelCodegen:
             return False
         ind = {str(v) for k, v in binds.items() if str(k).startswith("ind")}
         return not any(self.moves.get(name, True) for name in ind)
+
+    def _gathers(self, binds: dict[sympy.Symbol, Expr]) -> bool:
+        """Whether an indirect index takes a new value in each lane of the inner loop."""
+        if self.inner is None:
+            return self.tile  # a tile's lanes are outputs: their indices all differ
+        ind = [str(v) for k, v in binds.items() if str(k).startswith("ind")]
+        return any(self.moves.get(name, False) for name in ind)
 
     def _note_symbols(self, e: Expr) -> None:
         for s in sympy.sympify(e).free_symbols:
@@ -686,6 +698,19 @@ class CKernelCodegen:
             has_atomics=self.has_atomics,
             outer=k.is_reduction and kernel_is_outer(k),
         )
+
+
+def _fits_int32(buf: Buffer) -> bool:
+    """Whether every element offset of `buf` (static sizes and strides) fits an int32."""
+    extent = 1
+    for d, st in zip(buf.size, buf.stride):
+        d, st = sympy.sympify(d), sympy.sympify(st)
+        if not (d.is_number and st.is_number):
+            return False
+        if int(d) == 0:
+            return True
+        extent += (int(d) - 1) * abs(int(st))
+    return extent < 2**31
 
 
 def _nonempty(size: tuple[Expr, ...]) -> bool:

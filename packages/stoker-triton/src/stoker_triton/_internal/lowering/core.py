@@ -34,6 +34,7 @@ from ..ir import (
     loads_of,
     product,
 )
+from ..ranges import fold_ranges, loop_ranges
 
 log = logging.getLogger("stoker.kernels")
 
@@ -227,6 +228,7 @@ class LoweringContext:
         body = tv.load(idx)
         if body.dtype != tv.dtype:
             body = cast(body, tv.dtype)
+        body = fold_ranges(body, loop_ranges(tv.size))
         buf = self.add_buffer(name, tv.size, stride, tv.dtype, "kernel")
         self.nodes.append(PointwiseNode(name, tv.size, body, tuple(sorted(tv.origins))))
         out = self.buffer_value(buf)
@@ -287,6 +289,7 @@ class LoweringContext:
         name = self.new_name()
         buf = self.add_buffer(name, size, None, dtype, "kernel")
         if product(buf.size) != 0:  # an empty result: a buffer, nothing to compute
+            body = fold_ranges(body, loop_ranges(buf.size, reduce_size))
             node = ReductionNode(name, buf.size, tuple(reduce_size), reduce_type, body, dtype)
             self.nodes.extend(self._split(node))
         return self.buffer_value(buf)

@@ -22,6 +22,7 @@ import sympy
 import torch
 
 from ..ir import Const, Expr, Op, ScatterNode, Value, bind_indirect, contiguous_strides, product
+from ..ranges import fold_ranges, loop_ranges
 from .core import LoweringContext, LoweringError, TensorValue, cast, const_value, register
 from .extern import extern_call
 from .pointwise import broadcast_load, meta_val, out_size
@@ -167,6 +168,9 @@ def _scatter(
     flat = sum((c * s for c, s in zip(coords, buf.stride)), sympy.Integer(0))
     body = cast(value_fn(idx), dtype)
     if product(size) != 0:  # scattering nothing leaves the copy as it is
+        env = loop_ranges(size)
+        body = fold_ranges(body, env)
+        binds = [(s, fold_ranges(b, env)) for s, b in binds]
         ctx.nodes.append(ScatterNode(target, tuple(size), flat, tuple(binds), body, mode))
     return ctx.buffer_value(buf)
 
