@@ -139,10 +139,12 @@ def test_indexing_gather_scatter_and_padding() -> None:
 
 
 def test_tests_the_loop_ranges_decide_fold_and_the_others_stay() -> None:
-    """A 2x2 max-pool's window positions lie inside the input: no wrap, no bounds test,
-    and its gather of a fused BatchNorm's output indexes in int32 (which gcc vectorizes).
-    A padded pool keeps its bounds test; a gather through negative indices keeps its
-    wrap. All agree with eager, indices included."""
+    """A 2x2 max-pool's window positions lie inside the input: no wrap, no bounds test.
+    Its tile of 8 outputs (a row of the pooled plane) reads the window with a stride,
+    not a gather, and the fused BatchNorm's per-channel values are computed once per
+    tile, before the window loop. A padded pool keeps its bounds test; a gather through
+    negative indices keeps its wrap, and reads through int32 offsets (which gcc
+    vectorizes). All agree with eager, indices included."""
 
     def pool(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = F.batch_norm(x, None, None, w, None, training=True).relu()
@@ -151,15 +153,19 @@ def test_tests_the_loop_ranges_decide_fold_and_the_others_stay() -> None:
     def padded(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return F.max_pool2d_with_indices(x, 3, stride=2, padding=1, ceil_mode=True)
 
-    def negative(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        return x[idx] * 2
+    def negative(x: torch.Tensor, idx: torch.Tensor, jdx: torch.Tensor) -> torch.Tensor:
+        return x[idx, jdx] * 2
 
     fn = check(pool, torch.randn(4, 8, 16, 16), torch.randn(8))
-    (k,) = [k for k in fn.report.kernels if "(int32_t)(" in k.source]
+    (k,) = [k for k in fn.report.kernels if "rnumel = 4;" in k.source]
     assert not SIGN_TEST.search(k.source), k.source
+    assert "xn = ST_MIN(8," in k.source and "xi /" not in k.source and "xi %" not in k.source
+    assert k.source.index("sqrtf") < k.source.index("for (int64_t r = 0"), k.source
     fn = check(padded, torch.randn(2, 3, 9, 11))
     assert any(SIGN_TEST.search(k.source) for k in fn.report.kernels)
-    check(negative, torch.randn(10, 5), torch.randint(-10, 10, (7,)))
+    ij = torch.randint(-10, 10, (6, 64)), torch.randint(-5, 5, (6, 64))
+    fn = check(negative, torch.randn(10, 5), *ij)
+    assert any(SIGN_TEST.search(k.source) and "(int32_t)(" in k.source for k in fn.report.kernels)
 
 
 def test_a_load_under_nested_masks_stays_in_its_loop() -> None:

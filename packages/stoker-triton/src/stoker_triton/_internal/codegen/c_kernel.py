@@ -54,6 +54,7 @@ from ..ir import (
     ReductionNode,
     ScatterNode,
     Value,
+    iter_values,
     loads_of,
 )
 from ..scheduler import (
@@ -72,6 +73,7 @@ from .c_ops import C_OPS, CTYPE, HALF, PRELUDE, STORAGE, c_float, c_index, cast,
 from .kernel import KernelSource, _Scope  # (common subexpressions per loop body)
 
 XO = sympy.Symbol("xo", integer=True, nonnegative=True)
+XB = sympy.Symbol("xb", integer=True, nonnegative=True)
 XI = sympy.Symbol("xi", integer=True, nonnegative=True)
 XV = sympy.Symbol("x", integer=True, nonnegative=True)
 RV = sympy.Symbol("r", integer=True, nonnegative=True)
@@ -156,11 +158,12 @@ class CKernelCodegen:
         self.r_inner: Expr | None = None  # a row walked as ro * RI + ri (inner reductions)
         self.simd_at: int | None = None  # where a scatter's xi loop gets its simd pragma
         self.tile = False  # an outer reduction's tile: row variables are arrays [xi]
+        self.tile_size = spec.outer_tile  # outputs per tile (x = xb * tile_size + xi)
         # Loop-invariant code motion: inside an innermost loop (a pointwise kernel's xi,
         # a row's r), a value that does not move with its variable (`inner`) is computed
         # once before the loop, in the enclosing scope (`hoist`: where its lines go, their
         # indent, that scope), and reused by every later loop over the row
-        self.inner: sympy.Symbol | None = None
+        self.inner: frozenset[sympy.Symbol] | None = None
         self.hoist: tuple[int, int, _Scope] | None = None
         self.moves: dict[str, bool] = {}  # C variable -> whether it moves with `inner`
 
@@ -195,20 +198,21 @@ class CKernelCodegen:
             scope.cache[key] = v
         return v
 
-    def open_inner(self, var: sympy.Symbol) -> None:
-        """The next lines open the innermost loop over `var`: hoist to here."""
-        self.inner = var
+    def open_inner(self, *loop_vars: sympy.Symbol) -> None:
+        """The next lines open the innermost loops over `loop_vars` (a row's r; a tile's r
+        and xi): hoist to here."""
+        self.inner = frozenset(loop_vars)
         self.hoist = (len(self.lines), self.indent, self.scope)
 
     def close_inner(self) -> None:
         self.inner, self.hoist = None, None
 
     def _moves(self, e: Expr) -> bool:
-        """Whether an index expression (as `index` prints it) moves with the inner loop."""
+        """Whether an index expression (as `index` prints it) moves with the inner loops."""
         if self.inner is None:
             return True
         fs = self._loop_form(e).free_symbols
-        return self.inner in fs or any(self.moves.get(str(s), False) for s in fs)
+        return bool(self.inner & fs) or any(self.moves.get(str(s), False) for s in fs)
 
     def _code_moves(self, *codes: str | None) -> bool:
         """Whether C text moves with the inner loop: a local that does, or (a compound
@@ -222,7 +226,7 @@ class CKernelCodegen:
                 continue
             for name in _NAME.findall(c):
                 if self.moves.get(name, False) or (
-                    self.inner is not None and name == str(self.inner)
+                    self.inner is not None and any(name == str(v) for v in self.inner)
                 ):
                     return True
         return False
@@ -247,6 +251,8 @@ class CKernelCodegen:
         e = canonical_index(e)
         if self.split_inner is not None:
             return split_index(e, self.split_inner)
+        if self.tile:
+            return split_index(e, sympy.Integer(self.tile_size), XINDEX, XB).xreplace({RINDEX: RV})
         if self.r_inner is not None:
             e = split_index(e, self.r_inner, RINDEX, RO, RI)
         return e.xreplace({XINDEX: self.x_of, RINDEX: RV})
@@ -336,7 +342,7 @@ class CKernelCodegen:
         buf = self.buffers[v.buf]
         dt = buf.dtype
         moves = self._moves(e) or self._code_moves(mask)
-        if v.indirect and _fits_int32(buf) and self._gathers(binds):
+        if v.indirect and _fits_int32(buf) and self._gathers(v, p):
             # gcc vectorizes a gather of 32-bit values through 32-bit offsets, not 64-bit
             # ones (at 256-bit vectors); every valid offset into this buffer fits
             idx = f"(int32_t)({idx})"
@@ -498,12 +504,32 @@ class CKernelCodegen:
         ind = {str(v) for k, v in binds.items() if str(k).startswith("ind")}
         return not any(self.moves.get(name, True) for name in ind)
 
-    def _gathers(self, binds: dict[sympy.Symbol, Expr]) -> bool:
-        """Whether an indirect index takes a new value in each lane of the inner loop."""
-        if self.inner is None:
-            return self.tile  # a tile's lanes are outputs: their indices all differ
-        ind = [str(v) for k, v in binds.items() if str(k).startswith("ind")]
-        return any(self.moves.get(name, False) for name in ind)
+    def _gathers(self, v: Load, p: Placement) -> bool:
+        """Whether an indirect index varies from lane to lane of the vector loop in a way
+        the compiler cannot see as a stride: it reads loaded values that move with the
+        lanes, or divides the lane's index (`xi // 4`, `xi % 8`)."""
+        if self.k.is_reduction and not self.tile:
+            lane = RI if self.r_inner is not None else RV
+        else:
+            lane = XI if (self.tile or self.split_inner is not None) else XV
+        for _, bound in v.indirect:
+            for u in iter_values(bound):
+                if isinstance(u, Load | IndexValue):
+                    e = self._loop_form(
+                        canonical_index(
+                            (u.index if isinstance(u, Load) else u.expr).xreplace(p.varmap)
+                        )
+                    )
+                    if lane not in e.free_symbols:
+                        continue
+                    if isinstance(u, Load):
+                        return True
+                    if any(
+                        isinstance(w, FloorDiv | ModularIndexing) and lane in w.free_symbols
+                        for w in sympy.preorder_traversal(e)
+                    ):
+                        return True
+        return False
 
     def _note_symbols(self, e: Expr) -> None:
         for s in sympy.sympify(e).free_symbols:
@@ -515,14 +541,13 @@ class CKernelCodegen:
         k = self.k
         work = f"xnumel * rnumel >= {self.spec.parallel_min_work}"
         if self._tiled():
-            t = self.spec.outer_tile
+            t = self.tile_size = self._tile_extent()
             self.tile = True
-            self.x_of = sympy.Symbol("x0", integer=True, nonnegative=True) + XI
+            self.x_of = XB * t + XI
             self.line(f"#pragma omp parallel for if ({work})")
             self.line(f"for (int64_t xb = 0; xb < (xnumel + {t - 1}) / {t}; xb++) {{")
             self.indent += 1
-            self.line(f"const int64_t x0 = xb * {t};")
-            self.line(f"const int64_t xn = ST_MIN({t}, xnumel - x0);")
+            self.line(f"const int64_t xn = ST_MIN({t}, xnumel - xb * {t});")
         else:
             self.line(f"#pragma omp parallel for if ({work})")
             self.line("for (int64_t x = 0; x < xnumel; x++) {")
@@ -555,6 +580,39 @@ class CKernelCodegen:
             return True
         r = sympy.sympify(k.rnumel)
         return bool(r.is_number) and int(r) <= self.spec.short_row_max
+
+    def _tile_extent(self) -> int:
+        """Outputs per tile: `outer_tile`, or half of it where that makes more of the
+        kernel's indices plain in xi. A 2x2 max-pool's window over a row of 8 outputs
+        reads `x % 8` and `x // 8`: with 8 outputs per tile (aligned) those are `xi` and a
+        tile constant (a strided load), with 16 a lane-by-lane gather, slow on many
+        CPUs; a per-channel parameter `(x // 64) % C` becomes one value per tile."""
+        exprs: list[Expr] = []
+        for n in self.k.nodes:
+            p = self.k.placements[n.name]
+            vals = iter_values(n.body)
+            exprs += [load_index(ld, p) for ld in vals if isinstance(ld, Load)]
+            exprs += [
+                canonical_index(v.expr.xreplace(p.varmap))
+                for v in vals
+                if isinstance(v, IndexValue)
+            ]
+            if isinstance(n, PointwiseNode | ReductionNode) and n.name not in self.sched.internal:
+                exprs.append(store_index(self.buffers[n.name], n, p))
+
+        def gathers(t: int) -> int:
+            count = 0
+            for e in exprs:
+                for u in sympy.preorder_traversal(split_index(e, sympy.Integer(t), XINDEX, XB)):
+                    if isinstance(u, FloorDiv | ModularIndexing) and XI in u.free_symbols:
+                        count += 1
+            return count
+
+        full = self.spec.outer_tile
+        half = full // 2
+        if half >= 4 and gathers(half) < gathers(full):
+            return half
+        return full
 
     def _row_loop(self) -> None:
         """Open a loop over the tile's outputs (an outer reduction only)."""
@@ -589,6 +647,7 @@ class CKernelCodegen:
         for a in accs.values():
             a.declare()
         if self.tile:
+            self.open_inner(XI, RV)  # what is the same for the whole tile: once, before r
             self.line("for (int64_t r = 0; r < rnumel; r++) {")
             self.indent += 1
             self._row_loop()
@@ -606,6 +665,7 @@ class CKernelCodegen:
                 self.store(n, p, val)
         self.pop()
         if self.tile:
+            self.close_inner()
             self.indent -= 1
             self.line("}")
             self.indent -= 1
