@@ -396,9 +396,14 @@ def test_inner_loops_vectorize(tmp_path: Any) -> None:
         (lambda y: F.max_pool2d(torch.relu(y), 2), (img,)),
         (lambda y: F.batch_norm(y, None, None, training=True), (img,)),  # run by run
         (lambda y: F.max_pool2d(F.batch_norm(y, None, None, training=True).relu(), 2), (img,)),
+        # a training max-pool: its arg-max index too, over a tile of 8 outputs
+        (
+            lambda y: F.max_pool2d_with_indices(F.batch_norm(y, None, None, training=True), 2),
+            (img,),
+        ),
     ):
         kernels += compile_graph(trace(g, *a), list(a), options=C).report.kernels
-    assert len(kernels) == 9, [k.kind for k in kernels]
+    assert len(kernels) == 11, [k.kind for k in kernels]
     for k in kernels:
         src = kernel_file_source(type("K", (), {"source": k.source, "name": k.name})(), "kern")
         want = _simd_loop_lines(src)

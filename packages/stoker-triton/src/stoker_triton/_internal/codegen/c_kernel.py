@@ -505,9 +505,10 @@ class CKernelCodegen:
         return not any(self.moves.get(name, True) for name in ind)
 
     def _gathers(self, v: Load, p: Placement) -> bool:
-        """Whether an indirect index varies from lane to lane of the vector loop in a way
-        the compiler cannot see as a stride: it reads loaded values that move with the
-        lanes, or divides the lane's index (`xi // 4`, `xi % 8`)."""
+        """Whether an indirect index varies from lane to lane of the vector loop. gcc
+        sees such a load as a gather even where the bound index is a stride of the lane
+        (`2 * xi + r % 2` through a local): it reads loaded values or index values that
+        move with the lanes."""
         if self.k.is_reduction and not self.tile:
             lane = RI if self.r_inner is not None else RV
         else:
@@ -515,19 +516,8 @@ class CKernelCodegen:
         for _, bound in v.indirect:
             for u in iter_values(bound):
                 if isinstance(u, Load | IndexValue):
-                    e = self._loop_form(
-                        canonical_index(
-                            (u.index if isinstance(u, Load) else u.expr).xreplace(p.varmap)
-                        )
-                    )
-                    if lane not in e.free_symbols:
-                        continue
-                    if isinstance(u, Load):
-                        return True
-                    if any(
-                        isinstance(w, FloorDiv | ModularIndexing) and lane in w.free_symbols
-                        for w in sympy.preorder_traversal(e)
-                    ):
+                    e = (u.index if isinstance(u, Load) else u.expr).xreplace(p.varmap)
+                    if lane in self._loop_form(canonical_index(e)).free_symbols:
                         return True
         return False
 
@@ -819,6 +809,10 @@ class _Acc:
         self.ct = CTYPE[self.dt] if self.t not in ("any", "all") else "int"
         self.var = g.new_var("acc")
         self.vectorizes = self.t not in ("argmax", "argmin")
+        # an arg-reduction's index: 32 bits where the row is known to be shorter than
+        # 2**31, so that it fills the lanes of a float's vector (a tile's pool windows)
+        r = sympy.sympify(g.k.rnumel)
+        self.idx_ct = "int32_t" if r.is_number and int(r) < 2**31 else "int64_t"
 
     def _ident(self) -> str:
         t, dt = self.t, self.dt
@@ -856,7 +850,7 @@ class _Acc:
         if self.t in ("max", "min") and self.dt.is_floating_point:
             self._decl(self.var + "_nan", "int", "0")
         if self.t in ("argmax", "argmin"):
-            self._decl(self.var + "_idx", "int64_t", "-1")
+            self._decl(self.var + "_idx", self.idx_ct, "-1")
 
     def clauses(self) -> list[str]:
         t, v = self.t, self.var
@@ -894,7 +888,7 @@ class _Acc:
                 better += f" || (({val}) != ({val}) && {a} == {a})"
             take = g.assign("bool", f"{better}")
             g.line(f"{a} = {take} ? ({val}) : {a};")
-            g.line(f"{i} = {take} ? r : {i};")
+            g.line(f"{i} = {take} ? ({self.idx_ct})r : {i};")
 
     def finish(self) -> None:
         """The row's result: a per-row variable, stored unless it stays in the kernel."""
