@@ -2,6 +2,7 @@
 
     python -m stoker._internal.bench.benchmarks.cpu_step [--models demo-gpt,mlp-l,...]
         [--threads 1,2] [--steps 5] [--rounds 7] [--backends eager,stoker,inductor]
+        (also: stoker-noca)
         [--smoke] [--json PATH]
 
 For each model and thread count, one fresh process with empty cache folders
@@ -17,6 +18,11 @@ side by side: eager, `stoker.compile` (C kernels: ``backend="c"``) and
   one's caches (what a second run of a training script pays);
 - the ratios ``stoker / eager`` and ``stoker / inductor`` of the steady step and of
   the compile times.
+
+``--backends`` may add ``stoker-noca``: the same C kernels with
+``compiled_autograd=False``, so the backward runs on torch's eager engine through
+stoker's compiled AOT backward, as ``torch.compile``'s does (what compiled autograd
+costs or saves per step, measured beside the rest).
 
 The models: the demo's GPT at its size (``demo-gpt``) and the GPU suite's models at
 CPU sizes (`CPU_SIZES`: smaller than the H100's, so a step takes milliseconds here).
@@ -65,7 +71,8 @@ CPU_SIZES: dict[str, dict[str, int]] = {
     "small-cnn": {"width": 8, "image": 16, "batch": 16},
 }
 DEFAULT_MODELS = ("demo-gpt", "gpt-m", "hf-llama", "hf-gpt2", "mlp-l", "small-cnn")
-BACKENDS = ("eager", "stoker", "inductor")
+BACKENDS = ("eager", "stoker", "inductor", "stoker-noca")
+DEFAULT_BACKENDS = ("eager", "stoker", "inductor")
 
 
 def _build(name: str, smoke: bool) -> tuple[Any, Callable[[Any], Any], Any, bool]:
@@ -112,6 +119,8 @@ def worker(
             fn: Any = model
         elif b == "inductor":
             fn = torch.compile(model)
+        elif b == "stoker-noca":
+            fn = stoker.compile(model, backend="c", compiled_autograd=False)
         else:
             fn = stoker.compile(model, backend="c")
 
@@ -186,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", default="1,2")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--backends", default=",".join(BACKENDS))
+    p.add_argument("--backends", default=",".join(DEFAULT_BACKENDS))
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for the test")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--json", default="")
@@ -207,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in [m for m in args.models.split(",") if m]:
             with tempfile.TemporaryDirectory(prefix="stoker-cpu-step-") as caches:
                 row = _run_worker(name, threads, args, caches)
-                if "error" not in row and "stoker" in args.backends:
+                if "error" not in row and any(b.startswith("stoker") for b in args.backends):
                     warm = _run_worker(name, threads, args, caches)  # the caches the first left
                     for b in args.backends:
                         if b != "eager" and f"{b}_first_two_s" in warm:
@@ -221,6 +230,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ratios(row: dict[str, Any]) -> None:
+    n = row.get("stoker-noca_steady_ms")
+    if n is not None:
+        if row.get("eager_steady_ms"):
+            row["stoker-noca_over_eager"] = n / row["eager_steady_ms"]
+        if row.get("inductor_steady_ms"):
+            row["stoker-noca_over_inductor"] = n / row["inductor_steady_ms"]
     s = row.get("stoker_steady_ms")
     if s is None:
         return
@@ -249,6 +264,12 @@ def _line(r: dict[str, Any]) -> str:
         f"{f('stoker_over_eager')}  stoker/inductor {f('stoker_over_inductor')}  | cold s: stoker "
         f"{f('stoker_cold_s')} inductor {f('inductor_cold_s')}  | warm s: stoker "
         f"{f('stoker_warm_s')} inductor {f('inductor_warm_s')}"
+        + (
+            f"  | no compiled autograd: {f('stoker-noca_steady_ms')} ms, "
+            f"/eager {f('stoker-noca_over_eager')} /inductor {f('stoker-noca_over_inductor')}"
+            if "stoker-noca_steady_ms" in r
+            else ""
+        )
     )
 
 
