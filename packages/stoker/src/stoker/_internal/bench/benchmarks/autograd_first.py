@@ -51,9 +51,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--static", action="store_true", help="stoker.compile(dynamic=False)")
     ap.add_argument("--compare", action="store_true", help="--static, then --dynamic")
     ap.add_argument("--checkpoint", action="store_true", help="checkpoint each block")
+    ap.add_argument(
+        "--fsdp2",
+        action="store_true",
+        help="two gloo ranks on the CPU, each block and the root under fully_shard (FSDP2)",
+    )
     a = ap.parse_args(argv)
     if a.compare:
         return _compare(a, argv if argv is not None else sys.argv[1:])
+    if a.fsdp2 and "STOKER_BENCH_RANK" not in os.environ:
+        return _launch_ranks(a, argv if argv is not None else sys.argv[1:])
+    rank = int(os.environ.get("STOKER_BENCH_RANK", "0"))
+    if a.fsdp2:
+        from stoker._internal.distributed.launch import init_rank
+
+        init_rank(rank, 2, int(os.environ["STOKER_BENCH_PORT"]), "gloo")
     clock = time.process_time if a.cpu else time.perf_counter
 
     import stoker
@@ -113,15 +125,26 @@ def main(argv: list[str] | None = None) -> None:
                 raise SystemExit(f"--checkpoint: {a.model} has no ModuleList 'blocks'")
             for i, block in enumerate(blocks):
                 blocks[i] = _Checkpointed(block)
+        if a.fsdp2:
+            from torch.distributed.fsdp import fully_shard
+
+            blocks = getattr(model, "blocks", None)
+            if not isinstance(blocks, torch.nn.ModuleList):
+                raise SystemExit(f"--fsdp2: {a.model} has no ModuleList 'blocks'")
+            for block in blocks:
+                fully_shard(block)
+            fully_shard(model)
         dyn = {"static": False, "dynamic": True, "default": None}[mode]
         models[mode] = (model, stoker.compile(model, backend="aten", dynamic=dyn))
     unit = "CPU seconds" if a.cpu else "seconds"
     what = {"static": ", static sizes", "dynamic": ", symbolic sizes"}
     ckpt = ", checkpointed blocks" if a.checkpoint else ""
-    print(
+    ckpt += ", FSDP2 over 2 gloo ranks (rank 0's figures)" if a.fsdp2 else ""
+    say = print if rank == 0 else (lambda *_: None)
+    say(
         f"{a.model} (batch {a.batch}{what.get(modes[-1], '')}{ckpt}), first backward per capture, {unit}"
     )
-    print(
+    say(
         f"{'repeat':>6}{'capture':>9}{'retrace':>9}{'views':>7}{'µs/view':>9}"
         f"{'backward':>10}  counters"
     )
@@ -143,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
             )
             n = int(spent["n_views"])
             per_view = 1e6 * spent["views"] / n if n else 0.0
-            print(
+            say(
                 f"{i:>6}{spent['capture']:>9.3f}{spent['retrace']:>9.2f}{n:>7}"
                 f"{per_view:>9.0f}{total:>10.2f}  {counters}"
             )
@@ -160,7 +183,33 @@ def main(argv: list[str] | None = None) -> None:
                 }
             )
     doc: dict[str, Any] = {"model": a.model, "unit": unit, "dynamic": a.dynamic, "repeats": repeats}
-    write_json(a.json, doc)
+    if rank == 0:
+        write_json(a.json, doc)
+    if a.fsdp2:
+        torch.distributed.destroy_process_group()
+
+
+def _launch_ranks(a: argparse.Namespace, argv: list[str]) -> None:
+    """``--fsdp2``: this benchmark as two gloo ranks (processes), rank 0 reporting."""
+    from stoker._internal.distributed.launch import free_port
+
+    port = str(free_port())
+    cmd = [sys.executable, "-m", __spec__.name if __spec__ else "autograd_first", *argv]
+    procs = [
+        subprocess.Popen(
+            cmd,
+            env={
+                **os.environ,
+                "STOKER_BENCH_RANK": str(r),
+                "STOKER_BENCH_PORT": port,
+                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            },
+        )
+        for r in range(2)
+    ]
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"--fsdp2: a rank failed (exit codes {codes})")
 
 
 def _compare(a: argparse.Namespace, argv: list[str]) -> None:
