@@ -447,6 +447,13 @@ def fake_inputs(
     another process makes the same names (the warm-start cache reads its stored sizes
     back over them)."""
     shared: dict[tuple[int, Position | None], Dim] = {}
+    # An input whose dynamic sizes are all shared with an earlier one takes their
+    # symbols as they are, not fresh ones tied to them by guards (about 1.5 ms a dim
+    # in sympy), and a size held in an int gets a positive symbol, as a tensor's.  Here,
+    # so that the warm-start cache's reader makes the same symbols.  A shared input's
+    # fake aliases no other input's; the retrace drops the alias guards anyway
+    # (`_without_alias_guards`)
+    ctx.share_dim_symbols = True
 
     def spec(pos: Position, v: int) -> Dim | bool:
         if v < 2:  # 0 and 1 always specialize
@@ -548,11 +555,6 @@ def retrace(
         # entry (symbolic contiguity through sympy): a third of the retrace.  Static
         # sizes share the process-wide cache, which does pay (kept).
         ctx.fake_mode.cache_enabled = False
-    # An input whose dynamic sizes are all shared with an earlier one takes their
-    # symbols as they are, not fresh ones tied to them by guards (about 1.5 ms a dim
-    # in sympy).  Its fake then aliases no other input's; the retrace drops the alias
-    # guards anyway (`_without_alias_guards`)
-    ctx.share_dim_symbols = True
     values = fake_inputs(
         ctx, inputs, sizes, scalars, dynamic, free, opaque_only_inputs(gm, len(inputs)), groups
     )
@@ -745,6 +747,8 @@ def _tie_tangents(args: Sequence[Any]) -> None:
                     value = w if isinstance(w, int) else _eval_sym(sympy.sympify(w), names)
                 except (RetraceError, KeyError, TypeError, ValueError, sympy.SympifyError):
                     continue  # an expression _eval_sym does not rebuild: no tie
+                if _expr(have) == _expr(value):
+                    continue  # one expression already (the inputs share their Dims' symbols)
                 hint = _hint(have)
                 if hint is not None and hint == _hint(value):
                     _assume_equal(have, value)

@@ -398,8 +398,16 @@ class ShapeContext:
                 self.dims.append(_DimDecl(first.dim, source, first.symbol))
                 self.inputs.append(ScalarInput(source, v, sym))
                 return env.create_symintnode(sym, hint=v)
-        if isinstance(v, int):
-            out: Any = env.create_unspecified_symint_and_symbol(v, tsrc, DimDynamic.DYNAMIC)
+        if self.share_dim_symbols and isinstance(v, int) and isinstance(dynamic, Dim) and v > 0:
+            # a size held in an int: a positive symbol, as a tensor's size has.  Tied to
+            # a size later by a guard, either may replace the other; sympy simplifies
+            # the kernels' ``Max(1, s)`` (contiguous strides) only for a positive ``s``
+            sym_p = env.create_symbol(
+                v, tsrc, DimDynamic.DYNAMIC, positive=True, do_not_specialize_zero_one=True
+            )
+            out: Any = env.create_symintnode(sym_p, hint=v, source=tsrc)
+        elif isinstance(v, int):
+            out = env.create_unspecified_symint_and_symbol(v, tsrc, DimDynamic.DYNAMIC)
         else:
             sym = env.create_unspecified_symbol(v, source=tsrc, dynamic_dim=DimDynamic.DYNAMIC)
             out = env.create_symfloatnode(sym, hint=v, source=tsrc)
