@@ -615,3 +615,75 @@ def test_a_symbolic_backward_of_permuted_heads_builds_their_layouts(
                 torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
     assert stoker_autograd.stats().get("compiles", 0) >= 1
     assert "layout" in built
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_known_batch_norm_backward_is_what_the_kernel_makes(
+    affine: bool, dtype: torch.dtype
+) -> None:
+    """``native_batch_norm_backward`` over symbolic sizes (a CNN's batch and image
+    sizes): its results as the kernel (torch's decomposition) makes them, float32
+    parameters beside a bfloat16 input included, each output masked off in turn."""
+    ctx = ShapeContext(policy="auto")
+    with ctx.tracing():
+        dims = [Dim("b"), None, Dim("h"), Dim("w")]
+        x = _fake(ctx, (2, 3, 5, 6), dims, 0, dtype)
+        g = _fake(ctx, (2, 3, 5, 6), dims, 1, dtype)
+        w = _fake(ctx, (3,), [None], 2) if affine else None
+        stats = [_fake(ctx, (3,), [None], 3 + i) for i in range(4)]
+        env = next(d.node.shape_env for d in x.shape if isinstance(d, torch.SymInt))
+        for mask in ([True, True, True], [True, False, True], [False, True, False]):
+            args = (g, x, w, stats[0], stats[1], stats[2], stats[3], True, 1e-5, mask)
+            n_guards = len(env.guards)
+            ours = retrace._known_batch_norm_backward(args, {})
+            assert len(env.guards) == n_guards
+            theirs = aten.native_batch_norm_backward.default(*args)
+            assert ours is not None
+            for o, t in zip(ours, theirs, strict=True):
+                assert (o is None) == (t is None), mask
+                if o is None:
+                    continue
+                assert _exprs(o.shape) == _exprs(t.shape)
+                assert _exprs(o.stride()) == _exprs(t.stride())
+                assert o.dtype == t.dtype, mask
+        # a channels-last gradient: the kernel's layout rules
+        gt = g.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+        args = (gt, x, w, *stats, True, 1e-5, [True, True, True])
+        assert retrace._known_batch_norm_backward(args, {}) is None
+
+
+def test_a_symbolic_backward_of_a_batch_norm_builds_its_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A conv + batch norm block's backward over symbolic batch and image sizes: the
+    batch norm's backward is built by `_known_batch_norm_backward`, and the gradients
+    equal eager's at each size."""
+    built: list[str] = []
+    monkeypatch.setitem(
+        retrace._KNOWN,
+        aten.native_batch_norm_backward.default,
+        _counting(retrace._known_batch_norm_backward, "batch_norm_backward", built),
+    )
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())
+    ref = copy.deepcopy(model)
+    fn = stoker_capture.aot_module(model, dynamic="dynamic")
+    stoker_autograd.reset_stats()
+    with stoker_autograd.enable(dynamic=True):
+        for b, h, w in [(2, 5, 6), (3, 7, 5), (4, 6, 8)]:
+            x = torch.randn(b, 3, h, w, requires_grad=True)
+            xr = x.detach().clone().requires_grad_(True)
+            wt = torch.randn(b, 4, h, w)
+            model.zero_grad()
+            ref.zero_grad()
+            (fn(x) * wt).sum().backward()
+            with stoker_autograd.disabled():
+                (ref(xr) * wt).sum().backward()
+            assert x.grad is not None and xr.grad is not None
+            torch.testing.assert_close(x.grad, xr.grad, atol=1e-4, rtol=1e-4)
+            for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None
+                torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=name)
+    assert stoker_autograd.stats().get("compiles", 0) >= 1
+    assert "batch_norm_backward" in built

@@ -991,6 +991,52 @@ def _known_layer_norm_backward(
     return d_input, d_weight, d_bias
 
 
+def _known_batch_norm_backward(
+    args: Any, kwargs: dict[str, Any]
+) -> tuple[torch.Tensor | None, ...] | None:
+    """``aten.native_batch_norm_backward``'s results made as its fake kernel makes them,
+    without running it: the kernel is torch's decomposition, a dozen broadcasts and
+    reductions that each ask sympy about the sizes (about 30 ms a call over symbolic
+    sizes, against 2 ms static).  It computes ``grad_input`` pointwise from the
+    gradient and the input, so with both contiguous (by their expressions) of one
+    size it is contiguous of those sizes in the input's dtype; ``grad_weight`` and
+    ``grad_bias`` are per-channel sums, ``(C,)`` in the weight's dtype (the input's
+    without a weight), None where masked off (``grad_input`` is made even then, as
+    the decomposition makes it).  Only with a floating input of two or
+    more dims, a symbolic size, no size zero, a weight of ``(C,)`` as expressions or
+    none; else None (the kernel)."""
+    if kwargs or len(args) != 10:
+        return None
+    grad, x, weight = args[0], args[1], args[2]
+    mask = args[9]
+    if not isinstance(grad, torch.Tensor) or not isinstance(x, torch.Tensor):
+        return None
+    if not x.dtype.is_floating_point or x.dim() < 2 or len(mask) != 3:
+        return None
+    if grad.dtype != x.dtype or grad.device != x.device:
+        return None
+    shape = list(x.shape)
+    if all(isinstance(d, int) for d in shape):
+        return None
+    if any(h is None or h < 1 for h in (_hint(d) for d in shape)):
+        return None
+    if [_expr(d) for d in grad.shape] != [_expr(d) for d in shape]:
+        return None
+    if not (_contiguous_by_exprs(x) and _contiguous_by_exprs(grad)):
+        return None
+    channels = shape[1]
+    if weight is not None and (
+        not isinstance(weight, torch.Tensor)
+        or [_expr(d) for d in weight.shape] != [_expr(channels)]
+    ):
+        return None
+    wdtype = weight.dtype if isinstance(weight, torch.Tensor) else x.dtype
+    d_input = torch.empty(shape, dtype=x.dtype, device=x.device)  # whatever the mask
+    d_weight = torch.empty([channels], dtype=wdtype, device=x.device) if mask[1] else None
+    d_bias = torch.empty([channels], dtype=wdtype, device=x.device) if mask[2] else None
+    return d_input, d_weight, d_bias
+
+
 def _contiguous_by_exprs(t: torch.Tensor) -> bool:
     """Are ``t``'s strides the contiguous strides of its sizes, as expressions (size-1
     dims skipped)?  No question to the shape env; False where only a guard would say."""
@@ -1392,6 +1438,7 @@ _KNOWN: dict[Any, Any] = {
     torch.ops.aten._unsafe_view.default: _known_view,
     torch.ops.aten.native_layer_norm.default: _known_layer_norm,
     torch.ops.aten.native_layer_norm_backward.default: _known_layer_norm_backward,
+    torch.ops.aten.native_batch_norm_backward.default: _known_batch_norm_backward,
     torch.ops.aten.addmm.default: _known_addmm,
     torch.ops.aten.clone.default: _known_clone,
     torch.ops.aten.full.default: _known_full,
