@@ -10,9 +10,11 @@ retraces without the generic reshape and its gradients equal eager's."""
 from __future__ import annotations
 
 import copy
+import random
 from typing import Any
 
 import pytest
+import sympy
 import torch
 import torch.nn as nn
 
@@ -213,12 +215,104 @@ def test_a_known_pointwise_result_is_what_the_kernel_makes(case: int) -> None:
         assert _exprs(ours.shape) == _exprs(theirs.shape)
         assert _exprs(ours.stride()) == _exprs(theirs.stride())
         assert ours.dtype == theirs.dtype
-        # an operand that is not contiguous: the kernel's layout rules
+        # an operand that is not contiguous: the kernel's layout rules (the first wins)
         xt = x.transpose(2, 3)
-        assert retrace._known_pointwise(aten.add.Tensor, (x, xt), {}) is None
+        for pair in ((x, xt), (xt, x)):
+            ours = retrace._known_pointwise(aten.add.Tensor, pair, {})
+            assert ours is not None
+            assert _exprs(ours.stride()) == _exprs(aten.add.Tensor(*pair).stride())
         # sizes equal only at the hints: the kernel's guard
         other = _fake(ctx, (2, 3, 5, 5), [Dim("b"), None, Dim("u"), Dim("t")], 5)
         assert retrace._known_pointwise(aten.add.Tensor, (x, other), {}) is None
+
+
+def _fake_strided(ctx: ShapeContext, real: torch.Tensor, dims: list[Any], arg: int) -> Any:
+    """A fake of ``real`` (any strides: a slice gets a stride symbol of its own)."""
+    return ctx.fakeify(real, Source.arg(arg), dynamic=dims)
+
+
+def _layout_cases(ctx: ShapeContext) -> list[Any]:
+    """(op, args, kwargs) of pointwise ops over operands that are not all contiguous:
+    permuted heads (``(B, T, H, D) -> (B, H, T, D)``), broadcasts, slices, expands."""
+    b, t = Dim("b"), Dim("t")
+    x = _fake(ctx, (2, 3, 5, 8), [b, None, t, None])  # (B, H, T, D)
+    y = _fake(ctx, (2, 5, 3, 8), [b, t, None, None], 1).permute(0, 2, 1, 3)
+    rope = _fake(ctx, (1, 1, 5, 8), [None, None, t, None], 2)
+    w = _fake(ctx, (2, 5, 1), [b, t, None], 3)
+    mask = _fake(ctx, (1, 1, 5, 8), [None, None, t, None], 4, torch.bool)
+    with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        ids_real = torch.randint(0, 9, (2, 6))
+    ids = _fake_strided(ctx, ids_real, [b, Dim("t1")], 5)[:, :-1]  # the token ids' slice
+    half = x.to(torch.bfloat16)
+    return [
+        (aten.add.Tensor, (x, y), {}),  # the first operand's order wins
+        (aten.add.Tensor, (y, x), {}),
+        (aten.mul.Tensor, (y, rope), {}),  # a permuted operand times a broadcast one
+        (aten.mul.Tensor, (rope, y), {}),
+        (aten.sigmoid.default, (y,), {}),  # one dense operand: its own strides
+        (aten.neg.default, (x[..., :4],), {}),  # a slice in order: contiguous
+        (aten.div.Scalar, (w.expand(-1, -1, 8), 8), {}),  # an expanded operand
+        (aten.where.self, (mask, y, x), {}),  # a broadcast mask first
+        (aten.add.Tensor, (y, half), {}),  # mixed dtypes
+        (aten.ge.Scalar, (ids, 0), {}),
+        (aten.mul.Tensor, (x.transpose(1, 2), y.transpose(1, 2)), {}),
+    ]
+
+
+@pytest.mark.parametrize("case", range(11))
+def test_a_known_pointwise_layout_is_what_the_kernel_makes(case: int) -> None:
+    """Operands that are not all contiguous: the result's strides follow the kernel's
+    dim ordering, decided from the expressions without a question to the shape env."""
+    ctx = ShapeContext(policy="auto")
+    with ctx.tracing():
+        op, args, kwargs = _layout_cases(ctx)[case]
+        env = next(
+            d.node.shape_env
+            for a in args
+            if isinstance(a, torch.Tensor)
+            for d in a.shape
+            if isinstance(d, torch.SymInt)
+        )
+        n_guards = len(env.guards)
+        ours = retrace._known_pointwise(op, args, kwargs)
+        assert len(env.guards) == n_guards, env.guards[n_guards:]  # asked nothing
+        theirs = op(*args, **kwargs)
+    assert ours is not None
+    assert _exprs(ours.shape) == _exprs(theirs.shape)
+    # equal for every value of the sizes (torch writes ``Max(1, t - 1)`` for ``t - 1``)
+    assert _same_values(_exprs(ours.stride()), _exprs(theirs.stride())), (
+        _exprs(ours.stride()),
+        _exprs(theirs.stride()),
+    )
+    assert ours.dtype == theirs.dtype
+
+
+def _same_values(a: list[Any], b: list[Any]) -> bool:
+    """Are the expressions of ``a`` and ``b`` equal at random sizes (each symbol 2..64)?"""
+    syms = set().union(*(sympy.sympify(e).free_symbols for e in (*a, *b)))
+    rng = random.Random(0)
+    for _ in range(20):
+        at = {s: rng.randint(2, 64) for s in syms}
+        if [sympy.sympify(e).subs(at) for e in a] != [sympy.sympify(e).subs(at) for e in b]:
+            return False
+    return True
+
+
+def test_pointwise_layouts_the_expressions_do_not_settle_are_left_to_the_kernel() -> None:
+    ctx = ShapeContext(policy="auto")
+    with ctx.tracing():
+        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+            real = torch.empty(4, 9, 11)[:, :6, :7]  # two strides of their own
+        z = _fake_strided(ctx, real, [Dim("b"), Dim("t"), Dim("c")], 0)
+        zt = z.transpose(1, 2)
+        # which of the two stride symbols is larger: only a guard would say
+        assert retrace._known_pointwise(aten.add.Tensor, (zt, zt.contiguous()), {}) is None
+        # a size-1 dim of the result: its stride is the kernel's choice
+        one = _fake(ctx, (2, 1, 5), [Dim("b"), None, Dim("t")], 1)
+        assert retrace._known_pointwise(aten.add.Tensor, (one.transpose(0, 2), 1.0), {}) is None
+        # a lone operand neither dense nor in order: empty_like's rules
+        w = _fake(ctx, (2, 5, 8), [Dim("b"), Dim("t"), None], 2)
+        assert retrace._known_pointwise(aten.neg.default, (w.transpose(1, 2)[:, :4],), {}) is None
 
 
 def test_known_addmm_and_contiguous_clone_are_what_the_kernels_make() -> None:
@@ -426,3 +520,170 @@ def _counting(fn: Any, name: str, built: list[str]) -> Any:
         return out
 
     return wrapped
+
+
+def test_a_known_full_is_what_the_kernel_makes() -> None:
+    """``full`` (and ``zeros``, which torch's decomposition makes a ``full``) over
+    symbolic sizes: contiguous, of the dtype asked, without a question to sympy."""
+    ctx = ShapeContext(policy="auto")
+    with ctx.tracing():
+        x = _fake(ctx, (2, 5, 8), [Dim("b"), Dim("t"), None])
+        b, t, c = x.shape
+        env = next(d.node.shape_env for d in x.shape if isinstance(d, torch.SymInt))
+        for size, value, dtype in (
+            ([b, t, c], 0, torch.float32),
+            ([b, 3, t, c], 1.5, torch.bfloat16),
+            ([t], False, torch.bool),
+        ):
+            kw = {"dtype": dtype, "layout": torch.strided, "device": torch.device("cpu")}
+            n_guards = len(env.guards)
+            ours = retrace._known_full((size, value), kw)
+            assert len(env.guards) == n_guards
+            theirs = aten.full.default(size, value, **kw)
+            assert ours is not None
+            assert _exprs(ours.shape) == _exprs(theirs.shape)
+            assert _exprs(ours.stride()) == _exprs(theirs.stride())
+            assert ours.dtype == theirs.dtype
+        # no dtype (full infers it from the value), or no symbolic size: the kernel
+        assert retrace._known_full(([b, t], 0), {"device": torch.device("cpu")}) is None
+        cpu = {"dtype": torch.float32, "device": torch.device("cpu")}
+        assert retrace._known_full(([2, 3], 0), cpu) is None
+        zeros = retrace._zeros_as_full(([b, t],), {**cpu, "dtype": torch.bool})
+        assert zeros is not None and zeros[0][1] is False  # bool zeros fill with False
+
+
+class Rotary(nn.Module):
+    """Heads permuted from ``(B, T, H, D)`` to ``(B, H, T, D)`` and a rotary embedding
+    (halves sliced, negated, concatenated) as Hugging Face's Llama has it: pointwise
+    ops over a permuted operand and a broadcast one, slices, an expanded mean."""
+
+    def __init__(self, c: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qk = nn.Linear(c, 2 * c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k = (
+            z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+            for z in self.qk(x).split(c, -1)
+        )
+        pos = torch.arange(t, dtype=x.dtype)[:, None] * torch.ones(c // self.heads)
+        cos, sin = pos.cos()[None, None], pos.sin()[None, None]
+
+        def rotate(h: torch.Tensor) -> torch.Tensor:
+            h1, h2 = h[..., : h.shape[-1] // 2], h[..., h.shape[-1] // 2 :]
+            return torch.cat((-h2, h1), dim=-1)
+
+        q = q * cos + rotate(q) * sin
+        k = k * cos + rotate(k) * sin
+        s = q + k.transpose(1, 2).contiguous().transpose(1, 2)
+        return s * s.pow(2).mean(-1, keepdim=True).rsqrt()
+
+
+def test_a_symbolic_backward_of_permuted_heads_builds_their_layouts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rotary attention's backward, retraced over symbolic sizes: pointwise ops
+    over operands that are not all contiguous get their layout from the retrace's
+    own rule (`_elementwise_strides`), and the gradients equal eager's at each size."""
+    built: list[str] = []
+    monkeypatch.setattr(
+        retrace,
+        "_elementwise_strides",
+        _counting(retrace._elementwise_strides, "layout", built),
+    )
+    torch.manual_seed(0)
+    model = Rotary()
+    ref = copy.deepcopy(model)
+    fn = stoker_capture.aot_module(model, dynamic="dynamic")
+    stoker_autograd.reset_stats()
+    with stoker_autograd.enable(dynamic=True):
+        for b, t in [(2, 5), (3, 7), (4, 6)]:
+            x = torch.randn(b, t, 16, requires_grad=True)
+            xr = x.detach().clone().requires_grad_(True)
+            w = torch.randn(b, 2, t, 8)
+            model.zero_grad()
+            ref.zero_grad()
+            (fn(x) * w).sum().backward()
+            with stoker_autograd.disabled():
+                (ref(xr) * w).sum().backward()
+            assert x.grad is not None and xr.grad is not None
+            torch.testing.assert_close(x.grad, xr.grad, atol=1e-5, rtol=1e-4)
+            for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None
+                torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert stoker_autograd.stats().get("compiles", 0) >= 1
+    assert "layout" in built
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_known_batch_norm_backward_is_what_the_kernel_makes(
+    affine: bool, dtype: torch.dtype
+) -> None:
+    """``native_batch_norm_backward`` over symbolic sizes (a CNN's batch and image
+    sizes): its results as the kernel (torch's decomposition) makes them, float32
+    parameters beside a bfloat16 input included, each output masked off in turn."""
+    ctx = ShapeContext(policy="auto")
+    with ctx.tracing():
+        dims = [Dim("b"), None, Dim("h"), Dim("w")]
+        x = _fake(ctx, (2, 3, 5, 6), dims, 0, dtype)
+        g = _fake(ctx, (2, 3, 5, 6), dims, 1, dtype)
+        w = _fake(ctx, (3,), [None], 2) if affine else None
+        stats = [_fake(ctx, (3,), [None], 3 + i) for i in range(4)]
+        env = next(d.node.shape_env for d in x.shape if isinstance(d, torch.SymInt))
+        for mask in ([True, True, True], [True, False, True], [False, True, False]):
+            args = (g, x, w, stats[0], stats[1], stats[2], stats[3], True, 1e-5, mask)
+            n_guards = len(env.guards)
+            ours = retrace._known_batch_norm_backward(args, {})
+            assert len(env.guards) == n_guards
+            theirs = aten.native_batch_norm_backward.default(*args)
+            assert ours is not None
+            for o, t in zip(ours, theirs, strict=True):
+                assert (o is None) == (t is None), mask
+                if o is None:
+                    continue
+                assert _exprs(o.shape) == _exprs(t.shape)
+                assert _exprs(o.stride()) == _exprs(t.stride())
+                assert o.dtype == t.dtype, mask
+        # a channels-last gradient: the kernel's layout rules
+        gt = g.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+        args = (gt, x, w, *stats, True, 1e-5, [True, True, True])
+        assert retrace._known_batch_norm_backward(args, {}) is None
+
+
+def test_a_symbolic_backward_of_a_batch_norm_builds_its_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A conv + batch norm block's backward over symbolic batch and image sizes: the
+    batch norm's backward is built by `_known_batch_norm_backward`, and the gradients
+    equal eager's at each size."""
+    built: list[str] = []
+    monkeypatch.setitem(
+        retrace._KNOWN,
+        aten.native_batch_norm_backward.default,
+        _counting(retrace._known_batch_norm_backward, "batch_norm_backward", built),
+    )
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())
+    ref = copy.deepcopy(model)
+    fn = stoker_capture.aot_module(model, dynamic="dynamic")
+    stoker_autograd.reset_stats()
+    with stoker_autograd.enable(dynamic=True):
+        for b, h, w in [(2, 5, 6), (3, 7, 5), (4, 6, 8)]:
+            x = torch.randn(b, 3, h, w, requires_grad=True)
+            xr = x.detach().clone().requires_grad_(True)
+            wt = torch.randn(b, 4, h, w)
+            model.zero_grad()
+            ref.zero_grad()
+            (fn(x) * wt).sum().backward()
+            with stoker_autograd.disabled():
+                (ref(xr) * wt).sum().backward()
+            assert x.grad is not None and xr.grad is not None
+            torch.testing.assert_close(x.grad, xr.grad, atol=1e-4, rtol=1e-4)
+            for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None
+                torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=name)
+    assert stoker_autograd.stats().get("compiles", 0) >= 1
+    assert "batch_norm_backward" in built

@@ -130,6 +130,12 @@ class _Replayer:
         return v
 
     def bind(self, value: Any, proxy: fx.Proxy) -> None:
+        if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+            # a graph input or an opaque call's result: its ``tensor_meta`` from the
+            # sizes' expressions (`_track`), not three contiguity questions to sympy
+            with disable_proxy_modes_tracing(), proxy_tensor._enable_thunkify(self.tracer):
+                _track(self.tracer, value, proxy)
+            return
         track_tensor_tree(value, proxy, constant=None, tracer=self.tracer)
 
     # -------------------------------------------------------------------- nodes
@@ -441,6 +447,13 @@ def fake_inputs(
     another process makes the same names (the warm-start cache reads its stored sizes
     back over them)."""
     shared: dict[tuple[int, Position | None], Dim] = {}
+    # An input whose dynamic sizes are all shared with an earlier one takes their
+    # symbols as they are, not fresh ones tied to them by guards (about 1.5 ms a dim
+    # in sympy), and a size held in an int gets a positive symbol, as a tensor's.  Here,
+    # so that the warm-start cache's reader makes the same symbols.  A shared input's
+    # fake aliases no other input's; the retrace drops the alias guards anyway
+    # (`_without_alias_guards`)
+    ctx.share_dim_symbols = True
 
     def spec(pos: Position, v: int) -> Dim | bool:
         if v < 2:  # 0 and 1 always specialize
@@ -684,6 +697,15 @@ def _replay_node(rp: _Replayer, node: fx.Node, placeholders: dict[fx.Node, int])
         _tie_tangents(args)
     elif node.target is torch.ops.aten.view.default:  # recorded as is: no table on its way
         _relate_view_sizes(*args, **kwargs)
+    if node.target is torch.ops.aten.zeros.default:  # as torch's decomposition: a full
+        as_full = _zeros_as_full(args, kwargs)
+        if as_full is not None:
+            fargs, fkwargs = as_full
+            full = torch.ops.aten.full.default
+            out = _record(rp, full, fargs, fkwargs, pytree.tree_leaves((fargs, fkwargs)))
+            if out is not NotImplemented:
+                env[node] = out
+                return
     if _recorded_as_is(node.target):  # e.g. an inlined AOT backward's core-aten op
         out = _record(rp, node.target, args, kwargs, leaves)  # type: ignore[arg-type]
         if out is not NotImplemented:
@@ -725,6 +747,8 @@ def _tie_tangents(args: Sequence[Any]) -> None:
                     value = w if isinstance(w, int) else _eval_sym(sympy.sympify(w), names)
                 except (RetraceError, KeyError, TypeError, ValueError, sympy.SympifyError):
                     continue  # an expression _eval_sym does not rebuild: no tie
+                if _expr(have) == _expr(value):
+                    continue  # one expression already (the inputs share their Dims' symbols)
                 hint = _hint(have)
                 if hint is not None and hint == _hint(value):
                     _assume_equal(have, value)
@@ -967,6 +991,52 @@ def _known_layer_norm_backward(
     return d_input, d_weight, d_bias
 
 
+def _known_batch_norm_backward(
+    args: Any, kwargs: dict[str, Any]
+) -> tuple[torch.Tensor | None, ...] | None:
+    """``aten.native_batch_norm_backward``'s results made as its fake kernel makes them,
+    without running it: the kernel is torch's decomposition, a dozen broadcasts and
+    reductions that each ask sympy about the sizes (about 30 ms a call over symbolic
+    sizes, against 2 ms static).  It computes ``grad_input`` pointwise from the
+    gradient and the input, so with both contiguous (by their expressions) of one
+    size it is contiguous of those sizes in the input's dtype; ``grad_weight`` and
+    ``grad_bias`` are per-channel sums, ``(C,)`` in the weight's dtype (the input's
+    without a weight), None where masked off (``grad_input`` is made even then, as
+    the decomposition makes it).  Only with a floating input of two or
+    more dims, a symbolic size, no size zero, a weight of ``(C,)`` as expressions or
+    none; else None (the kernel)."""
+    if kwargs or len(args) != 10:
+        return None
+    grad, x, weight = args[0], args[1], args[2]
+    mask = args[9]
+    if not isinstance(grad, torch.Tensor) or not isinstance(x, torch.Tensor):
+        return None
+    if not x.dtype.is_floating_point or x.dim() < 2 or len(mask) != 3:
+        return None
+    if grad.dtype != x.dtype or grad.device != x.device:
+        return None
+    shape = list(x.shape)
+    if all(isinstance(d, int) for d in shape):
+        return None
+    if any(h is None or h < 1 for h in (_hint(d) for d in shape)):
+        return None
+    if [_expr(d) for d in grad.shape] != [_expr(d) for d in shape]:
+        return None
+    if not (_contiguous_by_exprs(x) and _contiguous_by_exprs(grad)):
+        return None
+    channels = shape[1]
+    if weight is not None and (
+        not isinstance(weight, torch.Tensor)
+        or [_expr(d) for d in weight.shape] != [_expr(channels)]
+    ):
+        return None
+    wdtype = weight.dtype if isinstance(weight, torch.Tensor) else x.dtype
+    d_input = torch.empty(shape, dtype=x.dtype, device=x.device)  # whatever the mask
+    d_weight = torch.empty([channels], dtype=wdtype, device=x.device) if mask[1] else None
+    d_bias = torch.empty([channels], dtype=wdtype, device=x.device) if mask[2] else None
+    return d_input, d_weight, d_bias
+
+
 def _contiguous_by_exprs(t: torch.Tensor) -> bool:
     """Are ``t``'s strides the contiguous strides of its sizes, as expressions (size-1
     dims skipped)?  No question to the shape env; False where only a guard would say."""
@@ -1052,6 +1122,52 @@ def _known_clone(args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
     return torch.empty(list(x.shape), dtype=x.dtype, device=x.device)
 
 
+def _full_args_known(args: Any, kwargs: dict[str, Any]) -> bool:
+    """Are these ``full``'s arguments `_known_full`'s?"""
+    if len(args) != 2 or any(k not in ("dtype", "layout", "device", "pin_memory") for k in kwargs):
+        return False
+    size, value = args
+    dtype, device = kwargs.get("dtype"), kwargs.get("device")
+    if not isinstance(dtype, torch.dtype) or not isinstance(device, torch.device):
+        return False
+    if kwargs.get("layout") not in (None, torch.strided) or kwargs.get("pin_memory"):
+        return False
+    if type(value) not in (bool, int, float) or not isinstance(size, list | tuple):
+        return False
+    return any(isinstance(d, torch.SymInt) for d in size) and all(
+        isinstance(d, int | torch.SymInt) for d in size
+    )
+
+
+def _known_full(args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``full(size, value, dtype=..., device=...)``: contiguous of ``size`` (its fake
+    kernel, torch's reference, checks and multiplies the sizes through sympy).  Only
+    with a dtype and a device given, a strided layout, a number to fill with and a
+    symbolic size; else None (the kernel)."""
+    if not _full_args_known(args, kwargs):
+        return None
+    return torch.empty(list(args[0]), dtype=kwargs["dtype"], device=kwargs["device"])
+
+
+def _zeros_as_full(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
+    """``zeros(size, dtype=...)``'s arguments as the ``full`` that torch's decomposition
+    of it calls (``full(size, 0, ...)``, ``False`` for booleans), where that ``full``
+    is `_known_full`'s; else None (the decomposition, through the proxy mode)."""
+    if len(args) != 1 or kwargs.get("requires_grad"):
+        return None
+    dtype = kwargs.get("dtype")
+    if not isinstance(dtype, torch.dtype):
+        return None
+    kw = {k: v for k, v in kwargs.items() if k != "requires_grad"}
+    kw.setdefault("layout", torch.strided)
+    kw.setdefault("pin_memory", False)
+    fill = False if dtype == torch.bool else 0
+    full_args = (list(args[0]), fill)
+    if not _full_args_known(full_args, kw):
+        return None
+    return full_args, kw
+
+
 _DTYPES_OF: dict[tuple[Any, ...], torch.dtype | None] = {}
 """Result dtype of a pointwise op per argument signature (`_pointwise_dtype`)."""
 
@@ -1061,24 +1177,28 @@ def _pointwise_dtype(op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> to
     signature on one-element tensors (type promotion reads only dtypes, which tensors
     are zero-dim, and the kinds of scalars), or None where the kernel refuses them."""
     key: list[Any] = [op]
-    probe: list[Any] = []
     for a in (*args, *kwargs.values()):
         if isinstance(a, torch.Tensor):
             key.append((a.dtype, a.dim() == 0, a.device))
-            probe.append(torch.empty([] if a.dim() == 0 else [1], dtype=a.dtype, device=a.device))
         elif isinstance(a, torch.SymInt | torch.SymFloat | torch.SymBool):
             key.append(a.node.pytype)
-            probe.append(a.node.pytype(1))
         elif isinstance(a, bool | int | float | complex):
             key.append(type(a))
-            probe.append(a)
         elif a is None or isinstance(a, str | torch.dtype | torch.device | torch.layout):
             key.append(a)
-            probe.append(a)
         else:
             return None
     k = tuple(key)
-    if k not in _DTYPES_OF:
+    if k not in _DTYPES_OF:  # the probes only on a miss: each is a fake-mode op
+        probe: list[Any] = []
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, torch.Tensor):
+                shape = [] if a.dim() == 0 else [1]
+                probe.append(torch.empty(shape, dtype=a.dtype, device=a.device))
+            elif isinstance(a, torch.SymInt | torch.SymFloat | torch.SymBool):
+                probe.append(a.node.pytype(1))
+            else:
+                probe.append(a)
         n = len(args)
         try:
             out = op(*probe[:n], **dict(zip(kwargs, probe[n:], strict=True)))
@@ -1093,9 +1213,11 @@ def _known_pointwise(op: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor
     from its operands' sizes as expressions, where its fake kernel (torch's Python
     reference) asks sympy about every broadcast (1-10 ms a call over symbolic sizes).
     Only where no question is open: each dim of the operands (aligned from the right)
-    is a static 1 or one expression, every operand is contiguous by its expressions
-    (the result is then contiguous), they share a device (zero-dim ones aside), and a
-    size is symbolic; the dtype comes from `_pointwise_dtype`.  Else None (the kernel)."""
+    is a static 1 or one expression, they share a device (zero-dim ones aside), and a
+    size is symbolic; the dtype comes from `_pointwise_dtype`.  Every operand
+    contiguous by its expressions: the result is contiguous.  Else its strides are
+    the kernel's layout rule (`_elementwise_strides`), where each comparison of
+    strides it makes is settled by the expressions alone; else None (the kernel)."""
     tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
     full = [t for t in tensors if t.dim() > 0]
     if not full or any(t.layout != torch.strided for t in tensors):
@@ -1107,6 +1229,7 @@ def _known_pointwise(op: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor
     sizes: list[Any] = [1] * ndim
     exprs: list[Any] = [1] * ndim
     symbolic = False
+    contiguous = True
     for t in full:
         off = ndim - t.dim()
         for i, d in enumerate(t.shape):
@@ -1119,14 +1242,183 @@ def _known_pointwise(op: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor
                 sizes[off + i], exprs[off + i] = d, e
             elif exprs[off + i] != e:
                 return None  # equal only at the hints, or not at all: the kernel decides
-        if not _contiguous_by_exprs(t):
-            return None
+        contiguous = contiguous and _contiguous_by_exprs(t)
     if not symbolic:
         return None
+    strides: list[Any] | None = None
+    if not contiguous:
+        if any(t.dim() == 0 and t.device.type != "cpu" for t in tensors):
+            return None  # a zero-dim operand the layout rule counts: rare, the kernel's
+        strides = _elementwise_strides(sizes, full)
+        if strides is None:
+            return None
     dtype = _pointwise_dtype(op, args, kwargs)
     if dtype is None:
         return None
-    return torch.empty(sizes, dtype=dtype, device=device)
+    if strides is None:
+        return torch.empty(sizes, dtype=dtype, device=device)
+    return torch.empty_strided(sizes, strides, dtype=dtype, device=device)
+
+
+def _monomial(e: Any) -> tuple[int, dict[Any, int]] | None:
+    """``e`` as ``c * s1**k1 * s2**k2 ...`` with ``c`` a positive integer and ``k``
+    positive integer powers of symbols: ``(c, {s: k})``.  None for anything else."""
+    if isinstance(e, int):
+        return (e, {}) if e > 0 else None
+    c, m = e.as_coeff_Mul()
+    if not (c.is_Integer and c > 0):
+        return None
+    powers: dict[Any, int] = {}
+    if m != 1:
+        for s, k in m.as_powers_dict().items():
+            if not (isinstance(s, sympy.Symbol) and k.is_Integer and k > 0):
+                return None
+            powers[s] = int(k)
+    return int(c), powers
+
+
+def _settled_ge(a: Any, b: Any, env: Any) -> bool | None:
+    """Is ``a >= b`` for every value the symbols may take (True), for none (False), or
+    does it depend on them (None)?  ``a`` and ``b`` are positive monomials
+    (`_monomial`); a symbol's lower bound comes from the shape env's ranges, and
+    decides only where one monomial divides the other (``256*s0 >= 256``: s0 >= 1).
+    No question to the shape env: where its ranges settle a comparison, torch's own
+    check adds no guard either."""
+    ma, mb = _monomial(a), _monomial(b)
+    if ma is None or mb is None:
+        return None
+    (ca, pa), (cb, pb) = ma, mb
+    if pa == pb:
+        return ca >= cb
+
+    def low(big: dict[Any, int], small: dict[Any, int]) -> int | None:
+        """The least value of ``big / small`` (a monomial: small divides big), or None."""
+        out = 1
+        for s, k in big.items():
+            r = env.var_to_range.get(s)
+            if r is None or not r.lower.is_Integer or int(r.lower) < 1:
+                return None
+            out *= int(r.lower) ** (k - small.get(s, 0))
+        return out
+
+    if all(pa.get(s, 0) >= k for s, k in pb.items()):  # b's monomial divides a's
+        lo = low(pa, pb)
+        return True if lo is not None and ca * lo >= cb else None
+    if all(pb.get(s, 0) >= k for s, k in pa.items()):  # a's divides b's
+        lo = low(pb, pa)
+        return False if lo is not None and cb * lo > ca else None
+    return None
+
+
+def _elementwise_strides(shape: list[Any], operands: list[torch.Tensor]) -> list[Any] | None:
+    """The strides torch's elementwise kernels give a result of ``shape`` from these
+    operands (``torch._prims_common.compute_elementwise_output_strides``, which
+    TensorIterator's dim ordering matches): the operands broadcast to ``shape``
+    (stride 0 where a dim is broadcast), their dims sorted by stride, operand by
+    operand (the first with two non-zero strides that differ decides), the result
+    contiguous in that order.  Each comparison is settled by the expressions
+    (`_settled_ge`), or the whole is None.  Also None where the result has a static
+    size below 2 (a size-1 dim's stride is arbitrary), or a lone operand is not dense
+    unless its order is the identity (``empty_like``'s rule then: contiguous)."""
+    ndim = len(shape)
+    if ndim < 2 or any(isinstance(_expr(d), int) and _expr(d) < 2 for d in shape):
+        return None
+    env = next(
+        (
+            d.node.shape_env
+            for t in operands
+            for d in (*t.shape, *t.stride())
+            if isinstance(d, torch.SymInt)
+        ),
+        None,
+    )
+    if env is None:
+        return None
+    size_e = [_expr(d) for d in shape]
+    expanded: list[list[Any]] = []
+    for t in operands:
+        off = ndim - t.dim()
+        st = [0] * off
+        for d, s in zip(t.shape, t.stride(), strict=True):
+            e = _expr(d)
+            st.append(0 if isinstance(e, int) and e == 1 else _expr(s))
+        expanded.append(st)
+
+    def zero(s: Any) -> bool | None:
+        if isinstance(s, int) and s == 0:
+            return True
+        return False if _monomial(s) is not None else None
+
+    def ge(a: Any, b: Any) -> bool | None:  # torch's: a >= b or a % b == 0, for a, b >= 0
+        zb = zero(b)
+        if zb is None or zb:
+            return zb
+        za = zero(a)
+        if za is None or za:
+            return None if za is None else False
+        return _settled_ge(a, b, env)  # False: 0 < a < b, so a % b != 0 too
+
+    def equal(a: Any, b: Any) -> bool | None:
+        if a == b:
+            return True
+        g1, g2 = _settled_ge(a, b, env), _settled_ge(b, a, env)
+        if g1 is False or g2 is False:
+            return False
+        return None
+
+    def should_swap(ia: int, ib: int) -> int | None:
+        for st in expanded:
+            sa, sb = st[ia], st[ib]
+            za, zb = zero(sa), zero(sb)
+            if za is None or zb is None:
+                return None
+            if za or zb:
+                continue
+            eq = equal(sa, sb)
+            if eq is None:
+                return None
+            if eq:
+                g = ge(size_e[ib], size_e[ia])
+                if g is None:
+                    return None
+                if g:
+                    continue
+                return 1
+            g = ge(sb, sa)
+            if g is None:
+                return None
+            if g:
+                return -1
+            g = ge(sa, sb)
+            if g is None:
+                return None
+            if g:
+                return 1
+        return 0
+
+    perm = list(reversed(range(ndim)))  # torch's insertion sort, back to front
+    for i in range(1, ndim):
+        dim1 = i
+        for dim0 in reversed(range(i)):
+            c = should_swap(perm[dim0], perm[dim1])
+            if c is None:
+                return None
+            if c > 0:
+                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+                dim1 = dim0
+            elif c < 0:
+                break
+    order = list(reversed(perm))  # logical dims, outermost first
+    out: list[Any] = [None] * ndim
+    running: Any = 1
+    for k in reversed(order):
+        out[k] = running
+        running = running * shape[k]
+    if len(operands) == 1:
+        own = [_expr(s) for s in operands[0].stride()]
+        if [_expr(s) for s in out] != own and order != list(range(ndim)):
+            return None  # not dense, not in order: empty_like's rules
+    return out
 
 
 @functools.cache
@@ -1146,8 +1438,10 @@ _KNOWN: dict[Any, Any] = {
     torch.ops.aten._unsafe_view.default: _known_view,
     torch.ops.aten.native_layer_norm.default: _known_layer_norm,
     torch.ops.aten.native_layer_norm_backward.default: _known_layer_norm_backward,
+    torch.ops.aten.native_batch_norm_backward.default: _known_batch_norm_backward,
     torch.ops.aten.addmm.default: _known_addmm,
     torch.ops.aten.clone.default: _known_clone,
+    torch.ops.aten.full.default: _known_full,
     **{
         getattr(torch.ops.aten, name).default: _known_pointwise_backward
         for name in (

@@ -110,6 +110,9 @@ class ShapeContext:
         self.range_origins: dict[Any, Origin] = {}
         self._first_guard = len(self.shape_env.guards)
         self._by_dim: dict[Dim, _DimDecl] = {}
+        # A contiguous tensor whose dynamic dims all name Dims declared already gets
+        # their symbols directly (`_fake_of_shared_dims`), not fresh ones tied by a guard
+        self.share_dim_symbols = False
         self._install_recorders()
 
     @classmethod
@@ -245,6 +248,10 @@ class ShapeContext:
                     f"{source.size(i).name} = {t.shape[i]} is outside {s!r} "
                     f"(sizes 0 and 1 are always specialized, so the minimum is {s.lower})"
                 )
+        if self.share_dim_symbols and not self.adopted:
+            shared = None if is_param else self._fake_of_shared_dims(t, source, specs)
+            if shared is not None:
+                return shared
         ctx: Any = StatelessSymbolicContext(dynamic_sizes=dyn)
         torch_source = source.to_torch()
         fake = self.fake_mode.from_tensor(t, source=torch_source, symbolic_context=ctx)
@@ -270,6 +277,74 @@ class ShapeContext:
                 storage_key=fake.untyped_storage()._cdata,  # fake storages alias as the real ones do
                 is_param=is_param,
                 is_param_type=type(t) is torch.nn.Parameter,
+            )
+        )
+        return fake
+
+    def _fake_of_shared_dims(self, t: torch.Tensor, source: Source, specs: list[DimSpec]) -> Any:
+        """A fake of ``t`` whose dynamic dims are the symbols of their Dims, declared on
+        an earlier input: what `_fakeify_tensor` makes, without a fresh symbol per dim
+        that `_declare_dim` then ties to the Dim's by an equality (each a few sympy
+        solves and range refinements, about 1.5 ms a dim).  The guards read the same:
+        the input's size is its Dim's symbol, so `build_guard_set` checks it equal to
+        the size that binds the symbol.  Only a plain tensor (no Parameter, no view, no
+        storage offset) with the contiguous strides of its sizes, every dynamic dim a
+        Dim already declared whose symbol (a size's, positive) still stands for a size
+        of this value, some dim dynamic; else None.  Its storage is its own: it aliases no other input's
+        fake (the alias guards then say so; a caller that needs them does not opt in)."""
+        if type(t) is not torch.Tensor or t._base is not None or t.storage_offset() != 0:
+            return None
+        if list(t.stride()) != _contiguous(list(t.shape)):
+            return None
+        env = self.shape_env
+        sizes: list[Any] = []
+        decls: list[tuple[_DimDecl, int]] = []
+        for i, s in enumerate(specs):
+            n = int(t.shape[i])
+            if s in (None, False):
+                sizes.append(n)
+                continue
+            if not isinstance(s, Dim) or s not in self._by_dim:
+                return None  # a fresh symbol, or the Dim's first input: the usual way
+            first = self._by_dim[s]
+            sym = env.replace(first.symbol)
+            if not isinstance(sym, sympy.Symbol) or _hint_of(env, sym) != n:
+                return None  # specialized, or another value: the usual way raises
+            if not sym.is_positive:
+                # a scalar's symbol: sympy cannot simplify the kernels' ``Max(1, s)``
+                # of it, as it does for a size's (a fresh one, replaced by it later)
+                return None
+            sizes.append(env.create_symintnode(sym, hint=n))
+            decls.append((first, i))
+        if not decls:
+            return None
+        strides: list[Any] = []
+        step: Any = 1
+        for d in reversed(sizes):
+            strides.append(step)
+            step = step * d
+        strides.reverse()
+        with self.fake_mode:
+            fake = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device)
+        assert isinstance(fake, FakeTensor)
+        if t.requires_grad:
+            fake.requires_grad_(True)
+        for first, i in decls:
+            self.dims.append(_DimDecl(first.dim, source.size(i), first.symbol))
+        self.inputs.append(
+            TensorInput(
+                source=source,
+                fake=fake,
+                dtype=t.dtype,
+                device=t.device,
+                requires_grad=t.requires_grad,
+                sizes=tuple(_expr(s) for s in fake.shape),
+                strides=tuple(_expr(s) for s in fake.stride()),
+                storage_offset=_expr(fake.storage_offset()),
+                is_view=False,
+                storage_key=fake.untyped_storage()._cdata,
+                is_param=False,
+                is_param_type=False,
             )
         )
         return fake
@@ -312,8 +387,27 @@ class ShapeContext:
             self.inputs.append(ScalarInput(source, v, None))
             return v
         env, tsrc = self.shape_env, source.to_torch()
-        if isinstance(v, int):
-            out: Any = env.create_unspecified_symint_and_symbol(v, tsrc, DimDynamic.DYNAMIC)
+        if self.share_dim_symbols and isinstance(v, int) and isinstance(dynamic, Dim):
+            first = self._by_dim.get(dynamic)
+            sym = None if first is None else env.replace(first.symbol)
+            # the Dim's symbol, a size's: as `_fake_of_shared_dims`.  Tied by a guard,
+            # the scalar's own symbol (not positive) may replace the size's, and the
+            # kernels' ``Max(1, s)`` of it no longer simplify
+            if isinstance(sym, sympy.Symbol) and sym.is_positive and _hint_of(env, sym) == v:
+                assert first is not None
+                self.dims.append(_DimDecl(first.dim, source, first.symbol))
+                self.inputs.append(ScalarInput(source, v, sym))
+                return env.create_symintnode(sym, hint=v)
+        if self.share_dim_symbols and isinstance(v, int) and isinstance(dynamic, Dim) and v > 0:
+            # a size held in an int: a positive symbol, as a tensor's size has.  Tied to
+            # a size later by a guard, either may replace the other; sympy simplifies
+            # the kernels' ``Max(1, s)`` (contiguous strides) only for a positive ``s``
+            sym_p = env.create_symbol(
+                v, tsrc, DimDynamic.DYNAMIC, positive=True, do_not_specialize_zero_one=True
+            )
+            out: Any = env.create_symintnode(sym_p, hint=v, source=tsrc)
+        elif isinstance(v, int):
+            out = env.create_unspecified_symint_and_symbol(v, tsrc, DimDynamic.DYNAMIC)
         else:
             sym = env.create_unspecified_symbol(v, source=tsrc, dynamic_dim=DimDynamic.DYNAMIC)
             out = env.create_symfloatnode(sym, hint=v, source=tsrc)
@@ -393,6 +487,26 @@ class ShapeContext:
     def produce_guards(self) -> Any:
         """Read every guard out of the shape env (call after the last stage)."""
         return build_guard_set(self)
+
+
+def _hint_of(env: ShapeEnv, sym: sympy.Symbol) -> int | None:
+    """The value a backed symbol was created for (``backed_var_to_val`` from torch 2.13,
+    ``var_to_val`` before)."""
+    table = getattr(env, "backed_var_to_val", None)
+    if not isinstance(table, Mapping):
+        table = env.var_to_val
+    v = table.get(sym)
+    return None if v is None else int(v)
+
+
+def _contiguous(shape: list[int]) -> list[int]:
+    """The contiguous strides of ``shape`` (as torch lays them out)."""
+    out: list[int] = []
+    step = 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return out[::-1]
 
 
 def _expr(v: Any) -> Any:
