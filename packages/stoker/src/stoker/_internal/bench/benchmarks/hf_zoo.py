@@ -338,7 +338,13 @@ def parity_worker(
 
 
 def timing_worker(
-    name: str, threads: int, steps: int, rounds: int, backends: list[str]
+    name: str,
+    threads: int,
+    steps: int,
+    rounds: int,
+    backends: list[str],
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
 ) -> dict[str, Any]:
     """One model, every backend side by side in this process: interleaved steady rounds,
     and the first step's loss and gradients compared with eager's."""
@@ -390,7 +396,7 @@ def timing_worker(
     if "eager" in first:
         for b, rec in first.items():
             if b != "eager":
-                c = compare(rec, first["eager"], 1e-4, 1e-5)
+                c = compare(rec, first["eager"], rtol, atol)
                 row[f"{b}_max_diff"] = c["max_diff"]
                 row[f"{b}_ok"] = c["ok"]
     row["passed"] = all(f"{b}_error" not in row for b in backends) and all(
@@ -568,7 +574,13 @@ def main(argv: list[str] | None = None) -> int:
             row = parity_worker(args.worker, args.backends, args.steps, args.rtol, args.atol)
         else:
             row = timing_worker(
-                args.worker, int(args.threads), args.steps, args.rounds, args.backends
+                args.worker,
+                int(args.threads),
+                args.steps,
+                args.rounds,
+                args.backends,
+                args.rtol,
+                args.atol,
             )
         print(json.dumps(row, default=str))
         return 0
@@ -585,9 +597,9 @@ def main(argv: list[str] | None = None) -> int:
             row = _run(name, t, args)
             rows.append(row)
             why = _why(row, args.backends)
-            print(
-                f"{row['case']:16s} {'passed' if row.get('passed') else 'FAILED'} {why}", flush=True
-            )
+            took = f"{row.get('wall_s', 0.0):5.1f} s"
+            verdict = "passed" if row.get("passed") else "FAILED"
+            print(f"{row['case']:16s} {took}  {verdict} {why}", flush=True)
     summary = summarize(rows, args.backends, args.parity_only)
     print(table(rows, summary, args.backends, args.parity_only), flush=True)
     write_json(args.json, [*rows, summary])
