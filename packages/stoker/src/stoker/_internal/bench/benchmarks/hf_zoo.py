@@ -217,7 +217,27 @@ def train(
             losses.append(loss.detach().clone())
             grads.append(_grads(model))
             opt.step()
-    return {"losses": losses, "grads": grads}
+    return {"losses": losses, "grads": grads, "stats": compiled_stats(fn)}
+
+
+def compiled_stats(fn: Any) -> dict[str, Any]:
+    """What stoker compiled for ``fn`` (from its report): Dynamo graphs, graph breaks,
+    compiled-autograd backward segments, kernels, ops run through aten without a
+    lowering; nothing for another backend."""
+    rep = getattr(fn, "stoker_report", None)
+    if rep is None:
+        return {}
+    forward = list(getattr(rep, "compiles", []))
+    backward = list(getattr(rep, "autograd_kernels", []))
+    return {
+        "graphs": len(forward),
+        "graph_breaks": len(getattr(rep, "graph_breaks", [])),
+        "backward_segments": len(backward),
+        "kernels": sum(len(c.kernels) for c in forward + backward),
+        "fallbacks": sum(len(c.fallbacks) for c in forward + backward),
+        "compile_errors": sum(1 for c in forward + backward if c.error),
+        "fallback_ops": sorted({str(f)[:80] for c in forward + backward for f in c.fallbacks}),
+    }
 
 
 def _diff(a: Any, b: Any) -> tuple[float, float]:
@@ -324,6 +344,8 @@ def parity_worker(
         except Exception as e:  # a backend that fails is this row's error, not the run's
             row[f"{b}_error"] = _error(e)
         row[f"{b}_s"] = time.perf_counter() - t0
+        for k, v in records.get(b, {}).get("stats", {}).items():
+            row[f"{b}_{k}"] = v
     if "eager" in records:
         row["loss"] = float(records["eager"]["losses"][-1])
         for b, rec in records.items():
@@ -513,6 +535,8 @@ def table(
         head = ["model", *(f"{b}: max diff" for b in others)]
         if "aten" in backends and "c" in backends:
             head.append("c ≡ aten")
+        if "c" in backends:
+            head.append("c: graphs / breaks / kernels / fallbacks")
         head += ["passed", "why not"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in rows:
@@ -520,6 +544,9 @@ def table(
             if "aten" in backends and "c" in backends:
                 same = r.get("c_bitwise_aten")
                 cells.append("-" if same is None else "yes" if same else "no")
+            if "c" in backends:
+                stats = ("graphs", "graph_breaks", "kernels", "fallbacks")
+                cells.append(" / ".join(str(r.get(f"c_{k}", "-")) for k in stats))
             cells += ["yes" if r.get("passed") else "**no**", _why(r, backends)]
             lines.append("| " + " | ".join(cells) + " |")
     else:
