@@ -278,7 +278,7 @@ register(
         module="hf_zoo",
         smoke_args=(
             "--models",
-            "gpt2,bert",
+            "falcon,distilbert",  # a decoder and an encoder, the zoo's quickest to compile
             "--parity-only",
             "--backends",
             "eager,c",
