@@ -270,6 +270,28 @@ register(
 )
 register(
     Benchmark(
+        "hf_zoo",
+        "stoker",
+        "thirty Hugging Face architectures at tiny sizes, eager / stoker (C kernels) / "
+        "Inductor-CPU: steady step and parity with eager (--parity-only: losses and every "
+        "gradient over 3 steps, and whether C is bit-identical to the aten executor)",
+        module="hf_zoo",
+        smoke_args=(
+            "--models",
+            "falcon,distilbert",  # a decoder and an encoder, the zoo's quickest to compile
+            "--parity-only",
+            "--backends",
+            "eager,c",
+            "--steps",
+            "2",
+            "--threads",
+            "1",
+            "--check",
+        ),
+    )
+)
+register(
+    Benchmark(
         "varlen",
         "stoker",
         "a new sequence length every step: the step at the 1st, 2nd, 3rd and 10th new "
