@@ -486,28 +486,40 @@ def test_a_symbolic_backward_of_fused_backwards_skips_their_decompositions(
     )
     torch.manual_seed(0)
     model = Block()
+    _matches_eager_at_each_size(
+        model, [(2, 5), (3, 7), (4, 6)], lambda b, t: ((b, t, 16), (b, t, 16)), 1e-5
+    )
+    assert not symbolic_calls, symbolic_calls
+    # the recomputed forward's pointwise ops, the layer norms' backwards
+    assert {"_known_pointwise", "layer_norm_backward"} <= set(built), built
+
+
+def _matches_eager_at_each_size(
+    model: nn.Module, sizes: list[tuple[int, ...]], shapes: Any, atol: float
+) -> None:
+    """``model`` compiled over symbolic sizes and an eager copy, trained side by side at
+    each of ``sizes`` (``shapes(*size)``: the input's and the output weight's shapes):
+    the input's and every parameter's gradient equal eager's; the backward compiled."""
     ref = copy.deepcopy(model)
     fn = stoker_capture.aot_module(model, dynamic="dynamic")
     stoker_autograd.reset_stats()
     with stoker_autograd.enable(dynamic=True):
-        for b, t in [(2, 5), (3, 7), (4, 6)]:
-            x = torch.randn(b, t, 16, requires_grad=True)
+        for size in sizes:
+            x_shape, w_shape = shapes(*size)
+            x = torch.randn(x_shape, requires_grad=True)
             xr = x.detach().clone().requires_grad_(True)
-            w = torch.randn(b, t, 16)
+            w = torch.randn(w_shape)
             model.zero_grad()
             ref.zero_grad()
             (fn(x) * w).sum().backward()
             with stoker_autograd.disabled():
                 (ref(xr) * w).sum().backward()
             assert x.grad is not None and xr.grad is not None
-            torch.testing.assert_close(x.grad, xr.grad, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(x.grad, xr.grad, atol=atol, rtol=1e-4)
             for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
                 assert p.grad is not None and q.grad is not None
-                torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+                torch.testing.assert_close(p.grad, q.grad, atol=atol, rtol=1e-4, msg=name)
     assert stoker_autograd.stats().get("compiles", 0) >= 1
-    assert not symbolic_calls, symbolic_calls
-    # the recomputed forward's pointwise ops, the layer norms' backwards
-    assert {"_known_pointwise", "layer_norm_backward"} <= set(built), built
 
 
 def _counting(fn: Any, name: str, built: list[str]) -> Any:
@@ -595,25 +607,9 @@ def test_a_symbolic_backward_of_permuted_heads_builds_their_layouts(
     )
     torch.manual_seed(0)
     model = Rotary()
-    ref = copy.deepcopy(model)
-    fn = stoker_capture.aot_module(model, dynamic="dynamic")
-    stoker_autograd.reset_stats()
-    with stoker_autograd.enable(dynamic=True):
-        for b, t in [(2, 5), (3, 7), (4, 6)]:
-            x = torch.randn(b, t, 16, requires_grad=True)
-            xr = x.detach().clone().requires_grad_(True)
-            w = torch.randn(b, 2, t, 8)
-            model.zero_grad()
-            ref.zero_grad()
-            (fn(x) * w).sum().backward()
-            with stoker_autograd.disabled():
-                (ref(xr) * w).sum().backward()
-            assert x.grad is not None and xr.grad is not None
-            torch.testing.assert_close(x.grad, xr.grad, atol=1e-5, rtol=1e-4)
-            for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
-                assert p.grad is not None and q.grad is not None
-                torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
-    assert stoker_autograd.stats().get("compiles", 0) >= 1
+    _matches_eager_at_each_size(
+        model, [(2, 5), (3, 7), (4, 6)], lambda b, t: ((b, t, 16), (b, 2, t, 8)), 1e-5
+    )
     assert "layout" in built
 
 
@@ -667,23 +663,10 @@ def test_a_symbolic_backward_of_a_batch_norm_builds_its_results(
     )
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())
-    ref = copy.deepcopy(model)
-    fn = stoker_capture.aot_module(model, dynamic="dynamic")
-    stoker_autograd.reset_stats()
-    with stoker_autograd.enable(dynamic=True):
-        for b, h, w in [(2, 5, 6), (3, 7, 5), (4, 6, 8)]:
-            x = torch.randn(b, 3, h, w, requires_grad=True)
-            xr = x.detach().clone().requires_grad_(True)
-            wt = torch.randn(b, 4, h, w)
-            model.zero_grad()
-            ref.zero_grad()
-            (fn(x) * wt).sum().backward()
-            with stoker_autograd.disabled():
-                (ref(xr) * wt).sum().backward()
-            assert x.grad is not None and xr.grad is not None
-            torch.testing.assert_close(x.grad, xr.grad, atol=1e-4, rtol=1e-4)
-            for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
-                assert p.grad is not None and q.grad is not None
-                torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=name)
-    assert stoker_autograd.stats().get("compiles", 0) >= 1
+    _matches_eager_at_each_size(
+        model,
+        [(2, 5, 6), (3, 7, 5), (4, 6, 8)],
+        lambda b, h, w: ((b, 3, h, w), (b, 4, h, w)),
+        1e-4,
+    )
     assert "batch_norm_backward" in built

@@ -263,22 +263,7 @@ class ShapeContext:
             if not isinstance(sym, sympy.Symbol):
                 raise ShapeInputError(f"{source.size(i).name}: could not make this dim dynamic")
             self._declare_dim(s if isinstance(s, Dim) else None, source.size(i), sym)
-        self.inputs.append(
-            TensorInput(
-                source=source,
-                fake=fake,
-                dtype=t.dtype,
-                device=t.device,
-                requires_grad=t.requires_grad,
-                sizes=sizes,
-                strides=tuple(_expr(s) for s in fake.stride()),
-                storage_offset=_expr(fake.storage_offset()),
-                is_view=t._base is not None,
-                storage_key=fake.untyped_storage()._cdata,  # fake storages alias as the real ones do
-                is_param=is_param,
-                is_param_type=type(t) is torch.nn.Parameter,
-            )
-        )
+        self._record_tensor(source, t, fake, is_param, sizes)
         return fake
 
     def _fake_of_shared_dims(self, t: torch.Tensor, source: Source, specs: list[DimSpec]) -> Any:
@@ -331,6 +316,14 @@ class ShapeContext:
             fake.requires_grad_(True)
         for first, i in decls:
             self.dims.append(_DimDecl(first.dim, source.size(i), first.symbol))
+        self._record_tensor(source, t, fake, False, tuple(_expr(s) for s in fake.shape))
+        return fake
+
+    def _record_tensor(
+        self, source: Source, t: torch.Tensor, fake: Any, is_param: bool, sizes: tuple[Any, ...]
+    ) -> None:
+        """Note a tensor input, its fake and its sizes (strides and storage as the fake has
+        them)."""
         self.inputs.append(
             TensorInput(
                 source=source,
@@ -338,16 +331,15 @@ class ShapeContext:
                 dtype=t.dtype,
                 device=t.device,
                 requires_grad=t.requires_grad,
-                sizes=tuple(_expr(s) for s in fake.shape),
+                sizes=sizes,
                 strides=tuple(_expr(s) for s in fake.stride()),
                 storage_offset=_expr(fake.storage_offset()),
-                is_view=False,
-                storage_key=fake.untyped_storage()._cdata,
-                is_param=False,
-                is_param_type=False,
+                is_view=t._base is not None,
+                storage_key=fake.untyped_storage()._cdata,  # fake storages alias as the real ones do
+                is_param=is_param,
+                is_param_type=type(t) is torch.nn.Parameter,
             )
         )
-        return fake
 
     def _declare_dim(self, dim: Dim | None, size_source: Source, sym: sympy.Symbol) -> None:
         decl = _DimDecl(dim, size_source, sym)
