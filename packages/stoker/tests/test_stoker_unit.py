@@ -458,6 +458,11 @@ def test_bench_harness_json_markdown_and_baseline(
     entry, raw = harness.run_program(hang, registry.Options(timeout=3.0))
     assert time.perf_counter() - t0 < 30 and raw is None
     assert entry["status"] == "timed out after 3 s" and entry["stdout"] == "started\n", entry
+    # without --timeout, the benchmark's own limit (hf_zoo's runs for hours: its models'
+    # processes have their own limits, and the harness's 900 s had lost every row)
+    entry, raw = harness.run_program(dataclasses.replace(hang, limit=2.0), registry.Options())
+    assert entry["status"] == "timed out after 2 s", entry
+    assert registry.Options().timeout is None and registry.REGISTRY["hf_zoo"].limit >= 4 * 3600
 
 
 def test_bench_registry_names_every_benchmark_module() -> None:

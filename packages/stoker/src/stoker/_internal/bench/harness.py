@@ -128,6 +128,7 @@ def run_program(
             env[var] = os.path.join(work, var.split("_")[0].lower())
     cmd = [sys.executable, *b.command(options.smoke, options.extra, js)]
     entry: dict[str, Any] = {"command": _shown(b, options)}
+    limit = options.timeout or b.limit
     t0 = time.perf_counter()
     out: list[str] = []
     try:
@@ -144,7 +145,7 @@ def run_program(
             echo.start()
             code: int | None
             try:
-                code = proc.wait(timeout=options.timeout)
+                code = proc.wait(timeout=limit)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -156,7 +157,7 @@ def run_program(
         entry["seconds"] = round(time.perf_counter() - t0, 2)
         entry["stdout"] = "".join(out)
         if code is None:
-            entry["status"] = f"timed out after {options.timeout:.0f} s"
+            entry["status"] = f"timed out after {limit:.0f} s"
         else:
             entry["status"] = "ok" if code == 0 else f"exit {code}"
         if code != 0:

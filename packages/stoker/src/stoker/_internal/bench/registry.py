@@ -46,7 +46,8 @@ class Options:
     steps: int | None = None  # None: 20, or 1 under --smoke
     warm: bool = True
     device: str | None = None
-    timeout: float = 900.0
+    # seconds per benchmark process; None: the benchmark's own `limit` (900 by default)
+    timeout: float | None = None
     extra: Sequence[str] = ()
     on_rows: Callable[[list[dict[str, Any]]], None] | None = None
 
@@ -65,6 +66,9 @@ class Benchmark:
     run: Callable[[Options], Any] | None = None  # in-process instead of a program
     rows: Callable[[Any], list[Row]] | None = None  # default: `flatten_rows`
     gpu: bool = False  # measures only on a GPU (without one it says so and exits 0)
+    # seconds the whole program may run unless --timeout says otherwise: a benchmark
+    # that runs each model in a process with a time limit of its own gets room for all
+    limit: float = 900.0
 
     def command(self, smoke: bool, extra: Sequence[str], json_path: str) -> list[str]:
         """The program's arguments after ``python`` (a ``--json`` in ``extra`` is kept:
@@ -165,7 +169,7 @@ def _run_models(o: Options) -> Any:
         steps=o.steps or (1 if o.smoke else 20),
         warm=o.warm and not o.smoke,
         device=o.device,
-        timeout=o.timeout,
+        timeout=o.timeout or 900.0,
     )
     print(format_table(rows), flush=True)
     return rows
@@ -181,7 +185,7 @@ def _run_gpu_suite(o: Options) -> Any:
         steps=o.steps or (1 if o.smoke else 20),
         warm=o.warm and not o.smoke,
         device=o.device,
-        timeout=o.timeout,
+        timeout=o.timeout or 900.0,
         smoke=o.smoke,
         on_row=o.on_rows,
     )
@@ -253,6 +257,7 @@ register(
         "the CPU backend (C kernels) beside eager and Inductor-CPU: steady step, cold and "
         "warm compile, at 1 and 2 threads",
         module="cpu_step",
+        limit=2 * 3600.0,  # 6 models x 2 thread counts, each process limited to 1800 s
         smoke_args=(
             "--models",
             "tiny-gpt",
@@ -276,6 +281,7 @@ register(
         "Inductor-CPU: steady step and parity with eager (--parity-only: losses and every "
         "gradient over 3 steps, and whether C is bit-identical to the aten executor)",
         module="hf_zoo",
+        limit=6 * 3600.0,  # 30 models x thread counts, each process limited to 900 s
         smoke_args=(
             "--models",
             "falcon",  # the zoo's quickest to compile (each model is its own process)
@@ -297,6 +303,7 @@ register(
         "a new sequence length every step: the step at the 1st, 2nd, 3rd and 10th new "
         "length and the graphs compiled, eager / stoker / Inductor",
         module="varlen",
+        limit=3600.0,  # a process per backend, each limited to 1800 s
         # the aten executor: the C backend's two cold builds double the smoke's time, and
         # packages/stoker/tests/test_stoker_varlen.py holds it to the same target
         smoke_args=("--smoke", "--backends", "eager,stoker", "--backend", "aten", "--check"),
@@ -448,6 +455,7 @@ register(
         "stoker",
         "does a cold compile grow with depth? a tiny GPT of 2 and 8 blocks, by stage",
         module="depth",
+        limit=3600.0,  # a process per depth and repeat, each limited to 1800 s
         smoke_args=("--smoke", "--layers", "1,2", "--repeat", "1", "--steps", "3"),
         rows=_depth_rows,
     )

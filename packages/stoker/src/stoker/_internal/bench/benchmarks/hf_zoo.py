@@ -627,6 +627,7 @@ def main(argv: list[str] | None = None) -> int:
             took = f"{row.get('wall_s', 0.0):5.1f} s"
             verdict = "passed" if row.get("passed") else "FAILED"
             print(f"{row['case']:16s} {took}  {verdict} {why}", flush=True)
+            write_json(args.json, rows)  # so far: a run stopped midway keeps its rows
     summary = summarize(rows, args.backends, args.parity_only)
     print(table(rows, summary, args.backends, args.parity_only), flush=True)
     write_json(args.json, [*rows, summary])
