@@ -194,6 +194,48 @@ def test_a_head_split_loops_along_its_runs() -> None:
     assert "xi /" not in k.source and "xi %" not in k.source, k.source
 
 
+def test_a_channels_last_tensor_is_walked_in_memory_order() -> None:
+    """A channels-last input (a model moved `.to(memory_format=torch.channels_last)`):
+    eager returns channels-last outputs, and the kernel walks them in memory order, so
+    its loads and stores have unit stride in the inner loop. Walked in NCHW order, each
+    lane read and wrote C elements apart (gathers and scatters, 40x slower)."""
+
+    def f(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x * 2 + b.view(1, -1, 1, 1))
+
+    x = torch.randn(2, 16, 8, 8).contiguous(memory_format=torch.channels_last)
+    fn = check(f, x, torch.randn(16))
+    out = fn(x, torch.randn(16))
+    assert out.stride() == f(x, torch.randn(16)).stride() == (1024, 1, 128, 16)
+    (k,) = fn.report.kernels
+    loads = re.findall(r"in_ptr0\[([^\]]*)\]", k.source)
+    stores = re.findall(r"out_ptr0\[([^\]]*)\]", k.source)
+    assert loads and stores and set(loads) == set(stores), k.source
+    assert all("/" not in i and "%" not in i for i in stores), k.source
+    # the bias is read along the channels: the innermost dim of the walk
+    assert re.search(r"in_ptr1\[\(?\(?xi\b", k.source) or "in_ptr1[x" in k.source, k.source
+
+
+def test_a_channels_last_value_an_extern_reads_is_stored_channels_last() -> None:
+    """A value the graph does not return, stored for an extern (the activation a
+    convolution reads): channels-last where eager's is, written in memory order, so the
+    convolution gets the layout eager gives it and the kernel no scatter."""
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(torch.relu(x * 2 - 1), w, padding=1)
+
+    cl = torch.channels_last
+    x = torch.randn(2, 16, 8, 8).contiguous(memory_format=cl)
+    w = torch.randn(8, 16, 3, 3).contiguous(memory_format=cl)
+    fn = check(f, x, w, atol=1e-4, rtol=1e-4)
+    (k,) = fn.report.kernels
+    # x read and the activation written at one index, unit stride in xi (stored NCHW,
+    # the read of x was `16*xi + 1024*(xo / 16) + xo % 16`)
+    walks = re.findall(r"(?:in|out)_ptr0\[([^\]]*)\]", k.source)
+    assert len(walks) == 2 and len(set(walks)) == 1, k.source
+    assert all("/" not in i and "%" not in i for i in walks), k.source
+
+
 def test_a_scatter_is_simd_only_where_its_lanes_write_apart() -> None:
     """An embedding's backward adds whole rows (repeated indices among them): serial
     over rows, one fixed order, and simd along a row, whose lanes write distinct

@@ -228,3 +228,15 @@ def test_functional_copy_is_a_kernel_not_a_fallback(dst: tuple[int, ...], src: t
 
     fn = check(f, torch.randn(dst, dtype=torch.float64).to(torch.bfloat16), torch.randn(src))
     assert not fn.report.fallback_ops, fn.report.fallback_ops
+
+
+def test_channels_last_input_keeps_its_layout_and_values() -> None:
+    """A channels-last input: the output is channels-last as in eager, each element
+    right (the kernel walks the layout in memory order)."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(x) * x + 1
+
+    x = torch.randn(2, 8, 4, 4).contiguous(memory_format=torch.channels_last)
+    fn = check(f, x)
+    assert fn(x).stride() == f(x).stride() == (128, 1, 32, 8)

@@ -251,3 +251,20 @@ def test_looped_bool_min_max_keep_the_accumulator_type(monkeypatch):
     x = torch.randn(6, 40)
     check(lambda x: ((x > 0).amin(1), (x > -1).amax(1), (x > 0).amin(0)), x, **LOOPED)
     check(lambda x: (torch.min(x > 0, 1), torch.max(x > 0, 0)), x, fresh_inputs=False, **LOOPED)
+
+
+def test_memory_order_of_dense_layouts() -> None:
+    """The loop order that walks a stored layout in memory order: channels-last NCHW
+    is (0, 2, 3, 1); row-major, non-dense (a slice, a broadcast) and symbolic layouts
+    give None (nothing to reorder, or nothing safe to)."""
+    ints = [sympy.Integer(v) for v in (2, 16, 8, 8)]
+    cl = [sympy.Integer(v) for v in (1024, 1, 128, 16)]
+    assert tiling.memory_order(ints, cl) == (0, 2, 3, 1)
+    assert tiling.memory_order((2, 16, 8, 8), (1024, 64, 8, 1)) is None  # row-major
+    assert tiling.memory_order((4, 3), (1, 4)) == (1, 0)  # a transposed matrix
+    assert tiling.memory_order((4, 3), (1, 8)) is None  # a slice: not dense
+    assert tiling.memory_order((4, 3), (0, 1)) is None  # a broadcast
+    # a size-1 dim keeps its place among the dims that move
+    assert tiling.memory_order((2, 16, 1, 8), (128, 1, 128, 16)) == (0, 3, 2, 1)
+    s = sympy.Symbol("s0", positive=True, integer=True)
+    assert tiling.memory_order((s, 16), (1, s)) is None

@@ -260,9 +260,14 @@ class PointwiseNode:
     size: tuple[Expr, ...]
     body: Value  # in terms of x0..x{n-1}
     origins: tuple[str, ...] = ()  # the graph's aten ops it computes (profiles, reports)
+    # The dims from outermost to innermost loop, where the buffer is stored in another
+    # order than row-major (a channels-last NCHW tensor: (0, 2, 3, 1)), so that the
+    # kernel walks its output (and inputs of that layout) in memory order; None: row-major
+    order: tuple[int, ...] | None = None
 
     def __str__(self) -> str:
-        return f"{self.name} = pointwise[{', '.join(map(str, self.size))}]: {self.body}"
+        walk = "" if self.order is None else f" order={self.order}"
+        return f"{self.name} = pointwise[{', '.join(map(str, self.size))}]{walk}: {self.body}"
 
 
 @dataclasses.dataclass

@@ -224,11 +224,15 @@ def place(
             vm[index_var("r", k)] = e
         return Placement(vm, True)
     size = node.size
+    order = node.order if isinstance(node, PointwiseNode) else None
     if eq(product(size), xnumel):
+        if order is not None:  # the flat index walks the stored layout (memory order)
+            walk = decompose(XINDEX, [size[d] for d in order])
+            return Placement({index_var("x", d): e for d, e in zip(order, walk)}, False)
         return Placement(
             {index_var("x", k): e for k, e in enumerate(decompose(XINDEX, size))}, False
         )
-    if rnumel == 1 or isinstance(node, ScatterNode):
+    if rnumel == 1 or isinstance(node, ScatterNode) or order is not None:
         return None
     for k in range(len(size) + 1):
         if eq(product(size[:k]), xnumel) and eq(product(size[k:]), rnumel):

@@ -140,6 +140,27 @@ def decompose(flat: Expr, sizes: Sequence[Expr]) -> list[Expr]:
     return out
 
 
+def memory_order(sizes: Sequence[Expr], strides: Sequence[Expr]) -> tuple[int, ...] | None:
+    """The dims of a dense layout from largest stride to smallest (the loop order that
+    walks it in memory order: channels-last NCHW is (0, 2, 3, 1)); None where that is
+    row-major (nothing to reorder), the layout is not dense (a slice, an expanded view)
+    or a size or stride is symbolic.  Size-1 dims keep their place among the others."""
+    if len(sizes) < 2 or not all(isinstance(e, int | sympy.Integer) for e in (*sizes, *strides)):
+        return None
+    size, stride = [int(e) for e in sizes], [int(e) for e in strides]
+    big = sorted((d for d in range(len(size)) if size[d] != 1), key=lambda d: (-stride[d], d))
+    expected = 1
+    for d in reversed(big):
+        if stride[d] != expected:
+            return None
+        expected *= size[d]
+    if big == sorted(big):
+        return None
+    slots = iter(big)
+    order = tuple(d if size[d] == 1 else next(slots) for d in range(len(size)))
+    return order
+
+
 def flat_vars(prefix: str, sizes: Sequence[Expr], flat: Expr) -> dict[sympy.Symbol, Expr]:
     """`prefix0, prefix1, ...` of `sizes` (row-major) in terms of one flat index."""
     return {index_var(prefix, k): e for k, e in enumerate(decompose(flat, sizes))}

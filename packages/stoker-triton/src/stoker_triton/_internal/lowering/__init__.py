@@ -18,7 +18,14 @@ import torch.fx
 from ..devices import DeviceSpec
 from ..ir import BufferRef, Expr, Program, SymRef, contiguous_strides, product
 from . import extern, indexing, pointwise, random, reduction, views  # register the rules
-from .core import LOWERINGS, REUSE_BODY_LIMIT, LoweringContext, TensorValue, recompute_bytes
+from .core import (
+    LOWERINGS,
+    REUSE_BODY_LIMIT,
+    LoweringContext,
+    TensorValue,
+    channels_last_stride,
+    recompute_bytes,
+)
 from .extern import extern_call
 from .noop import noop_copies
 
@@ -174,6 +181,9 @@ def lower_graph(
         else:
             env[node] = _lower_call(ctx, node, args, kwargs)
             _tag_origins(ctx, node, args, kwargs, env[node], n_before)
+            tv = env[node]
+            if isinstance(tv, TensorValue) and tv.layout is None and tv.view_of is None:
+                tv.stored_stride = channels_last_stride(node.meta.get("val"))
         _after_in_place_writes(ctx, n_before, env, order[node], order)
         _maybe_realize_shared(ctx, node, env)
         if reuse is not None:

@@ -54,6 +54,20 @@ class LoweringError(Exception):
     """A rule cannot lower this call; the caller falls back to an extern aten call."""
 
 
+def channels_last_stride(val: Any) -> tuple[Expr, ...] | None:
+    """The strides of ``val`` (an FX node's fake value) where it is a dense channels-last
+    tensor (NHWC or NDHWC in memory, rank 4 or 5, static strides); else None."""
+    if not isinstance(val, torch.Tensor) or val.ndim not in (4, 5) or val.layout != torch.strided:
+        return None
+    stride = val.stride()
+    if not all(isinstance(s, int) for s in (*stride, *val.shape)):
+        return None
+    ints = tuple(sympy.Integer(s) for s in stride)
+    cl = (0, 2, 3, 1) if val.ndim == 4 else (0, 2, 3, 4, 1)
+    order = tiling.memory_order(tuple(sympy.Integer(n) for n in val.shape), ints)
+    return ints if order == cl else None
+
+
 class TensorValue:
     """A lazily computed tensor: element `idx` is `loader(idx)` (memoized)."""
 
@@ -67,6 +81,7 @@ class TensorValue:
         "read_stored",
         "realized",
         "size",
+        "stored_stride",
         "users",
         "view_of",
     )
@@ -94,6 +109,9 @@ class TensorValue:
         self.view_of: tuple[TensorValue, Callable[[BufferRef], BufferRef | None]] | None = None
         self.users = 0
         self.origins: frozenset[str] = frozenset()  # aten ops its loader computes
+        # where stored, the layout to store it in when not contiguous: a channels-last
+        # value (eager's layout for it, `channels_last_stride`) is stored channels-last
+        self.stored_stride: tuple[Expr, ...] | None = None
 
     def load(self, idx: Sequence[Expr]) -> Value:
         if self.read_stored and self.realized is not None:
@@ -221,6 +239,9 @@ class LoweringContext:
             viewed = self._realize_view(tv)
             if viewed is not None:
                 return viewed
+        own = stride is None  # the value's own buffer (a later realize returns it)
+        if own and tv.stored_stride is not None:
+            stride = tv.stored_stride
         name = self.new_name()
         if product(tv.size) == 0:  # an empty tensor: a buffer, nothing to compute
             return self.buffer_value(self.add_buffer(name, tv.size, stride, tv.dtype, "kernel"))
@@ -230,9 +251,10 @@ class LoweringContext:
             body = cast(body, tv.dtype)
         body = fold_ranges(body, loop_ranges(tv.size))
         buf = self.add_buffer(name, tv.size, stride, tv.dtype, "kernel")
-        self.nodes.append(PointwiseNode(name, tv.size, body, tuple(sorted(tv.origins))))
+        order = tiling.memory_order(tv.size, stride) if stride is not None else None
+        self.nodes.append(PointwiseNode(name, tv.size, body, tuple(sorted(tv.origins)), order))
         out = self.buffer_value(buf)
-        if stride is None:
+        if own:
             tv.realized = out
             tv.read_stored = _stored_is_cheaper(body, idx, tv.size, tv.dtype)
             self.realized_by[name] = tv
@@ -250,7 +272,8 @@ class LoweringContext:
             lay = relayout(self.planned_layout(base))
             if lay is not None:
                 return lay
-        return BufferRef("(planned)", tv.size, contiguous_strides(tv.size), ZERO)
+        stride = tv.stored_stride or contiguous_strides(tv.size)
+        return BufferRef("(planned)", tv.size, tuple(stride), ZERO)
 
     def is_whole_buffer(self, ref: BufferRef) -> bool:
         buf = self.buffers[ref.buf]
