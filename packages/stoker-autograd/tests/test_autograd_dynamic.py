@@ -329,3 +329,36 @@ def test_a_module_int_the_forward_held_symbolic_is_static_in_the_backward() -> N
     (g,) = session.graphs
     held = {g.variants[0].values[p] for p in g.dynamic}
     assert held == {3, 5, 15}, held  # batch, T, batch x T rows: not 2 heads, 8, 16
+
+
+def test_a_value_only_the_forwards_static_sizes_hold_is_not_a_free_symbol() -> None:
+    """The eager loss around a dynamic AOT forward views the logits to ``(batch x T,
+    vocab)``; its sizes are of no known kind.  ``batch x T`` rows get a symbol of their
+    own (the retrace ties it to the forward's), the vocabulary 12 does not: only the
+    forward's static sizes hold 12 (the head's weight), so it is static from the start,
+    not a symbol that the trace specializes.  One compile for every batch and length,
+    gradients equal eager's."""
+    torch.manual_seed(0)
+    model = TinyLM()
+    ref = copy.deepcopy(model)
+    fn = stoker_capture.aot_module(model, dynamic="dynamic")
+    stoker_autograd.reset_stats()
+    with stoker_autograd.enable() as session:
+        for b, t in [(2, 5), (3, 5), (4, 7)]:
+            seq = torch.randint(0, 12, (b, t + 1))
+            ids, tgt = seq[:, :-1], seq[:, 1:]
+            model.zero_grad()
+            ref.zero_grad()
+            nn.functional.cross_entropy(fn(ids).view(-1, 12), tgt.reshape(-1)).backward()
+            with stoker_autograd.disabled():
+                nn.functional.cross_entropy(ref(ids).view(-1, 12), tgt.reshape(-1)).backward()
+            for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None, name
+                torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    st = stoker_autograd.stats()
+    assert (st["captures"], st["compiles"], st["fallbacks"]) == (1, 1, 0), st
+    (g,) = session.graphs
+    values = g.variants[0].values
+    free = sorted(values[p] for p in g.free)
+    assert 12 in values.values() and 12 not in free, free  # the vocabulary: static
+    assert 10 in free, free  # batch x T rows: a symbol

@@ -163,10 +163,17 @@ class ForwardDims:
         next batch recompiled the backward."""
         dynamic = {p for p, sym in self.known.items() if sym and values.get(p, 0) >= 2}
         held = {values[p] for p in dynamic}
+        # A value only static positions of the forward hold (a vocabulary, a head size,
+        # a sequence length the forward held static) is taken to be that size where a
+        # position of no known kind holds it: static, not a symbol of its own that the
+        # trace then specializes (a symbol and a guard each, through sympy).  A batch-
+        # derived size equal to it by chance then costs one recompile, never a wrong
+        # result: its guard says ``== value``.
+        static = {values[p] for p, sym in self.known.items() if not sym and p in values} - held
         free = {
             p
             for p, v in values.items()
-            if p not in self.known and v >= 2 and any(v % h == 0 for h in held)
+            if p not in self.known and v >= 2 and v not in static and any(v % h == 0 for h in held)
         }
         first: dict[tuple[Any, int], Position] = {}
         for p in sorted(dynamic):
