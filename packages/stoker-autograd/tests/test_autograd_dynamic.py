@@ -286,3 +286,79 @@ def test_two_forward_sizes_equal_by_chance_keep_their_own_symbols() -> None:
     (g,) = session.graphs
     held = {g.groups[p] for p in g.dynamic if g.variants[0].values[p] == 4}
     assert len(held) == 2, held  # batch's and T's
+
+
+def test_a_module_int_the_forward_held_symbolic_is_static_in_the_backward() -> None:
+    """Dynamo keeps a module's int attribute static, except on a module FSDP2 manages or
+    with ``allow_unspec_int_on_nn_module``: then the head count is a symbol of the
+    forward, and the head size ``C // heads`` and width ``heads * (C // heads)``
+    expressions over it, which every head-split view of the backward took to sympy.
+    They are the model's sizes, not the batch's: the backward's first compile makes
+    symbolic the batch, T and ``batch x T`` only, and runs every later batch and
+    length without a recompile, gradients equal eager's."""
+    torch.manual_seed(0)
+    model = Attention()  # 16 channels, 2 heads of 8
+    ref = copy.deepcopy(model)
+    backend = stoker_capture.dynamo_backend(lazy_backward=True)
+    stoker_autograd.reset_stats()
+    with (
+        torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True),
+        warnings.catch_warnings(record=True) as caught,
+    ):
+        warnings.simplefilter("always")
+        torch._dynamo.reset()
+        fn = torch.compile(model, backend=backend, dynamic=True)
+        with stoker_autograd.enable() as session:
+            for b, t in [(3, 5), (5, 5), (3, 7)]:
+                x = torch.randn(b, t, 16)
+                model.zero_grad()
+                ref.zero_grad()
+                fn(x).pow(2).sum().backward()
+                with stoker_autograd.disabled():
+                    ref(x).pow(2).sum().backward()
+                for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+                    assert p.grad is not None and q.grad is not None, name
+                    torch.testing.assert_close(
+                        p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=f"{name} at {(b, t)}"
+                    )
+        torch._dynamo.reset()
+    assert not [str(w.message) for w in caught if "stoker-autograd" in str(w.message)]
+    st = stoker_autograd.stats()
+    assert (st["compiles"], st["recompiles"], st["fallbacks"]) == (1, 0, 0), st
+    _inlined(session)
+    (g,) = session.graphs
+    held = {g.variants[0].values[p] for p in g.dynamic}
+    assert held == {3, 5, 15}, held  # batch, T, batch x T rows: not 2 heads, 8, 16
+
+
+def test_a_value_only_the_forwards_static_sizes_hold_is_not_a_free_symbol() -> None:
+    """The eager loss around a dynamic AOT forward views the logits to ``(batch x T,
+    vocab)``; its sizes are of no known kind.  ``batch x T`` rows get a symbol of their
+    own (the retrace ties it to the forward's), the vocabulary 12 does not: only the
+    forward's static sizes hold 12 (the head's weight), so it is static from the start,
+    not a symbol that the trace specializes.  One compile for every batch and length,
+    gradients equal eager's."""
+    torch.manual_seed(0)
+    model = TinyLM()
+    ref = copy.deepcopy(model)
+    fn = stoker_capture.aot_module(model, dynamic="dynamic")
+    stoker_autograd.reset_stats()
+    with stoker_autograd.enable() as session:
+        for b, t in [(2, 5), (3, 5), (4, 7)]:
+            seq = torch.randint(0, 12, (b, t + 1))
+            ids, tgt = seq[:, :-1], seq[:, 1:]
+            model.zero_grad()
+            ref.zero_grad()
+            nn.functional.cross_entropy(fn(ids).view(-1, 12), tgt.reshape(-1)).backward()
+            with stoker_autograd.disabled():
+                nn.functional.cross_entropy(ref(ids).view(-1, 12), tgt.reshape(-1)).backward()
+            for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None, name
+                torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    st = stoker_autograd.stats()
+    assert (st["captures"], st["compiles"], st["fallbacks"]) == (1, 1, 0), st
+    (g,) = session.graphs
+    values = g.variants[0].values
+    free = sorted(values[p] for p in g.free)
+    assert 12 in values.values() and 12 not in free, free  # the vocabulary: static
+    assert 10 in free, free  # batch x T rows: a symbol

@@ -670,3 +670,88 @@ def test_a_symbolic_backward_of_a_batch_norm_builds_its_results(
         1e-4,
     )
     assert "batch_norm_backward" in built
+
+
+NLL_CASES = [(1, False), (2, False), (0, False), (1, True)]  # (reduction, weight)
+
+
+@pytest.mark.parametrize("case", range(len(NLL_CASES)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_known_nll_loss_backward_is_what_the_kernel_makes(case: int, dtype: torch.dtype) -> None:
+    """``nll_loss_backward`` (a cross-entropy's, through ``NllLossBackward0``) over a
+    symbolic number of rows: contiguous ``(N, C)`` in the input's dtype, as torch's
+    decomposition makes it, without a guard; a target whose rows are a symbol of their
+    own (an eager node's size) is tied to the input's (the kernel's own check, one
+    replacement), then built alike."""
+    reduction, weighted = NLL_CASES[case]
+    ctx = ShapeContext(policy="auto")
+    with ctx.tracing():
+        x = _fake(ctx, (6, 10), [Dim("n"), None], dtype=dtype)
+        target = _fake(ctx, (6,), [Dim("n")], 1, torch.int64)
+        grad = (
+            _fake(ctx, (6,), [Dim("n")], 2, dtype)
+            if reduction == 0
+            else torch.empty((), dtype=dtype)
+        )
+        weight = torch.rand(10).to(dtype) if weighted else None
+        total = torch.empty((), dtype=dtype)
+        args = (grad, x, target, weight, reduction, -100, total)
+        env = next(d.node.shape_env for d in x.shape if isinstance(d, torch.SymInt))
+        n_guards = len(env.guards)
+        ours = retrace._known_nll_loss_backward(args, {})
+        assert len(env.guards) == n_guards, env.guards[n_guards:]  # asked nothing
+        theirs = aten.nll_loss_backward.default(*args)
+        assert ours is not None
+        assert _exprs(ours.shape) == _exprs(theirs.shape)
+        assert _exprs(ours.stride()) == _exprs(theirs.stride())
+        assert ours.dtype == theirs.dtype
+        # the target's rows a symbol of their own: tied (one guard, the kernel's), built
+        other = _fake(ctx, (6,), [Dim("m")], 3, torch.int64)
+        assert _exprs(other.shape) != _exprs(x.shape[:1])
+        ours = retrace._known_nll_loss_backward((grad, x, other, *args[3:]), {})
+        assert ours is not None and _exprs(other.shape) == _exprs(x.shape[:1])
+        # rows that differ, a 3-d input, a transposed input, mixed dtypes: the kernel
+        short = _fake(ctx, (5,), [Dim("k")], 4, torch.int64)
+        assert retrace._known_nll_loss_backward((grad, x, short, *args[3:]), {}) is None
+        x3 = _fake(ctx, (6, 10, 3), [Dim("n"), None, None], 5, dtype)
+        assert retrace._known_nll_loss_backward((grad, x3, *args[2:]), {}) is None
+        xt = x.t().contiguous().t()
+        assert retrace._known_nll_loss_backward((grad, xt, *args[2:]), {}) is None
+        other_dtype = torch.float64
+        g64 = grad.to(other_dtype)
+        assert retrace._known_nll_loss_backward((g64, *args[1:]), {}) is None
+
+
+def test_an_eager_loss_backward_over_symbolic_sizes_builds_its_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cross-entropy computed eagerly around a dynamic AOT model: its functional
+    backwards (``NllLossBackward0``, ``LogSoftmaxBackward0``) reach the retrace's proxy
+    mode, not its own nodes; their ops still get the retrace's results
+    (`_KnownResultsMode`), not torch's decompositions over symbolic sizes, and the
+    gradients equal eager's at each batch size with one compile."""
+    built: list[str] = []
+    for op, name in (
+        (aten.nll_loss_backward.default, "nll"),
+        (aten._log_softmax_backward_data.default, "log_softmax"),
+    ):
+        monkeypatch.setitem(retrace._KNOWN, op, _counting(retrace._KNOWN[op], name, built))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 5))
+    ref = copy.deepcopy(model)
+    fn = stoker_capture.aot_module(model, dynamic="dynamic")
+    stoker_autograd.reset_stats()
+    with stoker_autograd.enable(dynamic=True):
+        for n in (6, 9, 4):
+            x, y = torch.randn(n, 8), torch.randint(0, 5, (n,))
+            model.zero_grad()
+            ref.zero_grad()
+            nn.functional.cross_entropy(fn(x), y).backward()
+            with stoker_autograd.disabled():
+                nn.functional.cross_entropy(ref(x), y).backward()
+            for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None
+                torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    st = stoker_autograd.stats()
+    assert (st["compiles"], st["fallbacks"]) == (1, 0), st
+    assert {"nll", "log_softmax"} <= set(built), built

@@ -6,7 +6,9 @@ forward's sizes, symbolic where the forward was compiled dynamic
 (``stoker.compile(dynamic=True)``, ``torch.compile(dynamic=True)``, ``mark_dynamic``,
 a Dynamo recompile made automatic-dynamic).  Capture notes, per position of the
 graph's inputs (`graph.Position`), whether the forward held it symbolic (True) or
-static (False); a parameter's sizes (and its ``.grad``'s) are static.
+static (False); a parameter's sizes (and its ``.grad``'s) are static, and so is a
+size made only of a module's own attributes (a head count that Dynamo left symbolic
+on a module FSDP2 manages: `_model_constants`).
 
 The first compile of the captured graph then makes symbolic the positions the
 forward held symbolic (positions that held one symbol of the forward share one
@@ -42,7 +44,8 @@ def held_symbolic(v: Any) -> bool:
 
 def forward_symbol(v: Any) -> tuple[int, Any] | None:
     """What ``v`` (a size of the forward's fake values) is in the forward: its shape
-    env and its expression after that env's replacements; None where static."""
+    env and its expression after that env's replacements, with the model's constants
+    (`_model_constants`) put in; None where static."""
     if not isinstance(v, torch.SymInt):
         return None
     node = v.node
@@ -52,7 +55,46 @@ def forward_symbol(v: Any) -> tuple[int, Any] | None:
     env = getattr(node, "shape_env", None)
     if env is not None:
         expr = env.replace(expr)
+        constants = _model_constants(env, expr)
+        if constants:
+            expr = expr.xreplace(constants)
     return (id(env), expr) if expr.free_symbols else None
+
+
+def _model_constants(env: Any, expr: Any) -> dict[Any, Any]:
+    """The symbols of ``expr`` that stand for a module's attribute, each with its value.
+
+    Dynamo keeps an int attribute of a module (a head count) static, except on a module
+    FSDP2's ``fully_shard`` manages (its own class, guarded as an FSDP module), or with
+    ``allow_unspec_int_on_nn_module``: with ``dynamic=True`` such an int becomes a
+    symbol, and every size made from it (the head size ``C // heads``, the width
+    ``heads * (C // heads)``) an expression that each view of the backward takes to
+    sympy.  Such a size is the model's, not the batch's: the backward holds it static
+    (its guards say ``== value``, exactly), as it holds a parameter's.  A symbol that
+    any tensor input or plain argument of the frame also names is not a constant."""
+    sources = getattr(env, "var_to_sources", None) or {}
+    values = getattr(env, "backed_var_to_val", None)  # torch 2.13's name
+    if values is None:
+        values = getattr(env, "var_to_val", None) or {}
+    out: dict[Any, Any] = {}
+    for s in expr.free_symbols:
+        srcs = sources.get(s)
+        val = values.get(s)
+        if srcs and val is not None and all(_of_module(src) for src in srcs):
+            out[s] = val
+    return out
+
+
+def _of_module(source: Any) -> bool:
+    """``source`` (a dynamo ``Source``) reads an attribute of a module (its own int, a
+    buffer's size): its guard source is one of the module kinds."""
+    gs = getattr(source, "guard_source", None)
+    if callable(gs):  # a method before torch 2.12, a property since
+        gs = gs()
+    if gs is None:
+        return False
+    checks = ("is_fsdp_module", "is_specialized_nn_module", "is_unspecialized_nn_module")
+    return any(bool(getattr(gs, c, lambda: False)()) for c in checks)
 
 
 class ForwardDims:
@@ -121,10 +163,17 @@ class ForwardDims:
         next batch recompiled the backward."""
         dynamic = {p for p, sym in self.known.items() if sym and values.get(p, 0) >= 2}
         held = {values[p] for p in dynamic}
+        # A value only static positions of the forward hold (a vocabulary, a head size,
+        # a sequence length the forward held static) is taken to be that size where a
+        # position of no known kind holds it: static, not a symbol of its own that the
+        # trace then specializes (a symbol and a guard each, through sympy).  A batch-
+        # derived size equal to it by chance then costs one recompile, never a wrong
+        # result: its guard says ``== value``.
+        static = {values[p] for p, sym in self.known.items() if not sym and p in values} - held
         free = {
             p
             for p, v in values.items()
-            if p not in self.known and v >= 2 and any(v % h == 0 for h in held)
+            if p not in self.known and v >= 2 and v not in static and any(v % h == 0 for h in held)
         }
         first: dict[tuple[Any, int], Position] = {}
         for p in sorted(dynamic):

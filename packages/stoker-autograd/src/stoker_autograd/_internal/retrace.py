@@ -101,7 +101,7 @@ class _Replayer:
         self.tracer.root = torch.nn.Module()
         self.tracer.graph = fx.Graph(tracer_cls=PythonKeyTracer)
         self.tracer.tensor_attrs = {}
-        self.mode = ProxyTorchDispatchMode(self.tracer, "symbolic")
+        self.mode = _KnownResultsMode(self, self.tracer)
         self.env: dict[fx.Node, Any] = {}
         self.opaque_objects: dict[fx.Node, fx.Proxy] = {}  # hooks/packed placeholders
         self.values: dict[str, list[Any]] = {}
@@ -334,6 +334,48 @@ class _Replayer:
                 continue
             res.append(self.checked(out[j], t, what))
         return res
+
+
+class _KnownResultsMode(ProxyTorchDispatchMode):  # type: ignore[no-untyped-call]
+    """The replay's proxy mode.  An op that reaches it from inside a functional backward
+    (an eager node's C++ backward: ``NllLossBackward0``, ``LogSoftmaxBackward0``,
+    ``NativeLayerNormBackward0``, ``ViewBackward0``) or a decomposition takes the same
+    path as one the graph holds itself (`_replay_node`): the ops whose result the
+    retrace builds (`_KNOWN`, the pointwise ops) are recorded by `_record`, after their
+    table entry where they have one (a view relates its sizes first; a fused backward
+    whose dtypes mix decomposes).  Everything else, and any op `_record` declines (an
+    argument without a proxy, or a constant), goes the proxy mode's way."""
+
+    def __init__(self, rp: _Replayer, tracer: PythonKeyTracer) -> None:
+        super().__init__(tracer, "symbolic")
+        self.rp = rp
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: Any = (),
+        kwargs: Any = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if _built_in_mode(func):
+            table = _replay_table()
+            if func in table:
+                with self:
+                    out = table[func](*args, **kwargs)
+                if out is not NotImplemented:
+                    return out
+            out = _record(self.rp, func, args, kwargs, pytree.tree_leaves((args, kwargs)))
+            if out is not NotImplemented:
+                return out
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+@functools.cache
+def _built_in_mode(op: Any) -> bool:
+    """Does `_KnownResultsMode` record ``op`` itself: an op whose result the retrace may
+    build, that the graph's own nodes would record with `_record` too."""
+    return (_recorded_as_is(op) and (op in _KNOWN or _is_pointwise(op))) or _kept_whole(op)
 
 
 class _Opaque:
@@ -809,6 +851,22 @@ def _expr(v: Any) -> Any:
     return v.node.expr if isinstance(v, torch.SymInt) else v
 
 
+def _tie(a: Any, b: Any) -> bool:
+    """Are sizes ``a`` and ``b`` one expression, once told equal where their hints are
+    equal and at least 2?  The kernels whose results the retrace builds check such
+    sizes equal (nll's rows against the target's, a backward's gradient against its
+    saved output), so their guard ``a == b`` (a replacement) is the one the kernel
+    would add; where the eager nodes' sizes hold a symbol each, the rule then applies.
+    Hints that differ, or a size 1 (a broadcast), tie nothing."""
+    if _expr(a) == _expr(b):
+        return True
+    ha, hb = _hint(a), _hint(b)
+    if ha is None or ha != hb or ha < 2:
+        return False
+    _assume_equal(a, b)
+    return bool(_expr(a) == _expr(b))
+
+
 def _fill_hole(shape: list[Any], size: list[Any], hole: int) -> list[Any] | None:
     """`size` with its -1 at `hole` replaced by numel / (the other sizes), where that
     quotient is a whole expression (``b*t*768 / 768``: ``b*t``), else None. The new
@@ -1056,10 +1114,11 @@ def _known_pointwise_backward(args: Any, kwargs: dict[str, Any]) -> torch.Tensor
     ``_softmax_backward_data(grad, output, dim, input_dtype)``, ...), made as its fake
     kernel makes it: torch's decomposition, a handful of broadcasting ops that each
     ask sympy about the sizes (about 10 ms a call over symbolic sizes).  Only where
-    its two tensors have one dtype and the same sizes as expressions and are both
-    contiguous (by their expressions): the result is then contiguous of those sizes,
-    in their dtype, or ``input_dtype`` for the softmax backwards (the kernel casts to
-    it).  Else None (the kernel)."""
+    its two tensors have one dtype and the same sizes as expressions (sizes of equal
+    hints, 2 or more, are told equal first, `_tie`: the kernel's broadcast would guard
+    them so) and are both contiguous (by their expressions): the result is then
+    contiguous of those sizes, in their dtype, or ``input_dtype`` for the softmax
+    backwards (the kernel casts to it).  Else None (the kernel)."""
     if len(args) < 2:
         return None
     a, b = args[0], args[1]
@@ -1072,16 +1131,70 @@ def _known_pointwise_backward(args: Any, kwargs: dict[str, Any]) -> torch.Tensor
     if any(isinstance(v, torch.Tensor) for v in (*args[2:], *kwargs.values())):
         return None
     shape = list(a.shape)
-    if all(isinstance(d, int) for d in shape):
+    if all(isinstance(d, int) for d in shape) or a.dim() != b.dim():
         return None
-    if [_expr(d) for d in shape] != [_expr(d) for d in b.shape]:
+    if [_hint(d) for d in shape] != [_hint(d) for d in b.shape]:
         return None
     if not (_contiguous_by_exprs(a) and _contiguous_by_exprs(b)):
+        return None
+    if not all(_tie(x, y) for x, y in zip(b.shape, shape, strict=True)):
         return None
     dtype = a.dtype
     if len(args) == 4 and isinstance(args[3], torch.dtype):  # the softmax backwards
         dtype = args[3]
     return torch.empty(shape, dtype=dtype, device=a.device)
+
+
+_NLL_ARGS = ("grad_output", "self", "target", "weight", "reduction", "ignore_index", "total_weight")
+
+
+def _known_nll_loss_backward(args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``nll_loss_backward``'s result (what ``NllLossBackward0``'s functional backward
+    calls, a cross-entropy's second half): its fake kernel is torch's decomposition, a
+    dozen ops each asking sympy about broadcasts (about 15 ms a call over symbolic
+    sizes).  Only for an ``(N, C)`` input contiguous by its expressions, a ``(N,)``
+    target of the same ``N`` as an expression, a one-element ``total_weight``, a weight
+    of ``(C,)`` or none, a gradient of one element (``mean``/``sum``) or of ``(N,)``
+    (``none``), all floating tensors of one dtype: the result is then contiguous
+    ``(N, C)`` in that dtype, as the decomposition's ``zeros_like(self) * grad`` makes
+    it.  Else None (the kernel, and its checks)."""
+    if len(args) + len(kwargs) != len(_NLL_ARGS):
+        return None
+    named = dict(zip(_NLL_ARGS, args, strict=False)) | kwargs
+    grad, x, target, weight = (named.get(k) for k in _NLL_ARGS[:4])
+    reduction, total = named.get("reduction"), named.get("total_weight")
+    tensors = [t for t in (grad, x, target, total) if isinstance(t, torch.Tensor)]
+    if len(tensors) != 4 or any(t.layout != torch.strided for t in tensors):
+        return None
+    assert isinstance(x, torch.Tensor) and isinstance(grad, torch.Tensor)
+    assert isinstance(target, torch.Tensor) and isinstance(total, torch.Tensor)
+    if x.dim() != 2 or target.dim() != 1 or not isinstance(reduction, int):
+        return None
+    shape = list(x.shape)
+    if all(isinstance(d, int) for d in shape) or not _contiguous_by_exprs(x):
+        return None
+    dtype = x.dtype
+    if not dtype.is_floating_point or grad.dtype != dtype or total.dtype != dtype:
+        return None
+    if target.dtype not in (torch.int64, torch.int32, torch.uint8):
+        return None
+    if [_expr(d) for d in total.shape] not in ([], [1]):
+        return None
+    if reduction == 0:  # none: one gradient per row
+        if grad.dim() != 1:
+            return None
+    elif [_expr(d) for d in grad.shape] not in ([], [1]):
+        return None
+    if weight is not None:
+        if not isinstance(weight, torch.Tensor) or weight.dtype != dtype or weight.dim() != 1:
+            return None
+        if not _tie(weight.shape[0], shape[1]):
+            return None
+    if not _tie(target.shape[0], shape[0]):
+        return None
+    if reduction == 0 and not _tie(grad.shape[0], shape[0]):
+        return None
+    return torch.empty(shape, dtype=dtype, device=x.device)
 
 
 def _known_addmm(args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
@@ -1442,6 +1555,7 @@ _KNOWN: dict[Any, Any] = {
     torch.ops.aten.addmm.default: _known_addmm,
     torch.ops.aten.clone.default: _known_clone,
     torch.ops.aten.full.default: _known_full,
+    torch.ops.aten.nll_loss_backward.default: _known_nll_loss_backward,
     **{
         getattr(torch.ops.aten, name).default: _known_pointwise_backward
         for name in (
