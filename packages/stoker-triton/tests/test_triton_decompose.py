@@ -162,3 +162,25 @@ def test_stokers_own_max_pool_matches_aten(
                 pool_decomp.max_pool2d_with_indices_backward(g, x, *args),
                 aten.max_pool2d_with_indices_backward(g, x, *args),
             )
+
+
+def _overlapping_pool_backward(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    _, idx = aten.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1], [1, 1], False)
+    return aten.max_pool2d_with_indices_backward(g, x, [3, 3], [2, 2], [1, 1], [1, 1], False, idx)
+
+
+@pytest.mark.parametrize("target", ["triton", "c"])
+def test_a_channels_last_pool_backward_stays_channels_last(target: str) -> None:
+    """A max-pool's backward over a channels-last input (overlapping windows: gradients
+    add up) scatters into a channels-last buffer: eager's values and eager's layout, so
+    the BatchNorm or ReLU backward that reads it walks it in memory order."""
+    cl = torch.channels_last
+    x = torch.randn(2, 8, 7, 9).contiguous(memory_format=cl)
+    g = torch.randn(2, 8, 4, 5).contiguous(memory_format=cl)
+    fn = check(_overlapping_pool_backward, x, g, options={"target": target})
+    assert not fn.report.fallback_ops, fn.report.fallback_ops
+    out, ref = fn(x, g), _overlapping_pool_backward(x, g)
+    torch.testing.assert_close(out, ref)
+    assert out.stride() == ref.stride() == x.stride()
+    # the output is the scatter's own buffer: no kernel copies an NCHW scatter into it
+    assert fn.report.kernels[-1].kind == "scatter", [k.kind for k in fn.report.kernels]

@@ -533,12 +533,14 @@ def decomposition_table() -> dict[Any, Any]:
     if _table is None:
         from torch._decomp import get_decompositions
 
-        from .pool_decomp import OWN
+        from .pool_decomp import OWN, channels_last_pool_backward
 
         ops = [getattr(aten, n) for n in _DECOMPOSE if hasattr(aten, n)]
         _table = get_decompositions(ops)
         for op, fn in OWN.items():  # max pooling, where this torch has no decomposition
             _table.setdefault(op, fn)
+        back = aten.max_pool2d_with_indices_backward.default
+        _table[back] = channels_last_pool_backward(_table.get(back))
     return _table
 
 

@@ -146,6 +146,43 @@ def max_pool2d_with_indices_backward(
     return out.reshape(x.shape).to(grad.dtype)
 
 
+def channels_last_pool_backward(
+    fallback: Callable[..., Any] | None,
+) -> Callable[..., Any]:
+    """``max_pool2d_with_indices_backward`` that keeps a channels-last input's layout:
+    the gradients scatter-add into an ``(N, H*W, C)`` buffer along the plane, so the
+    result is channels-last (as eager's kernel returns it) and the BatchNorm or ReLU
+    backward that reads it walks it in memory order.  Any other layout goes to
+    ``fallback`` (torch's decomposition, else `max_pool2d_with_indices_backward`)."""
+    other = fallback or max_pool2d_with_indices_backward
+
+    def decomposition(
+        grad: torch.Tensor,
+        x: torch.Tensor,
+        kernel_size: Sequence[int],
+        stride: Sequence[int],
+        padding: Sequence[int],
+        dilation: Sequence[int],
+        ceil_mode: bool,
+        indices: torch.Tensor,
+    ) -> Any:
+        if (
+            x.ndim != 4
+            or x.is_contiguous()
+            or not x.is_contiguous(memory_format=torch.channels_last)
+        ):
+            return other(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices)
+        n, c, h, w = (int(s) for s in x.shape)
+        acc = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
+        out = torch.zeros(n, h * w, c, dtype=acc, device=grad.device)
+        idx = indices.permute(0, 2, 3, 1).reshape(n, -1, c)
+        g = grad.permute(0, 2, 3, 1).reshape(n, -1, c).to(acc)
+        out = out.scatter_add(1, idx, g)
+        return out.reshape(n, h, w, c).permute(0, 3, 1, 2).to(grad.dtype)
+
+    return decomposition
+
+
 OWN: dict[Any, Callable[..., Any]] = {
     aten.max_pool2d_with_indices.default: _with_indices(2),
     aten.max_pool3d_with_indices.default: _with_indices(3),
