@@ -716,6 +716,14 @@ def test_conv_batchnorm_channels_last_input(mode: str) -> None:
     run_case(Case(ConvNet, channels_last_batch, backward_step), mode=mode)
 
 
+def test_conv_batchnorm_channels_last_input_on_c_kernels(mode: str) -> None:
+    """The same through the C kernels, which store the channels-last activations
+    channels-last and walk them in memory order (the max-pool's backward too): eager's
+    losses and gradients with and without compiled autograd, whose backward gets the
+    saved activations in that layout."""
+    run_case(Case(ConvNet, channels_last_batch, backward_step), backend="c", mode=mode)
+
+
 def test_freezing_and_unfreezing_parameters_between_steps(mode: str) -> None:
     def step(model: Any, params: Params, b: Batch) -> Any:
         n_step = int(b[0].shape[0])  # batch sizes pick the phase

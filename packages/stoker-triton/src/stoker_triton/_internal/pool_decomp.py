@@ -8,7 +8,9 @@ broadcast ``arange`` indices (one ``index``), and takes ``max`` over the window:
 the first maximum in the window's row-major order, as aten's kernels pick it.
 The index is the flat position in the unpadded input plane, as aten returns it.
 The backward scatter-adds each output gradient at its index (float32
-accumulation for half types, since overlapping windows add up).
+accumulation for half types, since overlapping windows add up), into NCHW rows, or
+along the plane of an ``(N, H*W, C)`` buffer for a channels-last input, which it
+keeps channels-last.
 
 This room imports torch only.
 """
@@ -128,6 +130,12 @@ def _with_indices(n: int) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     return decomposition
 
 
+def _channels_last(x: torch.Tensor) -> bool:
+    return (
+        x.ndim == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+    )
+
+
 def max_pool2d_with_indices_backward(
     grad: torch.Tensor,
     x: torch.Tensor,
@@ -138,47 +146,34 @@ def max_pool2d_with_indices_backward(
     ceil_mode: bool,
     indices: torch.Tensor,
 ) -> torch.Tensor:
-    plane = math.prod(int(s) for s in x.shape[-2:])
-    rows = math.prod(int(s) for s in x.shape[:-2])
     acc = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
-    out = torch.zeros(rows, plane, dtype=acc, device=grad.device)
-    out = out.scatter_add(1, indices.reshape(rows, -1), grad.reshape(rows, -1).to(acc))
-    return out.reshape(x.shape).to(grad.dtype)
-
-
-def channels_last_pool_backward(
-    fallback: Callable[..., Any] | None,
-) -> Callable[..., Any]:
-    """``max_pool2d_with_indices_backward`` that keeps a channels-last input's layout:
-    the gradients scatter-add into an ``(N, H*W, C)`` buffer along the plane, so the
-    result is channels-last (as eager's kernel returns it) and the BatchNorm or ReLU
-    backward that reads it walks it in memory order.  Any other layout goes to
-    ``fallback`` (torch's decomposition, else `max_pool2d_with_indices_backward`)."""
-    other = fallback or max_pool2d_with_indices_backward
-
-    def decomposition(
-        grad: torch.Tensor,
-        x: torch.Tensor,
-        kernel_size: Sequence[int],
-        stride: Sequence[int],
-        padding: Sequence[int],
-        dilation: Sequence[int],
-        ceil_mode: bool,
-        indices: torch.Tensor,
-    ) -> Any:
-        if (
-            x.ndim != 4
-            or x.is_contiguous()
-            or not x.is_contiguous(memory_format=torch.channels_last)
-        ):
-            return other(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices)
+    if _channels_last(x):  # along the plane of (N, H*W, C): the result stays channels-last
         n, c, h, w = (int(s) for s in x.shape)
-        acc = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
         out = torch.zeros(n, h * w, c, dtype=acc, device=grad.device)
         idx = indices.permute(0, 2, 3, 1).reshape(n, -1, c)
         g = grad.permute(0, 2, 3, 1).reshape(n, -1, c).to(acc)
         out = out.scatter_add(1, idx, g)
         return out.reshape(n, h, w, c).permute(0, 3, 1, 2).to(grad.dtype)
+    plane = math.prod(int(s) for s in x.shape[-2:])
+    rows = math.prod(int(s) for s in x.shape[:-2])
+    out = torch.zeros(rows, plane, dtype=acc, device=grad.device)
+    out = out.scatter_add(1, indices.reshape(rows, -1), grad.reshape(rows, -1).to(acc))
+    return out.reshape(x.shape).to(grad.dtype)
+
+
+def channels_last_pool_backward(fallback: Callable[..., Any] | None) -> Callable[..., Any]:
+    """``max_pool2d_with_indices_backward`` that keeps a channels-last input's layout
+    (`max_pool2d_with_indices_backward` scatters it along the plane of an ``(N, H*W,
+    C)`` buffer, so the BatchNorm or ReLU backward that reads it walks it in memory
+    order; torch's decomposition scatters NCHW rows).  Any other layout goes to
+    ``fallback`` (torch's decomposition, where this torch has one)."""
+    if fallback is None:
+        return max_pool2d_with_indices_backward
+    other = fallback
+
+    def decomposition(grad: torch.Tensor, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        pick = max_pool2d_with_indices_backward if _channels_last(x) else other
+        return pick(grad, x, *args, **kwargs)
 
     return decomposition
 
