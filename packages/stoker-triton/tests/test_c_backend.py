@@ -414,8 +414,8 @@ def _simd_loop_lines(source: str) -> list[range]:
 def test_inner_loops_vectorize(tmp_path: Any) -> None:
     """The compiler's own report: every simd loop of a pointwise kernel (with exp), of
     an inner and an outer reduction, of a kernel with masked loads and sin, of a
-    max-pool (a reduction over rows shorter than a vector) and of a BatchNorm (rows
-    walked run by run) is vectorized."""
+    max-pool (a reduction over rows shorter than a vector; NCHW and channels-last, with
+    its arg-max) and of a BatchNorm (rows walked run by run) is vectorized."""
     from stoker_triton._internal.codegen.c_kernel import kernel_file_source
 
     version = subprocess.run(
@@ -443,9 +443,16 @@ def test_inner_loops_vectorize(tmp_path: Any) -> None:
             lambda y: F.max_pool2d_with_indices(F.batch_norm(y, None, None, training=True), 2),
             (img,),
         ),
+        # channels-last: each lane its own channel (its own BatchNorm scale and shift)
+        (
+            lambda y, w, b: F.max_pool2d_with_indices(
+                F.batch_norm(y, None, None, w, b, training=True).relu(), 2
+            ),
+            (img.contiguous(memory_format=torch.channels_last), torch.rand(8), torch.randn(8)),
+        ),
     ):
         kernels += compile_graph(trace(g, *a), list(a), options=C).report.kernels
-    assert len(kernels) == 11, [k.kind for k in kernels]
+    assert len(kernels) == 13, [k.kind for k in kernels]
     for k in kernels:
         src = kernel_file_source(type("K", (), {"source": k.source, "name": k.name})(), "kern")
         want = _simd_loop_lines(src)

@@ -184,3 +184,24 @@ def test_a_channels_last_pool_backward_stays_channels_last(target: str) -> None:
     assert out.stride() == ref.stride() == x.stride()
     # the output is the scatter's own buffer: no kernel copies an NCHW scatter into it
     assert fn.report.kernels[-1].kind == "scatter", [k.kind for k in fn.report.kernels]
+
+
+def _bn_relu_pool(x: torch.Tensor) -> Any:
+    y = F.batch_norm(x, None, None, training=True).relu()
+    return aten.max_pool2d_with_indices(y, [3, 3], [2, 2], [1, 1], [1, 1], False)
+
+
+@pytest.mark.parametrize("target", ["triton", "c"])
+def test_a_channels_last_max_pool_stays_channels_last(target: str) -> None:
+    """A max-pool over a channels-last input reduces (N, H, W, C) rows, walked in memory
+    order, into channels-last values and indices (eager's layout): one reduction kernel
+    (the BatchNorm and ReLU before it fused in), no copy into another layout."""
+    x = torch.randn(2, 8, 9, 7).contiguous(memory_format=torch.channels_last)
+    fn = check(_bn_relu_pool, x, options={"target": target})
+    out, ref = fn(x), _bn_relu_pool(x)
+    for o, r in zip(out, ref, strict=True):
+        torch.testing.assert_close(o, r, atol=1e-5, rtol=1e-5)
+        assert o.stride() == r.stride() and o.is_contiguous(memory_format=torch.channels_last)
+    pool = [k for k in fn.report.kernels if "aten.max_pool2d_with_indices" in k.origins]
+    assert len(pool) == 1 and "reduction" in pool[0].kind, [k.kind for k in fn.report.kernels]
+    assert fn.report.kernels[-1] is pool[0], [k.origins for k in fn.report.kernels]

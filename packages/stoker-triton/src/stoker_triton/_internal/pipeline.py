@@ -533,14 +533,17 @@ def decomposition_table() -> dict[Any, Any]:
     if _table is None:
         from torch._decomp import get_decompositions
 
-        from .pool_decomp import OWN, channels_last_pool_backward
+        from .pool_decomp import OWN, channels_last_pooling
 
         ops = [getattr(aten, n) for n in _DECOMPOSE if hasattr(aten, n)]
         _table = get_decompositions(ops)
         for op, fn in OWN.items():  # max pooling, where this torch has no decomposition
             _table.setdefault(op, fn)
-        back = aten.max_pool2d_with_indices_backward.default
-        _table[back] = channels_last_pool_backward(_table.get(back))
+        for op in (
+            aten.max_pool2d_with_indices.default,
+            aten.max_pool2d_with_indices_backward.default,
+        ):
+            _table[op] = channels_last_pooling(op, _table.get(op))
     return _table
 
 

@@ -5,7 +5,9 @@ or ``max_pool2d_with_indices_backward``; torch 2.13 has its own, which
 
 The forward pads with a value below every input, gathers each window with
 broadcast ``arange`` indices (one ``index``), and takes ``max`` over the window:
-the first maximum in the window's row-major order, as aten's kernels pick it.
+the first maximum in the window's row-major order, as aten's kernels pick it. A
+channels-last input's windows are reduced in ``(N, H, W, C)`` order, and the
+result is its channels-last NCHW view.
 The index is the flat position in the unpadded input plane, as aten returns it.
 The backward scatter-adds each output gradient at its index (float32
 accumulation for half types, since overlapping windows add up), into NCHW rows, or
@@ -92,9 +94,18 @@ def max_pool_nd_with_indices(
         index.append(at.reshape(shape))
     where: tuple[Any, ...] = (..., *index)
     windows = padded[where]  # (N, C, o0, k0, o1, k1, ...)
-    order = [0, 1, *(2 + 2 * d for d in range(n)), *(3 + 2 * d for d in range(n))]
-    windows = windows.permute(order).reshape(*windows.shape[:2], *outs, -1)
-    values, local = windows.max(dim=-1)
+    if batched and _channels_last(x):
+        # channels-last in, channels-last out: reduce (N, o0, o1, C) rows, walked in
+        # memory order, and view them as NCHW (eager's max-pool keeps the layout too)
+        order = [0, *(2 + 2 * d for d in range(n)), 1, *(3 + 2 * d for d in range(n))]
+        nhwc = windows.permute(order).reshape(windows.shape[0], *outs, windows.shape[1], -1)
+        values, local = nhwc.max(dim=-1)
+        back = [0, n + 1, *range(1, n + 1)]
+        values, local = values.permute(back), local.permute(back)
+    else:
+        order = [0, 1, *(2 + 2 * d for d in range(n)), *(3 + 2 * d for d in range(n))]
+        windows = windows.permute(order).reshape(*windows.shape[:2], *outs, -1)
+        values, local = windows.max(dim=-1)
     # the window's flat position -> each dim's offset -> the unpadded input's flat index
     flat: torch.Tensor | None = None
     rest = local
@@ -161,19 +172,22 @@ def max_pool2d_with_indices_backward(
     return out.reshape(x.shape).to(grad.dtype)
 
 
-def channels_last_pool_backward(fallback: Callable[..., Any] | None) -> Callable[..., Any]:
-    """``max_pool2d_with_indices_backward`` that keeps a channels-last input's layout
-    (`max_pool2d_with_indices_backward` scatters it along the plane of an ``(N, H*W,
-    C)`` buffer, so the BatchNorm or ReLU backward that reads it walks it in memory
-    order; torch's decomposition scatters NCHW rows).  Any other layout goes to
-    ``fallback`` (torch's decomposition, where this torch has one)."""
+def channels_last_pooling(op: Any, fallback: Callable[..., Any] | None) -> Callable[..., Any]:
+    """This module's decomposition of ``op`` (the 2-d max-pool or its backward) for a
+    channels-last input, which keeps its layout: the forward reduces ``(N, H, W, C)``
+    rows and the backward scatters along the plane of an ``(N, H*W, C)`` buffer, so the
+    ops around them walk them in memory order (torch's decompositions compute NCHW
+    rows).  Any other layout goes to ``fallback`` (torch's decomposition, where this
+    torch has one)."""
+    own = OWN[op]
     if fallback is None:
-        return max_pool2d_with_indices_backward
+        return own
     other = fallback
 
-    def decomposition(grad: torch.Tensor, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        pick = max_pool2d_with_indices_backward if _channels_last(x) else other
-        return pick(grad, x, *args, **kwargs)
+    def decomposition(*args: Any, **kwargs: Any) -> Any:
+        x = args[1] if op is aten.max_pool2d_with_indices_backward.default else args[0]
+        pick = own if _channels_last(x) else other
+        return pick(*args, **kwargs)
 
     return decomposition
 

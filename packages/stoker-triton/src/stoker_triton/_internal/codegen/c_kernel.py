@@ -878,8 +878,10 @@ class _Acc:
             cmp = ">" if t == "max" else "<"
             g.line(f"{a} = ({val}) {cmp} {a} ? ({val}) : {a};")
             if self.dt.is_floating_point:
+                # a select, not `nan | (val != val)`: gcc vectorizes a loop that also
+                # holds an argmax's selects only this way (a max-pool with its indices)
                 nan = g.row(self.var + "_nan")
-                g.line(f"{nan} = {nan} | (({val}) != ({val}));")
+                g.line(f"{nan} = (({val}) != ({val})) ? 1 : {nan};")
         else:  # argmax / argmin: the first best, the first NaN wins
             cmp = ">" if t == "argmax" else "<"
             i = g.row(self.var + "_idx")

@@ -160,6 +160,7 @@ def lower_graph(
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
         if node.target is operator.getitem:
             env[node] = args[0][args[1]]
+            _keep_channels_last(env[node], node)  # a BatchNorm's or a max-pool's output
             continue
         val = node.meta.get("val")
         if isinstance(
@@ -181,9 +182,7 @@ def lower_graph(
         else:
             env[node] = _lower_call(ctx, node, args, kwargs)
             _tag_origins(ctx, node, args, kwargs, env[node], n_before)
-            tv = env[node]
-            if isinstance(tv, TensorValue) and tv.layout is None and tv.view_of is None:
-                tv.stored_stride = channels_last_stride(node.meta.get("val"))
+            _keep_channels_last(env[node], node)
         _after_in_place_writes(ctx, n_before, env, order[node], order)
         _maybe_realize_shared(ctx, node, env)
         if reuse is not None:
@@ -402,6 +401,14 @@ def _after_in_place_writes(
         for k, v in env.items():
             if v is old:
                 env[k] = post
+
+
+def _keep_channels_last(tv: Any, node: torch.fx.Node) -> None:
+    """A value not stored yet that eager makes channels-last is stored channels-last."""
+    if isinstance(tv, TensorValue) and tv.layout is None and tv.view_of is None:
+        stride = channels_last_stride(node.meta.get("val"))
+        if stride is not None:
+            tv.stored_stride = stride
 
 
 def _noop_copy(ctx: LoweringContext, node: torch.fx.Node, env: dict[torch.fx.Node, Any]) -> Any:
