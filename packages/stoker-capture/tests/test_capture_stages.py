@@ -107,3 +107,37 @@ def test_inference_graph_is_functional() -> None:
     assert sum(i.mutated for i in state.meta.inputs) == 3
     targets = {n.target for n in g.gm.graph.nodes if n.op == "call_function"}
     assert torch.ops.aten._native_batch_norm_legit_functional.default in targets
+
+
+def test_a_convolution_is_captured_in_the_layout_it_runs_in() -> None:
+    """oneDNN stays on while a joint graph without recurrent layers is captured: a
+    channels-last convolution's fake output is channels-last, as its real one is (with
+    oneDNN off, the fake took another backend's layout: NCHW at these sizes)."""
+    cl = torch.channels_last
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 32, 3, padding=1).to(memory_format=cl)
+    x = torch.randn(16, 3, 32, 32).contiguous(memory_format=cl)
+    graph = aot_stage1_graph_capture(_state(conv, (x,), mode="joint"))
+    (node,) = [n for n in graph.gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    assert node.meta["val"].stride() == conv(x).stride() == (32768, 1, 1024, 32)
+
+
+def test_graph_passes_run_at_the_end_of_capture() -> None:
+    """`AOTConfig.graph_passes` edit the captured graph in order, before stage 2."""
+    seen: list[str] = []
+
+    def to_tanh(gm: torch.fx.GraphModule) -> None:
+        seen.append("to_tanh")
+        for n in gm.graph.nodes:
+            if n.target is torch.ops.aten.relu.default:
+                n.target = torch.ops.aten.tanh.default
+        gm.recompile()
+
+    def count(gm: torch.fx.GraphModule) -> None:
+        seen.append(f"{sum(n.target is torch.ops.aten.tanh.default for n in gm.graph.nodes)}")
+
+    x = torch.randn(4, 3)
+    state = _state(lambda t: (t.relu() * 2,), (x,), mode="inference", graph_passes=(to_tanh, count))
+    graph = aot_stage1_graph_capture(state)
+    assert seen == ["to_tanh", "1"]
+    torch.testing.assert_close(graph.gm(x)[0], x.tanh() * 2)

@@ -14,6 +14,8 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 Compiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 # partition(joint, num_fw_outputs=..., memory_budget=...) -> Partition
 PartitionFn = Callable[..., Any]
+# graph_pass(gm) -> anything: edits the captured graph in place (see `AOTConfig.graph_passes`)
+GraphPass = Callable[[torch.fx.GraphModule], object]
 Mode = Literal["auto", "joint", "inference"]
 
 
@@ -55,6 +57,11 @@ class AOTConfig:
     decompositions: Mapping[Any, Callable[..., Any]] | None = None
     # guard parameters and buffers (as self.<path>); exports own theirs and do not
     guard_params: bool = True
+    # run in order on the captured graph at the end of capture, before it is partitioned
+    # or compiled: a backend's layout choices (stoker-triton's channels-last convolutions
+    # on a CPU). A pass edits the graph in place and keeps its contract: the same inputs
+    # and outputs, each output in the layout it had, a fake value on every node
+    graph_passes: tuple[GraphPass, ...] = ()
 
     def as_text(self) -> str:
         """One line per knob that differs from the default."""

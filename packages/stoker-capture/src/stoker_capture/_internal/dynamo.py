@@ -18,7 +18,7 @@ from stoker_shapes import ShapeContext, timing
 
 from . import capcache
 from .api import compile_pipeline
-from .config import AOTConfig, Compiler
+from .config import AOTConfig, Compiler, GraphPass
 
 
 def dynamo_backend(
@@ -31,6 +31,7 @@ def dynamo_backend(
     cache: bool | None = None,
     lazy_backward: bool = False,
     lazy_backward_fallback: bool = False,
+    graph_passes: Sequence[GraphPass] = (),
 ) -> Callable[..., Any]:
     """A torch.compile backend: ``torch.compile(model, backend=dynamo_backend())``.
 
@@ -45,6 +46,7 @@ def dynamo_backend(
     ``lazy_backward_fallback``: a lazy backward whose compile needs a new guard (a size
     the compiler specializes on, too late to be checked) runs its graph uncompiled
     instead of raising; what makes deferring safe with symbolic sizes.
+    ``graph_passes``: run on each captured graph before it is partitioned (`AOTConfig`).
     """
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
@@ -57,6 +59,7 @@ def dynamo_backend(
             guard_params=False,
             lazy_backward=lazy_backward,
             lazy_backward_fallback=lazy_backward_fallback,
+            graph_passes=tuple(graph_passes),
         )
         if debug_checks is not None:
             cfg.debug_checks = debug_checks

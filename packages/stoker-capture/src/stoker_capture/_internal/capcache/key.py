@@ -65,15 +65,29 @@ def _config_text(cfg: AOTConfig) -> str:
         raise Uncacheable(f"a partitioner of the user's ({target_text(part)})")
     if cfg.decompositions is not None:
         raise Uncacheable("a decomposition table of the user's")
+    for graph_pass in cfg.graph_passes:  # a stoker package's (its source is in the key)
+        if not getattr(graph_pass, "__module__", "").startswith("stoker_"):
+            raise Uncacheable(f"a graph pass of the user's ({target_text(graph_pass)})")
+    passes = " ".join(_pass_text(p) for p in cfg.graph_passes) or "none"
     return (
         f"mode {cfg.mode} dynamic {cfg.dynamic} guard_params {cfg.guard_params} "
         f"partition {target_text(part) if part else 'default'} budget {cfg.memory_budget!r} "
+        f"graph passes {passes} "
         f"grad {torch.is_grad_enabled()} autocast {autocast_state()!r} "
         f"mkldnn {torch._C._get_mkldnn_enabled()} "
         # what ops that name no dtype or device create, and which kernels decompositions pick
         f"default {torch.get_default_dtype()} {torch.get_default_device()} "
         f"deterministic {torch.are_deterministic_algorithms_enabled()}"
     )
+
+
+def _pass_text(graph_pass: Any) -> str:
+    """A graph pass by name and by the source of its module (a pass keeps to one module)."""
+    import inspect
+
+    source = inspect.getsourcefile(graph_pass)
+    digest = hashlib.sha256(Path(source).read_bytes()).hexdigest()[:16] if source else "?"
+    return f"{target_text(graph_pass)} {digest}"
 
 
 def _check_arg(a: Any, where: str) -> None:

@@ -20,6 +20,8 @@ from torch._decomp import core_aten_decompositions
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
+from stoker_shapes import timing
+
 from ..autocast import autocast_off
 from ..graphs.lint import lint_graph
 from ..tracing.functional import from_fun, functionalized, keep_node, to_fun
@@ -268,6 +270,12 @@ def aot_stage1_graph_capture(state: AOTState) -> CapturedGraph:
     )
     if state.config.debug_checks:
         lint_graph(gm, "stage 1 (capture)")
+    if state.config.graph_passes:
+        with timing.timed("capture", "capture: graph passes"):
+            for graph_pass in state.config.graph_passes:
+                graph_pass(gm)
+        if state.config.debug_checks:
+            lint_graph(gm, "stage 1 (graph passes)")
     return graph
 
 

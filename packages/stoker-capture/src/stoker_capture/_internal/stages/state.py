@@ -209,9 +209,11 @@ def create_aot_state(
     stack.enter_context(_lstm_hidden_shape_fixed())
     stack.enter_context(torch_decompositions_fixed())  # torch's wrong decompositions
     stack.enter_context(_saved_tensors_hooks_deferred())
-    if joint:
+    if joint and _may_run_rnn(fn):
         # The CPU LSTM's oneDNN path saves a workspace its fake kernel cannot describe;
         # trace the portable decomposition instead, for as long as the pipeline runs.
+        # Only then: with oneDNN off, a convolution's fake output takes the layout of
+        # another backend (NCHW for a channels-last input), not the one it runs with.
         stack.enter_context(_mkldnn_disabled())
     if meta is None:
         meta = forward_meta(flat_fn, fake_primals, inputs, ctx, joint)
@@ -324,6 +326,22 @@ def _lstm_hidden_shape_fixed() -> Iterator[None]:
 def torch_version() -> tuple[int, int]:
     major, minor = torch.__version__.split(".")[:2]
     return int(major), int(minor)
+
+
+_RNN_FUNCTIONS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu"})
+
+
+def _may_run_rnn(fn: Callable[..., Any] | torch.nn.Module) -> bool:
+    """Whether ``fn`` may run a recurrent layer (oneDNN's RNN kernels): a module that
+    holds one, or a graph that calls one; any other function may."""
+    if isinstance(fn, torch.fx.GraphModule):
+        return any(
+            n.op == "call_function" and getattr(n.target, "__name__", "") in _RNN_FUNCTIONS
+            for n in fn.graph.nodes
+        ) or any(isinstance(m, torch.nn.RNNBase) for m in fn.modules())
+    if isinstance(fn, torch.nn.Module):
+        return any(isinstance(m, torch.nn.RNNBase) for m in fn.modules())
+    return True
 
 
 @contextlib.contextmanager
