@@ -58,14 +58,31 @@ def _groups(model: torch.nn.Module) -> list[tuple[object, int]]:
 
 
 @pytest.mark.parametrize("compiled_autograd", [True, False], ids=["compiled-autograd", "aot"])
-@pytest.mark.parametrize("entry", ["gpt-m", "cnn-m-bf16"])
-def test_grads_are_laid_out_as_eager_lays_them_out(entry: str, compiled_autograd: bool) -> None:
+@pytest.mark.parametrize(
+    ("entry", "backend"),
+    # the C kernels run the CNN's convolutions channels-last (`channels_last_convolutions`,
+    # made to take every convolution at these sizes): the weights' gradients come out
+    # channels-last and are copied back to the parameters' layout
+    [("gpt-m", "interpret"), ("cnn-m-bf16", "interpret"), ("small-cnn", "c")],
+)
+def test_grads_are_laid_out_as_eager_lays_them_out(
+    entry: str, backend: str, compiled_autograd: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stoker_triton._internal import conv_layout
+
+    monkeypatch.setattr(conv_layout, "MIN_PLANE", 0)
+    monkeypatch.setattr(conv_layout, "MIN_MACS", 0)
+    ran: list[bool] = []
+    real = conv_layout.channels_last_convolutions
+    monkeypatch.setattr(
+        conv_layout, "channels_last_convolutions", lambda gm: ran.append(real(gm)) or ran[-1]
+    )
     e = get_entry(entry)
     size = e.sized(True)
     torch.manual_seed(0)
     eager = e.build(size)
     model = copy.deepcopy(eager)
-    fn = stoker.compile(model, backend="interpret", compiled_autograd=compiled_autograd)
+    fn = stoker.compile(model, backend=backend, compiled_autograd=compiled_autograd)
     gen = torch.Generator().manual_seed(0)
     batches = [e.batch(size, gen) for _ in range(2)]
     for m, run in ((eager, eager), (model, fn)):
@@ -74,6 +91,7 @@ def test_grads_are_laid_out_as_eager_lays_them_out(entry: str, compiled_autograd
             with torch.autocast("cpu", dtype=e.autocast, enabled=e.autocast is not None):
                 loss = e.loss(run(*inputs), target)
             loss.backward()
+    assert ran == ([True] if backend == "c" else []), ran
     want, got = _layout(eager), _layout(model)
     assert got == want
     assert all(row[3] and not row[4] and row[6] and row[7] == 1 and row[8] for row in got.values())

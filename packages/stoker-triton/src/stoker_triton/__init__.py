@@ -6,7 +6,14 @@ triton load on the first compile.
 """
 
 from .__about__ import __version__
-from ._internal.api import compile_graph, start_compile_workers
+from ._internal.api import compile_graph, graph_passes, start_compile_workers
 from ._internal.report import CompileReport, KernelInfo
 
-__all__ = ["CompileReport", "KernelInfo", "__version__", "compile_graph", "start_compile_workers"]
+__all__ = [
+    "CompileReport",
+    "KernelInfo",
+    "__version__",
+    "compile_graph",
+    "graph_passes",
+    "start_compile_workers",
+]

@@ -37,6 +37,18 @@ def compile_graph(
     return compile_graph_impl(gm, example_inputs, debug=debug, options=options)
 
 
+def graph_passes(target: str) -> tuple[Callable[[torch.fx.GraphModule], object], ...]:
+    """The passes to run on a captured graph before it is partitioned, for kernels of
+    ``target`` (``"c"`` or ``"triton"``): the layout choices made on the whole graph.
+    On a CPU (``"c"``), convolutions run channels-last (`channels_last_convolutions`);
+    none for Triton."""
+    if target == "c":
+        from .conv_layout import channels_last_convolutions
+
+        return (channels_last_convolutions,)
+    return ()
+
+
 def start_compile_workers(device: torch.device) -> bool:
     """Start the parallel compile workers for `device` now, if kernels for it are
     compiled natively (a CUDA GPU, not the interpreter); returns whether they were.

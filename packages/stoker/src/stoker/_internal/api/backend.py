@@ -543,6 +543,7 @@ def _capture_backend(
         "compiler": compiler,
         "partition": partition,
         "memory_budget": opts.memory_budget,
+        "graph_passes": _graph_passes(getattr(compiler, "executor", "aten")),
         **({"lazy_backward": True, "lazy_backward_fallback": True} if lazy_backward else {}),
         **opts.extra,
     }
@@ -555,6 +556,14 @@ def _capture_backend(
         )
     kwargs = {k: v for k, v in wanted.items() if takes_any or k in params}
     return make(**kwargs)  # type: ignore[no-any-return]
+
+
+def _graph_passes(executor: str) -> tuple[Callable[..., Any], ...]:
+    """stoker-triton's whole-graph layout choices for its ``executor`` kernels (none for
+    the aten executor, which runs the graph as captured)."""
+    if executor == "aten":
+        return ()
+    return sibling("stoker_triton", "graph_passes", f"backend={executor!r}")(executor)  # type: ignore[no-any-return]
 
 
 def _partitioner(module: Any, name: str) -> Callable[..., Any] | None:
