@@ -196,12 +196,27 @@ def test_a_channels_last_max_pool_stays_channels_last(target: str) -> None:
     """A max-pool over a channels-last input reduces (N, H, W, C) rows, walked in memory
     order, into channels-last values and indices (eager's layout): one reduction kernel
     (the BatchNorm and ReLU before it fused in), no copy into another layout."""
-    x = torch.randn(2, 8, 9, 7).contiguous(memory_format=torch.channels_last)
+    cl = torch.channels_last
+    x = torch.randn(2, 8, 9, 7).contiguous(memory_format=cl)
     fn = check(_bn_relu_pool, x, options={"target": target})
     out, ref = fn(x), _bn_relu_pool(x)
     for o, r in zip(out, ref, strict=True):
         torch.testing.assert_close(o, r, atol=1e-5, rtol=1e-5)
-        assert o.stride() == r.stride() and o.is_contiguous(memory_format=torch.channels_last)
+        assert o.stride() == r.stride() and o.is_contiguous(memory_format=cl)
     pool = [k for k in fn.report.kernels if "aten.max_pool2d_with_indices" in k.origins]
     assert len(pool) == 1 and "reduction" in pool[0].kind, [k.kind for k in fn.report.kernels]
     assert fn.report.kernels[-1] is pool[0], [k.origins for k in fn.report.kernels]
+    if target == "c":
+        # a 2x2 window reduced outputs side by side, each lane its own channel: the
+        # BatchNorm's per-channel scale is computed once per lane, by a loop over the
+        # tile before the loop over the window, not once per element
+        def pool2(x: torch.Tensor) -> Any:
+            y = F.batch_norm(x, None, None, training=True).relu()
+            return aten.max_pool2d_with_indices(y, [2, 2], [2, 2])
+
+        img = torch.randn(2, 16, 8, 8).contiguous(memory_format=cl)
+        fn = check(pool2, img, options={"target": "c"})
+        (src,) = [
+            k.source for k in fn.report.kernels if "aten.max_pool2d_with_indices" in k.origins
+        ]
+        assert "xi < xn" in src and src.index("sqrtf(") < src.index("for (int64_t r = 0"), src

@@ -166,6 +166,14 @@ class CKernelCodegen:
         self.inner: frozenset[sympy.Symbol] | None = None
         self.hoist: tuple[int, int, _Scope] | None = None
         self.moves: dict[str, bool] = {}  # C variable -> whether it moves with `inner`
+        # In a tile's loop over r, a value that moves with xi but not with r (a
+        # channels-last BatchNorm's per-channel scale: each lane its own channel) is
+        # computed once per tile, by a simd loop over xi before the loop over r, into
+        # an array the r loop reads (`lanes`: where that loop's declarations and body
+        # lines go; None until the first such value)
+        self.lanes_open = False
+        self.lanes: list[int] | None = None
+        self.moves_r: dict[str, bool] = {}  # C variable -> whether it moves with r
 
     # -- emission helpers --------------------------------------------------
     def line(self, s: str) -> None:
@@ -186,17 +194,52 @@ class CKernelCodegen:
             return hit
         v = self.new_var()
         scope = self.scope
+        moves_r = self._moves_r(code)
         if not moves and self.hoist is not None:
             at, indent, scope = self.hoist
             self.lines.insert(at, "    " * indent + f"{ctype} {v} = {code};")
             self.hoist = (at + 1, indent, scope)
+            if self.lanes is not None:  # the lanes' loop comes after the tile's invariants
+                self.lanes[0] += 1
+                self.lanes[1] += 1
+        elif moves and not moves_r and self.lanes_open and self.hoist is not None:
+            v = self._lane(ctype, v, code)
+            scope = self.hoist[2]
         else:
             self.line(f"{ctype} {v} = {code};")
         self.moves[v] = moves
+        self.moves_r[v] = moves_r
         scope.cache[ckey] = v
         if key is not None:
             scope.cache[key] = v
         return v
+
+    def _lane(self, ctype: str, v: str, code: str) -> str:
+        """`code` computed per lane by the tile's loop over xi before its loop over r, into
+        the array `v`; the r loop reads `v[xi]`."""
+        assert self.hoist is not None
+        at, indent, _ = self.hoist
+        if self.lanes is None:
+            pad = "    " * indent
+            self.lines[at:at] = [
+                f"{pad}#pragma omp simd",
+                f"{pad}for (int64_t xi = 0; xi < xn; xi++) {{",
+                f"{pad}}}",
+            ]
+            self.lanes = [at, at + 2]
+        decl, body = self.lanes
+        self.lines.insert(decl, "    " * indent + f"{ctype} {v}[{self.tile_size}];")
+        self.lines.insert(body + 1, "    " * (indent + 1) + f"{v}[xi] = {code};")
+        self.lanes = [decl + 1, body + 2]
+        self.moves_r[v] = False
+        return f"{v}[xi]"
+
+    def _moves_r(self, code: str) -> bool:
+        """Whether C text moves with a row's loop (names `r`, `ro`, `ri`, or a local that
+        does)."""
+        return any(
+            n in ("r", "ro", "ri") or self.moves_r.get(n, False) for n in _NAME.findall(code)
+        )
 
     def open_inner(self, *loop_vars: sympy.Symbol) -> None:
         """The next lines open the innermost loops over `loop_vars` (a row's r; a tile's r
@@ -206,6 +249,7 @@ class CKernelCodegen:
 
     def close_inner(self) -> None:
         self.inner, self.hoist = None, None
+        self.lanes_open, self.lanes = False, None
 
     def _moves(self, e: Expr) -> bool:
         """Whether an index expression (as `index` prints it) moves with the inner loops."""
@@ -638,6 +682,7 @@ class CKernelCodegen:
             a.declare()
         if self.tile:
             self.open_inner(XI, RV)  # what is the same for the whole tile: once, before r
+            self.lanes_open = True  # what is the same along r: once per lane, before r
             self.line("for (int64_t r = 0; r < rnumel; r++) {")
             self.indent += 1
             self._row_loop()

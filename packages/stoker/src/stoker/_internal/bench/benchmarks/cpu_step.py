@@ -24,8 +24,10 @@ side by side: eager, `stoker.compile` (C kernels: ``backend="c"``) and
 stoker's compiled AOT backward, as ``torch.compile``'s does (what compiled autograd
 costs or saves per step, measured beside the rest).
 
-The models: the demo's GPT at its size (``demo-gpt``) and the GPU suite's models at
-CPU sizes (`CPU_SIZES`: smaller than the H100's, so a step takes milliseconds here).
+The models: the demo's GPT at its size (``demo-gpt``), the GPU suite's models at
+CPU sizes (`CPU_SIZES`: smaller than the H100's, so a step takes milliseconds here),
+and ``cnn-m``: the suite's BatchNorm CNN (``cnn-m-bf16``'s model) in float32 on
+32×32 images, batch 16, whose first convolutions run channels-last on the C backend.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ CPU_SIZES: dict[str, dict[str, int]] = {
     "tiny-gpt": {"vocab": 65, "seq": 32, "layers": 2, "heads": 2, "hidden": 64, "batch": 4},
     "small-cnn": {"width": 8, "image": 16, "batch": 16},
 }
-DEFAULT_MODELS = ("demo-gpt", "gpt-m", "hf-llama", "hf-gpt2", "mlp-l", "small-cnn")
+DEFAULT_MODELS = ("demo-gpt", "gpt-m", "hf-llama", "hf-gpt2", "mlp-l", "small-cnn", "cnn-m")
 BACKENDS = ("eager", "stoker", "inductor", "stoker-noca")
 DEFAULT_BACKENDS = ("eager", "stoker", "inductor")
 
@@ -92,6 +94,10 @@ def _build(name: str, smoke: bool) -> tuple[Any, Callable[[Any], Any], Any, bool
             return (x,), y
 
         return GPT(cfg), batch, lm_loss, True
+    if name == "cnn-m":  # the suite's cnn-m-bf16 model, float32, at a CPU size
+        e = get_entry("cnn-m-bf16")
+        sizes = e.smoke if smoke else {"width": 32, "image": 32, "batch": 16}
+        return e.build(sizes), (lambda gen: e.batch(sizes, gen)), e.loss, e.optimizer
     e = get_entry(name)
     sizes = e.smoke if smoke else CPU_SIZES.get(name, e.smoke)
     return e.build(sizes), (lambda gen: e.batch(sizes, gen)), e.loss, e.optimizer
