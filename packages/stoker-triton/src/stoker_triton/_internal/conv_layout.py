@@ -112,8 +112,9 @@ def wants_channels_last(node: fx.Node) -> bool:
     256→256 at 4² 1.25×, 512→512 at 2² 1.28× (a ResNet's last layers); a convolution
     with little work saves less than its copies cost."""
     forward = node.target is aten.convolution.default
-    out = (node if forward else node.args[0]).meta["val"]
-    w = node.args[1 if forward else 2].meta["val"]
+    out_node, w_node = (node, node.args[1]) if forward else (node.args[0], node.args[2])
+    assert isinstance(out_node, fx.Node) and isinstance(w_node, fx.Node)
+    out, w = out_node.meta["val"], w_node.meta["val"]
     plane = int(out.shape[2]) * int(out.shape[3])
     macs = int(out.numel()) * int(w.shape[1]) * int(w.shape[2]) * int(w.shape[3])
     return plane >= MIN_PLANE and macs >= MIN_MACS
