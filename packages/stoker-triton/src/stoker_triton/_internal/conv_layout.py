@@ -107,10 +107,11 @@ def _is_cl(v: Any) -> bool:
 def wants_channels_last(node: fx.Node) -> bool:
     """Whether the convolution (or convolution backward) ``node`` runs channels-last: a
     plane of at least `MIN_PLANE` outputs and `MIN_MACS` multiply-adds. Measured with
-    oneDNN on a CPU, forward and backward, one thread, NCHW → channels-last: 3→64
-    channels at 56² 0.73×, 32→64 at 16² 0.81×, 64→64 at 16² 0.98×, 128→128 at 8² 0.98×,
-    256→256 at 4² 1.25×, 512→512 at 2² 1.28× (a ResNet's last layers); a convolution
-    with little work saves less than its copies cost."""
+    oneDNN on a CPU, forward and backward, one thread, channels-last ÷ NCHW (`stoker
+    bench conv_layout`, a loaded 2-core AMD EPYC): 64→64 channels at 56² 0.72, 128→128
+    at 28² 0.87, 256→256 at 14² 0.92, 64→128 at 8² 0.85, but 512→512 at 7² 1.05 and
+    256→256 at 4² 1.09 (a ResNet's last layers); a convolution with little work
+    (8→8 at 16², 0.3 ms) saves less than the copies into and out of its layout cost."""
     forward = node.target is aten.convolution.default
     out_node, w_node = (node, node.args[1]) if forward else (node.args[0], node.args[2])
     assert isinstance(out_node, fx.Node) and isinstance(w_node, fx.Node)
@@ -120,7 +121,7 @@ def wants_channels_last(node: fx.Node) -> bool:
     return plane >= MIN_PLANE and macs >= MIN_MACS
 
 
-MIN_PLANE = 256
+MIN_PLANE = 64
 MIN_MACS = 8_000_000
 
 

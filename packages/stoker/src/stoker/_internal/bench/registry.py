@@ -252,6 +252,17 @@ NO_TARGETS = {"STOKER_TRITON_CHECK_TARGETS": ""}  # no sm_90 cross-compile of ea
 
 register(
     Benchmark(
+        "conv_layout",
+        "stoker-triton",
+        "a convolution forward and backward, NCHW against channels-last, beside the layout "
+        "the C backend picks for it",
+        module="conv_layout",
+        smoke_args=("--smoke",),
+    )
+)
+
+register(
+    Benchmark(
         "cpu_step",
         "stoker-triton",
         "the CPU backend (C kernels) beside eager and Inductor-CPU: steady step, cold and "
