@@ -476,7 +476,9 @@ class CaptureInstance:
             proxies = inline_aot_backward(self, info, ctx, pinputs, psaved, output_metadatas)
             if proxies is not None:
                 nodes = [None if p is None else p.node for p in proxies]
-                forward_sizes = self._note_forward_dims(info, ctx, saved_tensors, output_metadatas)
+                forward_sizes = self._note_forward_dims(
+                    info, ctx, saved_tensors, output_metadatas, pinputs
+                )
         if nodes is None:
             # Any other Function, torch.compile's CompiledFunction (Inductor, aot_eager)
             # included: an opaque call of its real backward with its real ctx.
@@ -517,10 +519,14 @@ class CaptureInstance:
         ctx: Any,
         saved_tensors: Sequence[Any],
         output_metadatas: Sequence[Any],
+        grads: Sequence[Any] = (),
     ) -> list[Any]:
         """Which lifted sizes the inlined AOT backward's forward held symbolic: its saved
-        symints and tensors (``bw_module``'s placeholders) and the gradients it returns.
-        Returns, per output metadata, the forward's sizes of that gradient (or None)."""
+        symints and tensors (``bw_module``'s placeholders), the gradients it returns, and
+        the sizes of the zeros the engine made for a gradient that no output of the loss
+        sent (an output the loss does not read, such as a transformer's key/value cache):
+        those are its tangent's sizes in the forward.  Returns, per output metadata, the
+        forward's sizes of that gradient (or None)."""
         bw: fx.GraphModule = info.bw_module
         phs = [n.meta.get("val") for n in bw.graph.nodes if n.op == "placeholder"]
         ns, nt = int(info.num_saved_symints), int(info.num_saved_tensors)
@@ -529,6 +535,17 @@ class CaptureInstance:
         for t, v in zip(saved_tensors, phs[ns : ns + nt]):
             if isinstance(v, torch.Tensor):
                 self.forward_dims.tensor(t, list(v.shape))
+        tangent_of = getattr(ctx._forward_cls, "_stoker_tangent_of", None) or ()
+        for g, k in zip(grads, tangent_of, strict=False):
+            node = getattr(g, "node", None)
+            if k is None or node is None or node.target is not torch.ops.aten.zeros.default:
+                continue
+            v = phs[ns + nt + k] if ns + nt + k < len(phs) else None
+            size = node.args[0] if node.args else None
+            if isinstance(v, torch.Tensor) and isinstance(size, list | tuple):
+                lifted = [d.meta.get("val") if isinstance(d, WalkNode) else d for d in size]
+                if len(lifted) == v.dim():
+                    self.forward_dims.sizes(lifted, list(v.shape))
         outs = bw.graph.output_node().args[0]
         outs = outs if isinstance(outs, list | tuple) else (outs,)
         vals = [o.meta.get("val") if isinstance(o, fx.Node) else None for o in outs]
