@@ -239,9 +239,14 @@ def test_a_known_pointwise_result_is_what_the_kernel_makes(case: int) -> None:
             ours = retrace._known_pointwise(aten.add.Tensor, pair, {})
             assert ours is not None
             assert _exprs(ours.stride()) == _exprs(aten.add.Tensor(*pair).stride())
-        # sizes equal only at the hints: the kernel's guard
+        # sizes equal only at the hints: told equal (the broadcast's own guard), then built
         other = _fake(ctx, (2, 3, 5, 5), [Dim("b"), None, Dim("u"), Dim("t")], 5)
-        assert retrace._known_pointwise(aten.add.Tensor, (x, other), {}) is None
+        assert _exprs(other.shape) != _exprs(x.shape)
+        assert retrace._known_pointwise(aten.add.Tensor, (x, other), {}) is not None
+        assert _exprs(other.shape) == _exprs(x.shape)
+        # sizes that differ at the hints: the kernel's to refuse
+        short = _fake(ctx, (2, 3, 4, 5), [Dim("b"), None, Dim("v"), Dim("t")], 6)
+        assert retrace._known_pointwise(aten.add.Tensor, (x, short), {}) is None
 
 
 def _fake_strided(ctx: ShapeContext, real: torch.Tensor, dims: list[Any], arg: int) -> Any:
@@ -331,6 +336,29 @@ def test_pointwise_layouts_the_expressions_do_not_settle_are_left_to_the_kernel(
         # a lone operand neither dense nor in order: empty_like's rules
         w = _fake(ctx, (2, 5, 8), [Dim("b"), Dim("t"), None], 2)
         assert retrace._known_pointwise(aten.neg.default, (w.transpose(1, 2)[:, :4],), {}) is None
+
+
+def test_a_pointwise_op_of_sizes_equal_at_the_hints_ties_them_then_builds() -> None:
+    """An eager node's operands hold a symbol per size (an embedding's backward masks
+    its gradient by the ids): sizes of equal hints, 2 or more, are told equal (the
+    guard the broadcast itself adds), then the result is built, as the kernel makes
+    it; sizes of other hints, or a symbolic size against a 1, still go to the kernel."""
+    ctx = ShapeContext(policy="auto")
+    with ctx.tracing():
+        ids = _fake(ctx, (2, 5, 1), [Dim("b"), Dim("t"), None], 0, torch.bool)
+        grad = _fake(ctx, (2, 5, 8), [Dim("b2"), Dim("t2"), None], 1)
+        env = next(d.node.shape_env for d in ids.shape if isinstance(d, torch.SymInt))
+        assert _exprs(ids.shape[:2]) != _exprs(grad.shape[:2])
+        ours = retrace._known_pointwise(aten.mul.Tensor, (ids, grad), {})
+        assert ours is not None and _exprs(ids.shape[:2]) == _exprs(grad.shape[:2])
+        n_guards = len(env.guards)
+        theirs = aten.mul.Tensor(ids, grad)
+        assert len(env.guards) == n_guards  # the kernel needed nothing more
+        assert _exprs(ours.shape) == _exprs(theirs.shape)
+        assert _exprs(ours.stride()) == _exprs(theirs.stride())
+        assert ours.dtype == theirs.dtype
+        other = _fake(ctx, (2, 6, 8), [Dim("b3"), Dim("t3"), None], 2)
+        assert retrace._known_pointwise(aten.mul.Tensor, (ids, other), {}) is None
 
 
 def test_known_addmm_and_contiguous_clone_are_what_the_kernels_make() -> None:

@@ -1388,7 +1388,8 @@ def _known_pointwise(op: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor
     from its operands' sizes as expressions, where its fake kernel (torch's Python
     reference) asks sympy about every broadcast (1-10 ms a call over symbolic sizes).
     Only where no question is open: each dim of the operands (aligned from the right)
-    is a static 1 or one expression, they share a device (zero-dim ones aside), and a
+    is a static 1 or one expression (sizes equal at the hints, 2 or more, told equal
+    first, `_tie`: the broadcast's own guard), they share a device (zero-dim ones aside), and a
     size is symbolic; the dtype comes from `_pointwise_dtype`.  Every operand
     contiguous by its expressions: the result is contiguous.  Else its strides are
     the kernel's layout rule (`_elementwise_strides`), where each comparison of
@@ -1416,7 +1417,11 @@ def _known_pointwise(op: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor
             if isinstance(exprs[off + i], int) and exprs[off + i] == 1:
                 sizes[off + i], exprs[off + i] = d, e
             elif exprs[off + i] != e:
-                return None  # equal only at the hints, or not at all: the kernel decides
+                # equal at the hints (2 or more: an eager node's sizes hold a symbol each):
+                # told equal, the guard the broadcast itself adds (`_tie`); else the kernel
+                if not _tie(d, sizes[off + i]):
+                    return None
+                exprs = [_expr(x) for x in sizes]  # a replacement may change any of them
         contiguous = contiguous and _contiguous_by_exprs(t)
     if not symbolic:
         return None
