@@ -13,6 +13,7 @@ the backward ran uncompiled."""
 from __future__ import annotations
 
 import copy
+import operator
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,7 @@ from torch.utils._sympy.functions import FloorDiv, Mod
 
 import stoker_autograd
 from stoker_autograd._internal import ops
+from stoker_autograd._internal.aot_inline import aot_backward_prologue
 
 stoker_capture = pytest.importorskip("stoker_capture")
 
@@ -355,3 +357,103 @@ def test_a_value_only_the_forwards_static_sizes_hold_is_not_a_free_symbol() -> N
     free = sorted(values[p] for p in g.free)
     assert 12 in values.values() and 12 not in free, free  # the vocabulary: static
     assert 10 in free, free  # batch x T rows: a symbol
+
+
+class WithCache(nn.Module):
+    """`Attention`, and a second output the loss does not read (as a transformer's key
+    and value cache): ``(B, 3, T, 16)``, the QKV projection with its parts transposed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.att = Attention()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, t, c = x.shape
+        cache = self.att.qkv(x).view(b, t, 3, c).transpose(1, 2)
+        return self.att(x), cache
+
+
+def test_the_zeros_for_an_unread_output_take_the_forwards_symbols() -> None:
+    """The loss reads one output of a dynamic AOT forward; the engine hands the backward
+    zeros for the other, of sizes it lifts as graph inputs.  Those are the forward's
+    sizes of that output, so the first compile makes them the forward's batch and T
+    symbols (`ForwardDims`), not a symbol each that the retrace then ties to them.  One
+    compile for every batch and length, gradients equal eager's."""
+    torch.manual_seed(0)
+    model = WithCache()
+    ref = copy.deepcopy(model)
+    fn = stoker_capture.aot_module(model, dynamic="dynamic")
+    stoker_autograd.reset_stats()
+    with stoker_autograd.enable() as session:
+        for b, t in [(2, 5), (4, 5), (4, 7)]:
+            x = torch.randn(b, t, 16)
+            model.zero_grad()
+            ref.zero_grad()
+            fn(x)[0].pow(2).sum().backward()
+            with stoker_autograd.disabled():
+                ref(x)[0].pow(2).sum().backward()
+            for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None, name
+                torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    st = stoker_autograd.stats()
+    assert (st["captures"], st["compiles"], st["fallbacks"]) == (1, 1, 0), st
+    _inlined(session)
+    (g,) = session.graphs
+    zeros = [n for n in g.gm.graph.nodes if n.target is torch.ops.aten.zeros.default]
+    assert zeros, "the engine made no zeros for the unread output"
+    positions = [
+        (1, d.args[1], -1)
+        for n in zeros
+        for d in n.args[0]
+        if isinstance(d, torch.fx.Node) and d.target is operator.getitem
+    ]
+    values = g.variants[0].values
+    batch_and_t = [p for p in positions if values[p] in (2, 5)]
+    assert len(batch_and_t) == 2 * len(zeros), positions
+    assert all(p in g.dynamic and p not in g.free for p in batch_and_t), (g.dynamic, g.free)
+
+
+def test_a_validated_gradient_into_an_aot_backward_takes_the_forwards_symbols() -> None:
+    """The eager loss views a dynamic AOT forward's logits to ``batch x T`` rows; its
+    ``ViewBackward0`` hands the AOT backward the gradient, checked by the engine
+    (``validate_outputs``) against the logits' sizes and passed through a tensor
+    pre-hook (as FSDP2's at a block's boundary).  Those checked sizes are the
+    forward's batch and T, so the first compile makes them the forward's symbols, not a
+    symbol each that the retrace then ties to them.  One compile for every batch and
+    length, gradients equal eager's."""
+    torch.manual_seed(0)
+    model = TinyLM()
+    ref = copy.deepcopy(model)
+    fn = stoker_capture.aot_module(model, dynamic="dynamic")
+    seen: list[int] = []
+    stoker_autograd.reset_stats()
+    with stoker_autograd.enable() as session:
+        for b, t in [(2, 5), (3, 5), (4, 7)]:
+            seq = torch.randint(0, 12, (b, t + 1))
+            ids, tgt = seq[:, :-1], seq[:, 1:]
+            model.zero_grad()
+            ref.zero_grad()
+            logits = fn(ids)
+            logits.register_hook(lambda g: seen.append(g.shape[0]) or g)  # type: ignore[func-returns-value]
+            nn.functional.cross_entropy(logits.view(-1, 12), tgt.reshape(-1)).backward()
+            with stoker_autograd.disabled():
+                nn.functional.cross_entropy(ref(ids).view(-1, 12), tgt.reshape(-1)).backward()
+            for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None, name
+                torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert seen == [2, 3, 4], seen
+    st = stoker_autograd.stats()
+    assert (st["captures"], st["compiles"], st["fallbacks"]) == (1, 1, 0), st
+    _inlined(session)
+    (g,) = session.graphs
+    nodes = list(g.gm.graph.nodes)
+    (pro,) = [n for n in nodes if n.target is aot_backward_prologue]
+    (hook,) = pro.args[2]  # the logits' gradient, through the pre-hook
+    assert hook.target is ops.call_hook, hook.format_node()
+    check = hook.args[1].args[0]
+    assert check.target.__name__ == "validate_outputs", check.format_node()
+    positions = [(1, d.args[1], -1) for d in check.args[1][0][1] if isinstance(d, torch.fx.Node)]
+    values = g.variants[0].values
+    batch_and_t = [p for p in positions if values[p] in (2, 5)]
+    assert len(batch_and_t) == 2, (positions, values)
+    assert all(p in g.dynamic and p not in g.free for p in batch_and_t), (g.dynamic, g.free)

@@ -143,6 +143,24 @@ def test_a_known_layer_norm_backward_is_what_the_kernel_makes(
         assert retrace._known_layer_norm_backward((g, x, [6, 8], *args[3:]), {}) is None
         other = (g, x, [8], mean.view(mean.shape[0], -1), rstd, w, w, list(mask))
         assert retrace._known_layer_norm_backward(other, {}) is None
+        # an eager node's gradient: sizes of symbols of their own, equal at the hints:
+        # tied to the input's (the kernel's broadcasts would guard them so), then built
+        own = _fake(ctx, (4, 6, 8), [Dim("b2"), Dim("t2"), None], arg=3)
+        assert _exprs(own.shape) != _exprs(x.shape)
+        tied = retrace._known_layer_norm_backward((own, *args[1:]), {})
+        assert tied is not None and _exprs(own.shape) == _exprs(x.shape)
+        # the normalized size and the input's last one symbols of their own too (an eager
+        # node's, equal at the hints to the static weight): tied to it, then built
+        y = _fake(ctx, (4, 6, 8), [Dim("b4"), Dim("t4"), Dim("c4")], arg=5)
+        _out, ymean, yrstd = aten.native_layer_norm.default(y, [8], w, w, 1e-5)
+        c = ctx.fakeify(8, Source.arg(6), dynamic=Dim("c5"))
+        assert isinstance(c, torch.SymInt) and _exprs([c]) != _exprs(y.shape[2:])
+        yargs = (y, y, [c], ymean, yrstd, w, w, list(mask))
+        assert retrace._known_layer_norm_backward(yargs, {}) is not None
+        assert _exprs([c]) == _exprs(y.shape[2:])
+        # sizes that differ at the hints: the kernel's to refuse
+        short = _fake(ctx, (4, 5, 8), [Dim("b3"), Dim("t3"), None], arg=4)
+        assert retrace._known_layer_norm_backward((short, *args[1:]), {}) is None
 
 
 POINTWISE_BACKWARDS = [
@@ -221,9 +239,14 @@ def test_a_known_pointwise_result_is_what_the_kernel_makes(case: int) -> None:
             ours = retrace._known_pointwise(aten.add.Tensor, pair, {})
             assert ours is not None
             assert _exprs(ours.stride()) == _exprs(aten.add.Tensor(*pair).stride())
-        # sizes equal only at the hints: the kernel's guard
+        # sizes equal only at the hints: told equal (the broadcast's own guard), then built
         other = _fake(ctx, (2, 3, 5, 5), [Dim("b"), None, Dim("u"), Dim("t")], 5)
-        assert retrace._known_pointwise(aten.add.Tensor, (x, other), {}) is None
+        assert _exprs(other.shape) != _exprs(x.shape)
+        assert retrace._known_pointwise(aten.add.Tensor, (x, other), {}) is not None
+        assert _exprs(other.shape) == _exprs(x.shape)
+        # sizes that differ at the hints: the kernel's to refuse
+        short = _fake(ctx, (2, 3, 4, 5), [Dim("b"), None, Dim("v"), Dim("t")], 6)
+        assert retrace._known_pointwise(aten.add.Tensor, (x, short), {}) is None
 
 
 def _fake_strided(ctx: ShapeContext, real: torch.Tensor, dims: list[Any], arg: int) -> Any:
@@ -313,6 +336,29 @@ def test_pointwise_layouts_the_expressions_do_not_settle_are_left_to_the_kernel(
         # a lone operand neither dense nor in order: empty_like's rules
         w = _fake(ctx, (2, 5, 8), [Dim("b"), Dim("t"), None], 2)
         assert retrace._known_pointwise(aten.neg.default, (w.transpose(1, 2)[:, :4],), {}) is None
+
+
+def test_a_pointwise_op_of_sizes_equal_at_the_hints_ties_them_then_builds() -> None:
+    """An eager node's operands hold a symbol per size (an embedding's backward masks
+    its gradient by the ids): sizes of equal hints, 2 or more, are told equal (the
+    guard the broadcast itself adds), then the result is built, as the kernel makes
+    it; sizes of other hints, or a symbolic size against a 1, still go to the kernel."""
+    ctx = ShapeContext(policy="auto")
+    with ctx.tracing():
+        ids = _fake(ctx, (2, 5, 1), [Dim("b"), Dim("t"), None], 0, torch.bool)
+        grad = _fake(ctx, (2, 5, 8), [Dim("b2"), Dim("t2"), None], 1)
+        env = next(d.node.shape_env for d in ids.shape if isinstance(d, torch.SymInt))
+        assert _exprs(ids.shape[:2]) != _exprs(grad.shape[:2])
+        ours = retrace._known_pointwise(aten.mul.Tensor, (ids, grad), {})
+        assert ours is not None and _exprs(ids.shape[:2]) == _exprs(grad.shape[:2])
+        n_guards = len(env.guards)
+        theirs = aten.mul.Tensor(ids, grad)
+        assert len(env.guards) == n_guards  # the kernel needed nothing more
+        assert _exprs(ours.shape) == _exprs(theirs.shape)
+        assert _exprs(ours.stride()) == _exprs(theirs.stride())
+        assert ours.dtype == theirs.dtype
+        other = _fake(ctx, (2, 6, 8), [Dim("b3"), Dim("t3"), None], 2)
+        assert retrace._known_pointwise(aten.mul.Tensor, (ids, other), {}) is None
 
 
 def test_known_addmm_and_contiguous_clone_are_what_the_kernels_make() -> None:
@@ -532,6 +578,42 @@ def _counting(fn: Any, name: str, built: list[str]) -> Any:
         return out
 
     return wrapped
+
+
+def test_a_known_cat_is_what_the_kernel_makes() -> None:
+    """``cat`` of contiguous tensors over symbolic sizes (a GPT-2 block's QKV gradients):
+    contiguous, the sizes summed along the dim, without a question to sympy; where the
+    layouts or the other sizes do not settle it, the kernel."""
+    ctx = ShapeContext(policy="auto")
+    with ctx.tracing():
+        b, t = Dim("b"), Dim("t")
+        x = _fake(ctx, (2, 5, 8), [b, t, None])
+        y = _fake(ctx, (2, 5, 4), [b, t, None], 1)
+        z = _fake(ctx, (2, 3, 8), [b, Dim("u"), None], 2)
+        h = _fake(ctx, (2, 3, 5, 4), [b, None, t, None], 3)
+        env = next(d.node.shape_env for d in x.shape if isinstance(d, torch.SymInt))
+        for args in (
+            ([x, y, x], -1),
+            ([x, z], 1),
+            ([x],),
+            ([h, h], 1),
+            ([x, x.transpose(1, 2).contiguous().transpose(1, 2), x], 2),  # rank 3: contiguous
+        ):
+            n_guards = len(env.guards)
+            ours = retrace._known_cat(args, {})
+            assert len(env.guards) == n_guards
+            theirs = aten.cat.default(*args)
+            assert ours is not None, args
+            assert _exprs(ours.shape) == _exprs(theirs.shape)
+            assert _exprs(ours.stride()) == _exprs(theirs.stride())
+            assert ours.dtype == theirs.dtype
+        # rank 4 not contiguous, other sizes that differ as expressions: the kernel
+        ht = h.transpose(1, 2).contiguous().transpose(1, 2)
+        assert retrace._known_cat(([ht, ht], 1), {}) is None
+        assert retrace._known_cat(([x, y], 1), {}) is None
+        assert retrace._known_cat(([x, z], 2), {}) is None
+        w = _fake(ctx, (2, 5, 8), [None, None, None], 4)
+        assert retrace._known_cat(([w, w], 0), {}) is None  # static: the kernel is cheap
 
 
 def test_a_known_full_is_what_the_kernel_makes() -> None:

@@ -476,7 +476,9 @@ class CaptureInstance:
             proxies = inline_aot_backward(self, info, ctx, pinputs, psaved, output_metadatas)
             if proxies is not None:
                 nodes = [None if p is None else p.node for p in proxies]
-                forward_sizes = self._note_forward_dims(info, ctx, saved_tensors, output_metadatas)
+                forward_sizes = self._note_forward_dims(
+                    info, ctx, saved_tensors, output_metadatas, pinputs
+                )
         if nodes is None:
             # Any other Function, torch.compile's CompiledFunction (Inductor, aot_eager)
             # included: an opaque call of its real backward with its real ctx.
@@ -517,10 +519,14 @@ class CaptureInstance:
         ctx: Any,
         saved_tensors: Sequence[Any],
         output_metadatas: Sequence[Any],
+        grads: Sequence[Any] = (),
     ) -> list[Any]:
         """Which lifted sizes the inlined AOT backward's forward held symbolic: its saved
-        symints and tensors (``bw_module``'s placeholders) and the gradients it returns.
-        Returns, per output metadata, the forward's sizes of that gradient (or None)."""
+        symints and tensors (``bw_module``'s placeholders), the gradients it returns, and
+        the sizes the engine lifted for a gradient it hands this backward (`_grad_sizes`):
+        those are the tangent's sizes in the forward (the engine's ``validate_outputs``
+        saw to it).  Returns, per output metadata, the forward's sizes of that gradient
+        (or None)."""
         bw: fx.GraphModule = info.bw_module
         phs = [n.meta.get("val") for n in bw.graph.nodes if n.op == "placeholder"]
         ns, nt = int(info.num_saved_symints), int(info.num_saved_tensors)
@@ -529,6 +535,13 @@ class CaptureInstance:
         for t, v in zip(saved_tensors, phs[ns : ns + nt]):
             if isinstance(v, torch.Tensor):
                 self.forward_dims.tensor(t, list(v.shape))
+        tangent_of = getattr(ctx._forward_cls, "_stoker_tangent_of", None) or ()
+        for g, k in zip(grads, tangent_of, strict=False):
+            v = phs[ns + nt + k] if k is not None and ns + nt + k < len(phs) else None
+            size = _grad_sizes(getattr(g, "node", None))
+            if isinstance(v, torch.Tensor) and size is not None and len(size) == v.dim():
+                lifted = [d.meta.get("val") if isinstance(d, WalkNode) else d for d in size]
+                self.forward_dims.sizes(lifted, list(v.shape))
         outs = bw.graph.output_node().args[0]
         outs = outs if isinstance(outs, list | tuple) else (outs,)
         vals = [o.meta.get("val") if isinstance(o, fx.Node) else None for o in outs]
@@ -683,4 +696,37 @@ def getitem_index(node: fx.Node) -> int | None:
     if node.op == "call_function" and node.target is operator.getitem:
         idx = node.args[1]
         return idx if isinstance(idx, int) else None
+    return None
+
+
+def _grad_sizes(node: Any) -> list[Any] | tuple[Any, ...] | None:
+    """The sizes the engine lifted for a gradient it hands an inlined AOT backward (the
+    arguments of their nodes), where ``node`` made it: the zeros the engine makes for
+    an output that no gradient reached (a transformer's key/value cache the loss does
+    not read), or the ``validate_outputs`` check of the node before, which gives a
+    gradient exactly the sizes of the input it flows to (through any tensor pre-hook:
+    FSDP2's at a block's boundary).  None where another node made it."""
+    for _ in range(8):  # a few pre-hooks at most
+        if not isinstance(node, WalkNode):
+            return None
+        if node.target is ops.call_hook and node.kwargs.get("hook_type") == "tensor_pre_hook":
+            node = node.args[1] if len(node.args) > 1 else None
+            continue
+        break
+    if not isinstance(node, WalkNode):
+        return None
+    if node.target is torch.ops.aten.zeros.default:
+        size = node.args[0] if node.args else None
+        return size if isinstance(size, list | tuple) else None
+    if node.target is operator.getitem and isinstance(node.args[1], int):
+        check = node.args[0]
+        if isinstance(check, WalkNode) and getattr(check.target, "__name__", "") == (
+            "validate_outputs"
+        ):
+            metas = check.args[1] if len(check.args) > 1 else None
+            j = node.args[1]
+            if isinstance(metas, list | tuple) and j < len(metas):
+                meta = metas[j]
+                size = meta[1] if isinstance(meta, list | tuple) and len(meta) > 1 else None
+                return size if isinstance(size, list | tuple) else None
     return None

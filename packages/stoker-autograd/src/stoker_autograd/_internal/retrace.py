@@ -831,13 +831,11 @@ def _relate_view_sizes(x: Any, size: Sequence[Any]) -> None:
         groups.append((a, b))
     with disable_proxy_modes_tracing():
         for a, b in groups:
-            pa, pb = math.prod(a), math.prod(b)
-            if isinstance(pa, int) and isinstance(pb, int):
+            # one expression already (the common case once sizes are related): no SymInt
+            # products, whose every multiplication builds a node and its hint
+            if sympy.Mul(*(_expr(d) for d in a)) == sympy.Mul(*(_expr(d) for d in b)):
                 continue
-            if isinstance(pa, torch.SymInt) and isinstance(pb, torch.SymInt):
-                if pa.node.expr == pb.node.expr:
-                    continue
-            _assume_equal(pa, pb)
+            _assume_equal(math.prod(a), math.prod(b))
 
 
 def _view_relating_sizes(x: Any, size: Any) -> Any:
@@ -1008,7 +1006,9 @@ def _known_layer_norm_backward(
     there is no weight/bias).  Only where nothing could add a guard: ``grad_out`` of the
     input's sizes, ``mean``/``rstd`` of the leading sizes then ones (as the forward
     made them), normalized sizes, weight and bias the input's last sizes, all as
-    expressions; no size zero; a floating input, a symbolic size.  Else None."""
+    expressions (the gradient's and the statistics' sizes told equal to the input's
+    first where their hints are, `_tie`: an eager ``NativeLayerNormBackward0``'s sizes
+    hold a symbol each); no size zero; a floating input, a symbolic size.  Else None."""
     if kwargs or len(args) != 8:
         return None
     grad, x, normalized, mean, rstd, weight, bias, mask = args
@@ -1022,6 +1022,21 @@ def _known_layer_norm_backward(
         return None
     if any(h is None or h < 1 for h in (_hint(d) for d in shape)):
         return None  # an empty input: the kernel returns zeros of other dtypes
+    # an eager node's sizes hold a symbol each: tie the gradient's and the statistics'
+    # sizes to the input's where their hints are equal (the kernel's broadcasts would
+    # guard them so), as the other rules do (`_tie`)
+    if grad.dim() != len(shape) or not all(_tie(a, b) for a, b in zip(grad.shape, shape)):
+        return None
+    for stat in (mean, rstd):
+        if stat.dim() == len(shape):
+            for a, b in zip(stat.shape[: len(shape) - n], shape[: len(shape) - n]):
+                _tie(a, b)
+    for a, b in zip(normalized, shape[len(shape) - n :]):  # the kernel's own check
+        _tie(a, b)
+    for p in (weight, bias):
+        if isinstance(p, torch.Tensor) and p.dim() == n:
+            for a, b in zip(p.shape, shape[len(shape) - n :]):
+                _tie(a, b)
     exprs = [_expr(d) for d in shape]
     lead, tail = exprs[: len(shape) - n], exprs[len(shape) - n :]
     if [_expr(d) for d in grad.shape] != exprs or [_expr(d) for d in normalized] != tail:
@@ -1235,6 +1250,53 @@ def _known_clone(args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
     return torch.empty(list(x.shape), dtype=x.dtype, device=x.device)
 
 
+def _known_cat(args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``cat(tensors, dim)``'s result: contiguous, of the tensors' sizes with ``dim`` the
+    sum of theirs (its fake kernel checks each size of each tensor against the first's
+    and sums them through the shape env: about 2 ms a call over symbolic sizes, a
+    GPT-2 attention block's gradient has one).  The kernel's layout is contiguous unless
+    its inputs suggest channels-last, which only rank 4 and 5 can: there the tensors
+    must be contiguous by their expressions, with no size below 2 (where a layout may
+    read as channels-last too).  Only for tensors of one dtype, one device and one rank,
+    with every other dim one expression across them, no empty tensor, a symbolic size;
+    else None (the kernel)."""
+    if any(k != "dim" for k in kwargs) or not 1 <= len(args) <= 2:
+        return None
+    tensors = args[0]
+    dim = args[1] if len(args) == 2 else kwargs.get("dim", 0)
+    if not isinstance(tensors, list | tuple) or not tensors or not isinstance(dim, int):
+        return None
+    if not all(isinstance(t, torch.Tensor) and t.layout == torch.strided for t in tensors):
+        return None
+    first = tensors[0]
+    ndim = first.dim()
+    if ndim == 0 or not -ndim <= dim < ndim:
+        return None
+    dim %= ndim
+    symbolic = False
+    exprs = [_expr(d) for d in first.shape]
+    for t in tensors:
+        if t.dim() != ndim or t.dtype != first.dtype or t.device != first.device:
+            return None
+        hints = [_hint(d) for d in t.shape]
+        low = 2 if ndim in (4, 5) else 1
+        if any(h is None or h < low for h in hints):
+            return None
+        own = [_expr(d) for d in t.shape]
+        if any(own[k] != exprs[k] for k in range(ndim) if k != dim):
+            return None
+        symbolic = symbolic or any(isinstance(d, torch.SymInt) for d in t.shape)
+        if ndim in (4, 5) and not _contiguous_by_exprs(t):
+            return None  # channels-last inputs may give a channels-last result
+    if not symbolic:
+        return None
+    total: Any = 0
+    for t in tensors:
+        total = total + t.shape[dim]
+    sizes = [*first.shape[:dim], total, *first.shape[dim + 1 :]]
+    return torch.empty(sizes, dtype=first.dtype, device=first.device)
+
+
 def _full_args_known(args: Any, kwargs: dict[str, Any]) -> bool:
     """Are these ``full``'s arguments `_known_full`'s?"""
     if len(args) != 2 or any(k not in ("dtype", "layout", "device", "pin_memory") for k in kwargs):
@@ -1326,7 +1388,8 @@ def _known_pointwise(op: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor
     from its operands' sizes as expressions, where its fake kernel (torch's Python
     reference) asks sympy about every broadcast (1-10 ms a call over symbolic sizes).
     Only where no question is open: each dim of the operands (aligned from the right)
-    is a static 1 or one expression, they share a device (zero-dim ones aside), and a
+    is a static 1 or one expression (sizes equal at the hints, 2 or more, told equal
+    first, `_tie`: the broadcast's own guard), they share a device (zero-dim ones aside), and a
     size is symbolic; the dtype comes from `_pointwise_dtype`.  Every operand
     contiguous by its expressions: the result is contiguous.  Else its strides are
     the kernel's layout rule (`_elementwise_strides`), where each comparison of
@@ -1354,7 +1417,11 @@ def _known_pointwise(op: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor
             if isinstance(exprs[off + i], int) and exprs[off + i] == 1:
                 sizes[off + i], exprs[off + i] = d, e
             elif exprs[off + i] != e:
-                return None  # equal only at the hints, or not at all: the kernel decides
+                # equal at the hints (2 or more: an eager node's sizes hold a symbol each):
+                # told equal, the guard the broadcast itself adds (`_tie`); else the kernel
+                if not _tie(d, sizes[off + i]):
+                    return None
+                exprs = [_expr(x) for x in sizes]  # a replacement may change any of them
         contiguous = contiguous and _contiguous_by_exprs(t)
     if not symbolic:
         return None
@@ -1555,6 +1622,7 @@ _KNOWN: dict[Any, Any] = {
     torch.ops.aten.addmm.default: _known_addmm,
     torch.ops.aten.clone.default: _known_clone,
     torch.ops.aten.full.default: _known_full,
+    torch.ops.aten.cat.default: _known_cat,
     torch.ops.aten.nll_loss_backward.default: _known_nll_loss_backward,
     **{
         getattr(torch.ops.aten, name).default: _known_pointwise_backward

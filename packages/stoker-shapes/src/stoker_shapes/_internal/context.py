@@ -273,14 +273,21 @@ class ShapeContext:
         solves and range refinements, about 1.5 ms a dim).  The guards read the same:
         the input's size is its Dim's symbol, so `build_guard_set` checks it equal to
         the size that binds the symbol.  Only a plain tensor (no Parameter, no view, no
-        storage offset) with the contiguous strides of its sizes, every dynamic dim a
+        storage offset) that is dense: the contiguous strides of its sizes, or of its sizes
+        in another order of its dims (attention's heads transposed, `_dense_order`: its
+        strides are then those expressions, as the usual way infers them), every dynamic dim a
         Dim already declared whose symbol (a size's, positive) still stands for a size
         of this value, some dim dynamic; else None.  Its storage is its own: it aliases no other input's
         fake (the alias guards then say so; a caller that needs them does not opt in)."""
         if type(t) is not torch.Tensor or t._base is not None or t.storage_offset() != 0:
             return None
-        if list(t.stride()) != _contiguous(list(t.shape)):
-            return None
+        if list(t.stride()) == _contiguous(list(t.shape)):
+            order = list(range(t.dim()))
+        else:
+            dense = _dense_order(list(t.shape), list(t.stride()))
+            if dense is None:
+                return None
+            order = dense
         env = self.shape_env
         sizes: list[Any] = []
         decls: list[tuple[_DimDecl, int]] = []
@@ -303,12 +310,11 @@ class ShapeContext:
             decls.append((first, i))
         if not decls:
             return None
-        strides: list[Any] = []
+        strides: list[Any] = [0] * len(sizes)
         step: Any = 1
-        for d in reversed(sizes):
-            strides.append(step)
-            step = step * d
-        strides.reverse()
+        for k in reversed(order):
+            strides[k] = step
+            step = step * sizes[k]
         with self.fake_mode:
             fake = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device)
         assert isinstance(fake, FakeTensor)
@@ -489,6 +495,23 @@ def _hint_of(env: ShapeEnv, sym: sympy.Symbol) -> int | None:
         table = env.var_to_val
     v = table.get(sym)
     return None if v is None else int(v)
+
+
+def _dense_order(shape: list[int], stride: list[int]) -> list[int] | None:
+    """The dims of a dense tensor that is not contiguous, outermost first: the order in
+    which its strides are the contiguous strides of its sizes (heads transposed from
+    ``(B, T, H, D)`` to ``(B, H, T, D)``: ``[0, 2, 1, 3]``).  None where there is no such
+    order (a slice, a broadcast, overlapping memory) or where a size below 2 leaves it
+    ambiguous (a size-1 dim's stride is arbitrary): the usual way decides those."""
+    if any(n < 2 for n in shape):
+        return None
+    order = sorted(range(len(shape)), key=lambda k: stride[k], reverse=True)
+    step = 1
+    for k in reversed(order):
+        if stride[k] != step:
+            return None
+        step *= shape[k]
+    return order
 
 
 def _contiguous(shape: list[int]) -> list[int]:
