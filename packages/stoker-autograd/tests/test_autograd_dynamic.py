@@ -326,6 +326,42 @@ def test_a_module_int_the_forward_held_symbolic_is_static_in_the_backward() -> N
     assert held == {3, 5, 15}, held  # batch, T, batch x T rows: not 2 heads, 8, 16
 
 
+def _aot_steps(
+    model: nn.Module,
+    sizes: list[tuple[int, int]],
+    batch: Callable[[int, int], Any],
+    loss: Callable[[Any, Any, bool], torch.Tensor],
+) -> stoker_autograd.Session:
+    """``model`` AOT-compiled with dynamic sizes under stoker-autograd, beside a copy on
+    the eager engine: one step per (batch, T) on the same ``batch(b, t)``, the loss
+    ``loss(module, inputs, compiled)``; every gradient equal eager's."""
+    ref = copy.deepcopy(model)
+    fn = stoker_capture.aot_module(model, dynamic="dynamic")
+    stoker_autograd.reset_stats()
+    with stoker_autograd.enable() as session:
+        for b, t in sizes:
+            inputs = batch(b, t)
+            model.zero_grad()
+            ref.zero_grad()
+            loss(fn, inputs, True).backward()
+            with stoker_autograd.disabled():
+                loss(ref, inputs, False).backward()
+            for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None, name
+                torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    return session
+
+
+def _tokens(b: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    seq = torch.randint(0, 12, (b, t + 1))
+    return seq[:, :-1], seq[:, 1:]
+
+
+def _lm_loss(m: Any, batch: tuple[torch.Tensor, torch.Tensor], compiled: bool) -> torch.Tensor:
+    ids, tgt = batch
+    return nn.functional.cross_entropy(m(ids).view(-1, 12), tgt.reshape(-1))
+
+
 def test_a_value_only_the_forwards_static_sizes_hold_is_not_a_free_symbol() -> None:
     """The eager loss around a dynamic AOT forward views the logits to ``(batch x T,
     vocab)``; its sizes are of no known kind.  ``batch x T`` rows get a symbol of their
@@ -334,22 +370,7 @@ def test_a_value_only_the_forwards_static_sizes_hold_is_not_a_free_symbol() -> N
     not a symbol that the trace specializes.  One compile for every batch and length,
     gradients equal eager's."""
     torch.manual_seed(0)
-    model = TinyLM()
-    ref = copy.deepcopy(model)
-    fn = stoker_capture.aot_module(model, dynamic="dynamic")
-    stoker_autograd.reset_stats()
-    with stoker_autograd.enable() as session:
-        for b, t in [(2, 5), (3, 5), (4, 7)]:
-            seq = torch.randint(0, 12, (b, t + 1))
-            ids, tgt = seq[:, :-1], seq[:, 1:]
-            model.zero_grad()
-            ref.zero_grad()
-            nn.functional.cross_entropy(fn(ids).view(-1, 12), tgt.reshape(-1)).backward()
-            with stoker_autograd.disabled():
-                nn.functional.cross_entropy(ref(ids).view(-1, 12), tgt.reshape(-1)).backward()
-            for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
-                assert p.grad is not None and q.grad is not None, name
-                torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    session = _aot_steps(TinyLM(), [(2, 5), (3, 5), (4, 7)], _tokens, _lm_loss)
     st = stoker_autograd.stats()
     assert (st["captures"], st["compiles"], st["fallbacks"]) == (1, 1, 0), st
     (g,) = session.graphs
@@ -380,21 +401,12 @@ def test_the_zeros_for_an_unread_output_take_the_forwards_symbols() -> None:
     symbols (`ForwardDims`), not a symbol each that the retrace then ties to them.  One
     compile for every batch and length, gradients equal eager's."""
     torch.manual_seed(0)
-    model = WithCache()
-    ref = copy.deepcopy(model)
-    fn = stoker_capture.aot_module(model, dynamic="dynamic")
-    stoker_autograd.reset_stats()
-    with stoker_autograd.enable() as session:
-        for b, t in [(2, 5), (4, 5), (4, 7)]:
-            x = torch.randn(b, t, 16)
-            model.zero_grad()
-            ref.zero_grad()
-            fn(x)[0].pow(2).sum().backward()
-            with stoker_autograd.disabled():
-                ref(x)[0].pow(2).sum().backward()
-            for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
-                assert p.grad is not None and q.grad is not None, name
-                torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+    session = _aot_steps(
+        WithCache(),
+        [(2, 5), (4, 5), (4, 7)],
+        lambda b, t: torch.randn(b, t, 16),
+        lambda m, x, compiled: m(x)[0].pow(2).sum(),
+    )
     st = stoker_autograd.stats()
     assert (st["captures"], st["compiles"], st["fallbacks"]) == (1, 1, 0), st
     _inlined(session)
@@ -421,26 +433,17 @@ def test_a_validated_gradient_into_an_aot_backward_takes_the_forwards_symbols() 
     forward's batch and T, so the first compile makes them the forward's symbols, not a
     symbol each that the retrace then ties to them.  One compile for every batch and
     length, gradients equal eager's."""
-    torch.manual_seed(0)
-    model = TinyLM()
-    ref = copy.deepcopy(model)
-    fn = stoker_capture.aot_module(model, dynamic="dynamic")
     seen: list[int] = []
-    stoker_autograd.reset_stats()
-    with stoker_autograd.enable() as session:
-        for b, t in [(2, 5), (3, 5), (4, 7)]:
-            seq = torch.randint(0, 12, (b, t + 1))
-            ids, tgt = seq[:, :-1], seq[:, 1:]
-            model.zero_grad()
-            ref.zero_grad()
-            logits = fn(ids)
+
+    def loss(m: Any, batch: tuple[torch.Tensor, torch.Tensor], compiled: bool) -> torch.Tensor:
+        ids, tgt = batch
+        logits = m(ids)
+        if compiled:  # a tensor pre-hook on the compiled logits' gradient
             logits.register_hook(lambda g: seen.append(g.shape[0]) or g)  # type: ignore[func-returns-value]
-            nn.functional.cross_entropy(logits.view(-1, 12), tgt.reshape(-1)).backward()
-            with stoker_autograd.disabled():
-                nn.functional.cross_entropy(ref(ids).view(-1, 12), tgt.reshape(-1)).backward()
-            for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
-                assert p.grad is not None and q.grad is not None, name
-                torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
+        return nn.functional.cross_entropy(logits.view(-1, 12), tgt.reshape(-1))
+
+    torch.manual_seed(0)
+    session = _aot_steps(TinyLM(), [(2, 5), (3, 5), (4, 7)], _tokens, loss)
     assert seen == [2, 3, 4], seen
     st = stoker_autograd.stats()
     assert (st["captures"], st["compiles"], st["fallbacks"]) == (1, 1, 0), st

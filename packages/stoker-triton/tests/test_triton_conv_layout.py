@@ -148,3 +148,30 @@ def test_each_convolution_gets_the_layout_that_suits_it() -> None:
     assert conv.meta["val"].is_contiguous()
     (out,) = gm(xs, ws)
     assert out.stride() == F.conv2d(xs, ws).relu().stride()
+
+
+@pytest.mark.usefixtures("every_conv")
+def test_a_flatten_after_a_channels_last_convolution_views_an_nchw_copy() -> None:
+    """A classifier flattens its last activation with a view capture saw contiguous: the
+    convolution still runs channels-last, and the view reads an NCHW copy (eager's
+    `reshape` of a channels-last tensor copies too). Forward and gradients are eager's."""
+
+    def f(x: torch.Tensor, w: torch.Tensor, fc: torch.Tensor) -> Any:
+        y = F.conv2d(x, w, padding=1).relu().flatten(1) @ fc
+        return (y, *torch.autograd.grad(y.pow(2).sum(), [x, w, fc]))
+
+    args = [
+        torch.randn(2, 3, 8, 8, requires_grad=True),
+        torch.randn(4, 3, 3, 3, requires_grad=True),
+        torch.randn(256, 5, requires_grad=True),
+    ]
+    gm = make_fx(f, decomposition_table=core_aten_decompositions(), tracing_mode="fake")(*args)
+    assert channels_last_convolutions(gm)
+    (conv,) = [n for n in gm.graph.nodes if n.target is aten.convolution.default]
+    assert conv.meta["val"].is_contiguous(memory_format=CL)
+    views = [n for n in gm.graph.nodes if n.target is aten.view.default and n.args[1] == [2, 256]]
+    assert views and all(v.args[0].meta["val"].is_contiguous() for v in views)
+    a = fresh(args)
+    got, ref = gm(*a), f(*a)
+    assert_same(list(got), list(ref), atol=1e-4, rtol=1e-4)
+    assert [t.stride() for t in got] == [t.stride() for t in ref]

@@ -63,7 +63,8 @@ def _groups(model: torch.nn.Module) -> list[tuple[object, int]]:
     # the C kernels run the CNN's convolutions channels-last (`channels_last_convolutions`,
     # made to take every convolution at these sizes): the weights' gradients come out
     # channels-last and are copied back to the parameters' layout
-    [("gpt-m", "interpret"), ("cnn-m-bf16", "interpret"), ("small-cnn", "c")],
+    # (and under bf16 autocast: cnn-m-bf16 on C kernels)
+    [("gpt-m", "interpret"), ("cnn-m-bf16", "interpret"), ("small-cnn", "c"), ("cnn-m-bf16", "c")],
 )
 def test_grads_are_laid_out_as_eager_lays_them_out(
     entry: str, backend: str, compiled_autograd: bool, monkeypatch: pytest.MonkeyPatch

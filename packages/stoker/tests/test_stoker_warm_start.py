@@ -32,15 +32,25 @@ if backend == "triton":  # count Triton's front end: a warm process should not r
         jit["Triton compiles"] += 1
         return _compile(*a, **k)
     JITFunction.__init__, triton.compiler.compile = _counted_init, _counted_compile
+def build():
+    if os.environ.get("TRAIN_MODEL") == "cnn":  # convolutions the C backend runs channels-last
+        return nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),
+            nn.Flatten(), nn.Linear(16 * 32 * 32, 4),
+        )
+    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+def batch():
+    if os.environ.get("TRAIN_MODEL") == "cnn":
+        return torch.randn(8, 3, 32, 32, device=dev)
+    return torch.randn(4, 8, device=dev)
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).to(dev)
-ref = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).to(dev)
+model, ref = build().to(dev), build().to(dev)
 ref.load_state_dict(model.state_dict())
 cm = stoker.compile(model, backend=backend)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
 for step in range(2):
-    x = torch.randn(4, 8, device=dev)
+    x = batch()
     for m, o in ((cm, opt), (ref, ropt)):
         o.zero_grad()
         m(x).pow(2).mean().backward()
@@ -53,9 +63,11 @@ warm = {}
 if backend == "triton":
     from stoker_triton._internal.runtime import warmload
     warm = dict(warmload.stats)
+forward = [str(g.code) for c in cm.stoker_report.compiles for g in c.graphs if g.stage == "forward"]
 print(json.dumps(cm.stoker_report.summary() | {"outcomes": cm.stoker_report.graph_cache,
                                                "autograd": stoker_autograd.stats(),
-                                               "jit": jit, "warmload": warm}))
+                                               "jit": jit, "warmload": warm,
+                                               "forward": forward}))
 """
 
 
@@ -134,6 +146,20 @@ def test_a_second_training_process_loads_every_graph(
     assert "triton/graphs" in out and "compiled graphs" in out, out
     assert "capture/graphs" in out and "captured graphs" in out, out
     assert "autograd/graphs" in out and "retraced backwards" in out, out
+
+
+def test_a_second_process_loads_the_channels_last_convolutions_of_the_c_backend(
+    tmp_path: Path,
+) -> None:
+    """The C backend's layout pass edits the captured graph before it is cached: the
+    second process loads that graph (its convolutions channels-last), and every compiled
+    graph, as the first process left them, and trains as eager does."""
+    runs, logs = _cold_and_warm(tmp_path, TRAIN_DEVICE="cpu", TRAIN_BACKEND="c", TRAIN_MODEL="cnn")
+    _check_every_graph_loaded(runs, logs)
+    for run in runs:
+        (forward,) = run["forward"]
+        assert "memory_format = torch.channels_last" in forward, forward
+    assert runs[0]["forward"] == runs[1]["forward"]
 
 
 def test_the_report_counts_hits_and_misses() -> None:

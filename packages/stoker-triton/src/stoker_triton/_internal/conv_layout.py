@@ -8,7 +8,8 @@ model's tensors have (Inductor runs every convolution channels-last on a CPU):
 
 - each convolution's input and weight, and each convolution backward's gradient,
   input and weight, are cloned into its layout (once per value and layout; none
-  where the value already has it);
+  where the value already has it); a view (a classifier's flatten) of a value now
+  channels-last views an NCHW copy of it, as `reshape` does in eager;
 - the fake values of everything downstream are computed again, so that each later
   op sees the layout eager would give it on those inputs. The C kernels store a
   channels-last value channels-last (`TensorValue.stored_stride`), so a
@@ -28,8 +29,9 @@ add guards that capture did not need.
 
 from __future__ import annotations
 
+import logging
 import operator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import fx
@@ -38,11 +40,16 @@ aten = torch.ops.aten
 
 _Key = tuple[fx.Node, torch.memory_format]  # a value cloned into a layout
 
-# (op, the argument positions run channels-last)
+log = logging.getLogger("stoker.kernels")
+
+# (op, the argument positions run in the convolution's layout)
 _CONV_ARGS: dict[Any, tuple[int, ...]] = {
     aten.convolution.default: (0, 1),
     aten.convolution_backward.default: (0, 1, 2),
 }
+# views of a value that capture saw contiguous (a classifier's flatten): one whose
+# input is now in another layout views an NCHW copy of it, as `reshape` would in eager
+_VIEWS = (aten.view.default, aten._unsafe_view.default)
 
 
 def channels_last_convolutions(gm: fx.GraphModule) -> bool:
@@ -60,14 +67,15 @@ def channels_last_convolutions(gm: fx.GraphModule) -> bool:
         return False
     try:
         plan = _propagate(graph, fake_mode)
-    except Exception:  # an op whose fake value cannot be computed again: keep the graph
+    except Exception as e:  # an op whose fake value cannot be computed again: keep the graph
+        log.debug("convolution layouts: the graph is kept as it was (%s: %s)", type(e).__name__, e)
         return False
     if plan is None:
+        log.debug("convolution layouts: the graph is kept as it was (an output's layout)")
         return False
-    new_vals, clones, restore = plan
-    if not clones:
+    if not plan.clones:
         return False
-    _commit(graph, new_vals, clones, restore)
+    _commit(graph, plan)
     gm.recompile()
     return True
 
@@ -100,10 +108,6 @@ def _fake_mode(graph: fx.Graph) -> Any:
     return None
 
 
-def _is_cl(v: Any) -> bool:
-    return bool(v.is_contiguous(memory_format=torch.channels_last))
-
-
 def wants_channels_last(node: fx.Node) -> bool:
     """Whether the convolution (or convolution backward) ``node`` runs channels-last: a
     plane of at least `MIN_PLANE` outputs and `MIN_MACS` multiply-adds. Measured with
@@ -125,14 +129,19 @@ MIN_PLANE = 64
 MIN_MACS = 8_000_000
 
 
-def _propagate(
-    graph: fx.Graph, fake_mode: Any
-) -> tuple[dict[fx.Node, Any], dict[_Key, Any], dict[fx.Node, torch.memory_format]] | None:
-    """The new fake value of each node downstream of a convolution, the values to clone
-    into another layout (by the node cloned and the layout), and the outputs to copy
-    back (with the format they had). None when an output's old layout cannot be given
-    back."""
+class _Plan(NamedTuple):
+    new: dict[fx.Node, Any]  # the new fake value of each node downstream of a convolution
+    # each convolution's layout, and a view's that copies its input back to NCHW: the
+    # argument positions given in that layout, and the layout
+    formats: dict[fx.Node, tuple[tuple[int, ...], torch.memory_format]]
+    clones: dict[_Key, Any]  # the values to clone into another layout (fake values)
+    restore: dict[fx.Node, torch.memory_format]  # the outputs to copy back, to this format
+
+
+def _propagate(graph: fx.Graph, fake_mode: Any) -> _Plan | None:
+    """The pass's plan; None when an output's old layout cannot be given back."""
     new: dict[fx.Node, Any] = {}
+    formats: dict[fx.Node, tuple[tuple[int, ...], torch.memory_format]] = {}
     clones: dict[_Key, Any] = {}
 
     def val(a: Any) -> Any:
@@ -153,9 +162,13 @@ def _propagate(
             positions = _CONV_ARGS.get(n.target, ())
             if not positions and not any(a in new for a in n.all_input_nodes):
                 continue
-            fmt = torch.channels_last
-            if positions and not wants_channels_last(n):
-                fmt = torch.contiguous_format
+            fmt = torch.contiguous_format
+            if positions:
+                fmt = torch.channels_last if wants_channels_last(n) else fmt
+            elif n.target in _VIEWS and n.args[0] in new and not val(n.args[0]).is_contiguous():
+                positions = (0,)
+            if positions:
+                formats[n] = (positions, fmt)
             args = [
                 relaid(a, fmt)
                 if i in positions and isinstance(a, fx.Node)
@@ -180,11 +193,11 @@ def _propagate(
             return None
         if old.is_contiguous():
             restore[a] = torch.contiguous_format
-        elif _is_cl(old):
+        elif old.is_contiguous(memory_format=torch.channels_last):
             restore[a] = torch.channels_last
         else:
             return None
-    return new, clones, restore
+    return _Plan(new, formats, clones, restore)
 
 
 def _same_layouts(a: Any, b: Any) -> bool:
@@ -195,36 +208,29 @@ def _same_layouts(a: Any, b: Any) -> bool:
     return not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor)
 
 
-def _commit(
-    graph: fx.Graph,
-    new: dict[fx.Node, Any],
-    clones: dict[_Key, Any],
-    restore: dict[fx.Node, torch.memory_format],
-) -> None:
+def _commit(graph: fx.Graph, plan: _Plan) -> None:
     """Write the pass's plan into the graph: the clones, the new values, the copies back."""
     first_op = next(n for n in graph.nodes if n.op != "placeholder")
     made: dict[_Key, fx.Node] = {}
-    for (src, fmt), v in clones.items():
+    for (src, fmt), v in plan.clones.items():
         where = first_op if src.op == "placeholder" else src.next
         with graph.inserting_before(where):
             c = graph.call_function(aten.clone.default, (src,), {"memory_format": fmt})
         _set_val(c, v, src)
         made[src, fmt] = c
-    for n in list(graph.nodes):
-        if n.op != "call_function" or n.target not in _CONV_ARGS:
-            continue
-        fmt = torch.channels_last if wants_channels_last(n) else torch.contiguous_format
+    for n, (positions, fmt) in plan.formats.items():
         args = list(n.args)
-        for i in _CONV_ARGS[n.target]:
-            if isinstance(args[i], fx.Node) and (args[i], fmt) in made:
-                args[i] = made[args[i], fmt]
+        for i in positions:
+            a = args[i]
+            if isinstance(a, fx.Node) and (a, fmt) in made:
+                args[i] = made[a, fmt]
         n.args = tuple(args)
-    for n, v in new.items():
+    for n, v in plan.new.items():
         n.meta["val"] = v
         _set_tensor_meta(n, v)
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
     back: dict[fx.Node, fx.Node] = {}
-    for a, fmt in restore.items():
+    for a, fmt in plan.restore.items():
         with graph.inserting_before(out_node):
             c = graph.call_function(aten.clone.default, (a,), {"memory_format": fmt})
         with a.meta["val"].fake_mode:

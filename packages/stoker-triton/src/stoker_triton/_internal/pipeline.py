@@ -537,13 +537,14 @@ def decomposition_table() -> dict[Any, Any]:
 
         ops = [getattr(aten, n) for n in _DECOMPOSE if hasattr(aten, n)]
         _table = get_decompositions(ops)
-        for op, fn in OWN.items():  # max pooling, where this torch has no decomposition
-            _table.setdefault(op, fn)
         for op in (
             aten.max_pool2d_with_indices.default,
             aten.max_pool2d_with_indices_backward.default,
         ):
-            _table[op] = channels_last_pooling(op, _table.get(op))
+            if op in _table:  # torch's, and ours for a channels-last input
+                _table[op] = channels_last_pooling(op, _table[op])
+        for op, fn in OWN.items():  # max pooling, where this torch has no decomposition
+            _table.setdefault(op, fn)
     return _table
 
 

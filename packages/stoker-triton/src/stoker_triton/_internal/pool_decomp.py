@@ -172,21 +172,17 @@ def max_pool2d_with_indices_backward(
     return out.reshape(x.shape).to(grad.dtype)
 
 
-def channels_last_pooling(op: Any, fallback: Callable[..., Any] | None) -> Callable[..., Any]:
+def channels_last_pooling(op: Any, fallback: Callable[..., Any]) -> Callable[..., Any]:
     """This module's decomposition of ``op`` (the 2-d max-pool or its backward) for a
     channels-last input, which keeps its layout: the forward reduces ``(N, H, W, C)``
     rows and the backward scatters along the plane of an ``(N, H*W, C)`` buffer, so the
     ops around them walk them in memory order (torch's decompositions compute NCHW
-    rows).  Any other layout goes to ``fallback`` (torch's decomposition, where this
-    torch has one)."""
+    rows).  Any other layout goes to ``fallback`` (torch's decomposition)."""
     own = OWN[op]
-    if fallback is None:
-        return own
-    other = fallback
 
     def decomposition(*args: Any, **kwargs: Any) -> Any:
         x = args[1] if op is aten.max_pool2d_with_indices_backward.default else args[0]
-        pick = own if _channels_last(x) else other
+        pick = own if _channels_last(x) else fallback
         return pick(*args, **kwargs)
 
     return decomposition

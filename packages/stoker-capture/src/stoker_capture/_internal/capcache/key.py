@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -81,8 +82,10 @@ def _config_text(cfg: AOTConfig) -> str:
     )
 
 
+@functools.cache
 def _pass_text(graph_pass: Any) -> str:
-    """A graph pass by name and by the source of its module (a pass keeps to one module)."""
+    """A graph pass by name and by the source of its module (a pass keeps to one module),
+    read once a process."""
     import inspect
 
     source = inspect.getsourcefile(graph_pass)

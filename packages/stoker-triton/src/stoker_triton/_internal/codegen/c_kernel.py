@@ -194,7 +194,7 @@ class CKernelCodegen:
             return hit
         v = self.new_var()
         scope = self.scope
-        moves_r = self._moves_r(code)
+        moves_r = self.lanes_open and self._moves_r(code)  # only a tile's r loop asks
         if not moves and self.hoist is not None:
             at, indent, scope = self.hoist
             self.lines.insert(at, "    " * indent + f"{ctype} {v} = {code};")
@@ -208,7 +208,8 @@ class CKernelCodegen:
         else:
             self.line(f"{ctype} {v} = {code};")
         self.moves[v] = moves
-        self.moves_r[v] = moves_r
+        if self.lanes_open:
+            self.moves_r[v] = moves_r
         scope.cache[ckey] = v
         if key is not None:
             scope.cache[key] = v
